@@ -1,0 +1,136 @@
+//! String codes that survive a round trip: the enum behind every wire code,
+//! state and kind that a newer peer may extend.
+//!
+//! Wire codes are additive. A reader that turned an unfamiliar code into an
+//! error would break the moment a peer upgraded, so each enum made here keeps
+//! an unknown value as `Unknown(String)`, re-encodes it exactly as received,
+//! and lets the caller decide whether an unknown value is acceptable (a turn
+//! policy is not; an error code is).
+
+/// Declares a string-valued enum with an `Unknown(String)` catch-all,
+/// `as_str`, `parse`, `is_known`, `KNOWN`, `Display`, `From<&str>` and serde
+/// as a plain JSON string.
+macro_rules! string_enum {
+    (
+        $(#[$meta:meta])*
+        $vis:vis enum $name:ident {
+            $( $(#[$vmeta:meta])* $variant:ident = $text:literal, )+
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        $vis enum $name {
+            $( $(#[$vmeta])* $variant, )+
+            /// A value this version does not know, kept exactly as received so
+            /// it survives a round trip through this reader.
+            Unknown(String),
+        }
+
+        impl $name {
+            /// Every value this version knows, in the order the spec lists them.
+            pub const KNOWN: &'static [Self] = &[$(Self::$variant),+];
+
+            /// The wire string.
+            #[must_use]
+            pub fn as_str(&self) -> &str {
+                match self {
+                    $(Self::$variant => $text,)+
+                    Self::Unknown(text) => text,
+                }
+            }
+
+            /// Reads a wire string; an unfamiliar one becomes `Unknown`.
+            #[must_use]
+            pub fn parse(text: &str) -> Self {
+                match text {
+                    $($text => Self::$variant,)+
+                    other => Self::Unknown(other.to_owned()),
+                }
+            }
+
+            /// Whether this version knows the value.
+            #[must_use]
+            pub fn is_known(&self) -> bool {
+                !matches!(self, Self::Unknown(_))
+            }
+        }
+
+        impl ::std::fmt::Display for $name {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl From<&str> for $name {
+            fn from(text: &str) -> Self {
+                Self::parse(text)
+            }
+        }
+
+        impl ::serde::Serialize for $name {
+            fn serialize<S: ::serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.serialize_str(self.as_str())
+            }
+        }
+
+        impl<'de> ::serde::Deserialize<'de> for $name {
+            fn deserialize<D: ::serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                let text = <::std::borrow::Cow<'de, str> as ::serde::Deserialize>::deserialize(deserializer)?;
+                Ok(Self::parse(&text))
+            }
+        }
+    };
+}
+
+pub(crate) use string_enum;
+
+/// A message that did not decode: a stable protocol code and a sentence
+/// saying why.
+///
+/// The code is what a client branches on; the message is for people and may
+/// change between versions.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct Rejection<C: std::fmt::Display> {
+    /// The protocol's stable code for this failure.
+    pub code: C,
+    /// A lowercase, human-readable reason.
+    pub message: String,
+}
+
+impl<C: std::fmt::Display> Rejection<C> {
+    /// Builds a rejection.
+    pub fn new(code: C, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+/// Serde helpers shared by the families.
+pub(crate) mod serde_util {
+    use serde::{Deserialize, Deserializer};
+
+    /// For `#[serde(default, deserialize_with = "present")]` on an `Option`
+    /// field: absent is `None`, but an explicit `null` is an error rather than
+    /// a silent `None`, because the specs say "optional", never "nullable".
+    pub(crate) fn present<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+    where
+        D: Deserializer<'de>,
+        T: Deserialize<'de>,
+    {
+        T::deserialize(deserializer).map(Some)
+    }
+
+    /// Turns a serde_json error into a lowercase sentence without the
+    /// "line 1 column N" suffix, which means nothing to a reader of a value
+    /// that was already parsed.
+    pub(crate) fn reason(error: &serde_json::Error) -> String {
+        let text = error.to_string();
+        match text.rfind(" at line ") {
+            Some(cut) if error.line() > 0 => text[..cut].to_owned(),
+            _ => text,
+        }
+    }
+}

@@ -1,0 +1,604 @@
+//! The HTTP channel's bodies (seed 002), served under [`BASE_PATH`].
+//!
+//! Request decoding is tolerant, as the channel's document says: unknown
+//! fields are ignored (their acceptance is no proof they have an effect),
+//! and `null` reads as absent, as the Go decoder this channel was first
+//! written against does. What is checked is what the channel promises to
+//! refuse: a wrong type, a missing `text`, an unknown `turn_policy`,
+//! `operation_id` beside `address`, an empty `responses`.
+//!
+//! ```
+//! use spool_wire::http::{ErrorCode, StartRun, TurnPolicy};
+//!
+//! let start = StartRun::decode(r#"{"address":"browser-42","text":"Summarize.","turn_policy":"queue","extra":1}"#).unwrap();
+//! assert_eq!(start.turn_policy(), TurnPolicy::Queue);
+//!
+//! let refused = StartRun::decode(r#"{"text":"x","turn_policy":"interrupt"}"#).unwrap_err();
+//! assert_eq!(refused.code, ErrorCode::UnknownTurnPolicy);
+//! assert_eq!(refused.code.status(), Some(400));
+//! ```
+
+use std::collections::BTreeMap;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use time::OffsetDateTime;
+
+use crate::code::{Rejection, serde_util, string_enum};
+
+/// Every route of the channel starts here.
+pub const BASE_PATH: &str = "/spool/v1";
+/// The largest JSON body a run route reads (1 MiB).
+pub const MAX_BODY_BYTES: usize = 1024 * 1024;
+/// The stream's content type.
+pub const NDJSON_CONTENT_TYPE: &str = "application/x-ndjson";
+
+/// Why a request body was refused; the code maps to the reply's status.
+pub type HttpRejection = Rejection<ErrorCode>;
+
+/// `POST /runs`: a new run, or a message through an address.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StartRun {
+    /// The user's input.
+    pub text: String,
+    /// An HTTP-local conversation key, created on first use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    /// An idempotency key for authenticated starts; never with `address`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operation_id: Option<String>,
+    /// A listing title, used on the first turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+    /// The surface kind (`dm`, `thread`, …), used on the first turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// Input for this turn only, kept apart from the history.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<Vec<String>>,
+    /// `steer` (the default) or `queue`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_policy: Option<TurnPolicy>,
+    /// A self-asserted identity, ignored when an authenticator is configured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<Principal>,
+}
+
+/// `POST /runs/{id}`: a message to an exact existing run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct MessageRun {
+    /// The user's input.
+    pub text: String,
+    /// Input for this turn only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<Vec<String>>,
+    /// `steer` (the default) or `queue`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_policy: Option<TurnPolicy>,
+    /// A self-asserted identity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<Principal>,
+}
+
+/// An identity. Its JSON field names are capitalized (`Authenticator`,
+/// `Kind`, `ID`, `Attributes`), unlike the snake_case request fields; the
+/// lowercase spellings are read too, as a Go decoder would.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Principal {
+    /// Which authenticator proved it (`token`, …).
+    #[serde(rename = "Authenticator", alias = "authenticator", default)]
+    pub authenticator: String,
+    /// What kind of caller (`token`, `app`, `user`, …).
+    #[serde(rename = "Kind", alias = "kind", default)]
+    pub kind: String,
+    /// Who.
+    #[serde(rename = "ID", alias = "id", default)]
+    pub id: String,
+    /// Anything else the authenticator vouches for.
+    #[serde(
+        rename = "Attributes",
+        alias = "attributes",
+        default,
+        deserialize_with = "null_as_empty",
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
+    pub attributes: BTreeMap<String, String>,
+}
+
+string_enum! {
+    /// What happens to input that arrives while a turn runs.
+    pub enum TurnPolicy {
+        /// Give it to the model before its next call in the running turn.
+        Steer = "steer",
+        /// Run it as a new turn after the running one.
+        Queue = "queue",
+    }
+}
+
+string_enum! {
+    /// A run's public state.
+    pub enum RunState {
+        /// Created, no turn yet (or a crash before the first one).
+        Pending = "pending",
+        /// A turn is running.
+        Running = "running",
+        /// Parked; `suspend` says why.
+        Waiting = "waiting",
+        /// The last turn completed; the run takes another.
+        Completed = "completed",
+        /// The last turn failed; the run takes another.
+        Failed = "failed",
+        /// The last turn was cancelled; the run takes another.
+        Cancelled = "cancelled",
+        /// Permanently closed.
+        Retired = "retired",
+    }
+}
+
+impl RunState {
+    /// Whether a turn has reached a boundary where `POST /runs` answers:
+    /// completed, waiting, failed or cancelled.
+    #[must_use]
+    pub fn is_boundary(&self) -> bool {
+        matches!(
+            self,
+            Self::Completed | Self::Waiting | Self::Failed | Self::Cancelled
+        )
+    }
+}
+
+string_enum! {
+    /// What a waiting run waits for.
+    pub enum SuspendKind {
+        /// A free-text answer.
+        Question = "question",
+        /// An explicit yes or no.
+        Approval = "approval",
+        /// A tool-defined answer.
+        Custom = "custom",
+        /// A webhook or another program.
+        Signal = "signal",
+        /// A timer.
+        Sleep = "sleep",
+        /// An operator's decision to spend more.
+        Budget = "budget",
+        /// An operator's decision about a write that may or may not have happened.
+        Reconciliation = "reconciliation",
+    }
+}
+
+/// Why a run waits.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Suspend {
+    /// What it waits for.
+    pub kind: SuspendKind,
+    /// What to show whoever answers.
+    pub prompt: String,
+    /// Choices, when the question has them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub options: Option<Vec<String>>,
+    /// The parked tool call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// The parked turn; send it back with the answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_id: Option<String>,
+}
+
+/// Token usage.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub input_tokens: u64,
+    /// Completion tokens.
+    pub output_tokens: u64,
+}
+
+/// A run's state and latest boundary result.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunReply {
+    /// The run.
+    pub run_id: String,
+    /// Its state.
+    pub state: RunState,
+    /// The turn this reply is about.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_id: Option<String>,
+    /// The last journal position; stream after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cursor: Option<u64>,
+    /// The assistant's answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response: Option<String>,
+    /// Why the run waits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suspend: Option<Suspend>,
+    /// Token usage of the turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+/// `GET /runs/{id}/snapshot`: the run reply plus the conversation, from one
+/// replay.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SnapshotReply {
+    /// The run's state, as [`RunReply`].
+    #[serde(flatten)]
+    pub run: RunReply,
+    /// Complete messages with their content parts.
+    pub messages: Vec<Value>,
+}
+
+/// `POST /runs/{id}/respond`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Respond {
+    /// One answer or more.
+    pub responses: Vec<Answer>,
+}
+
+/// One answer to a waiting run.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Answer {
+    /// The answer's text.
+    #[serde(default)]
+    pub text: String,
+    /// The suspension's turn, to refuse a delayed answer to an older turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_id: Option<String>,
+    /// For approvals: `true` approves, `false` rejects, absent is a
+    /// text-only answer and rejects nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approved: Option<bool>,
+}
+
+/// `POST /runs/{id}/cancel`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cancel {
+    /// The turn observed, so a later turn is safe from a stale command.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_id: Option<String>,
+}
+
+string_enum! {
+    /// The outcome of a cancel command.
+    pub enum CancelStatus {
+        /// Saved; wait for `cancelled`. Answered with 202.
+        Requested = "requested",
+        /// Nothing was running. Answered with 200.
+        NotActive = "not_active",
+        /// The named turn is not the current one. Answered with 200.
+        Stale = "stale",
+    }
+}
+
+impl CancelStatus {
+    /// 202 for `requested`, 200 for the no-op outcomes.
+    #[must_use]
+    pub fn status(&self) -> u16 {
+        if *self == Self::Requested { 202 } else { 200 }
+    }
+}
+
+/// The reply to a cancel command.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CancelReply {
+    /// What happened.
+    pub status: CancelStatus,
+    /// The run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<String>,
+    /// The turn concerned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_id: Option<String>,
+}
+
+/// `POST /runs/{id}/reset`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reset {
+    /// Why, for the log.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// The reply to an address ensure or lookup: the run, not a model result.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AddressReply {
+    /// The bound run.
+    pub run_id: String,
+    /// The last journal position; stream after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cursor: Option<u64>,
+}
+
+string_enum! {
+    /// The runtime's stream event types; other types come from lifecycle
+    /// events and are kept as `Unknown`.
+    pub enum StreamEventType {
+        /// A turn started.
+        RunTurn = "run_turn",
+        /// A cancel was saved.
+        RunCancelRequested = "run_cancel_requested",
+        /// The state changed.
+        RunState = "run_state",
+        /// The run parked.
+        RunSuspend = "run_suspend",
+        /// The run was answered and goes on.
+        RunResume = "run_resume",
+        /// The turn's answer.
+        RunResponse = "run_response",
+    }
+}
+
+/// One NDJSON stream line.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StreamEvent {
+    /// The run.
+    pub run_id: String,
+    /// The journal position; the cursor to resume after.
+    pub seq: u64,
+    /// What happened.
+    #[serde(rename = "type")]
+    pub kind: StreamEventType,
+    /// When, RFC 3339.
+    #[serde(with = "time::serde::rfc3339")]
+    pub time: OffsetDateTime,
+    /// The turn concerned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_id: Option<String>,
+    /// Text, for deltas and answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// The new state, for `run_state`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<RunState>,
+    /// Anything else the event carries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<Value>,
+}
+
+/// `GET /health`: liveness only.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Health {
+    /// Always true when answered.
+    pub ok: bool,
+    /// `ready`.
+    pub status: String,
+}
+
+impl Health {
+    /// The one reply health gives.
+    #[must_use]
+    pub fn ready() -> Self {
+        Self {
+            ok: true,
+            status: "ready".to_owned(),
+        }
+    }
+}
+
+/// `GET /info`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Info {
+    /// The agent's name, when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    /// The Spool release.
+    pub version: String,
+    /// The mounted channels.
+    pub channels: Vec<String>,
+}
+
+/// Every non-2xx reply: `{"error": "…", "code": "…"}`. Branch on `code`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// Human-readable; internal details never go here.
+    pub error: String,
+    /// The stable code.
+    pub code: ErrorCode,
+}
+
+string_enum! {
+    /// The channel's stable error codes.
+    pub enum ErrorCode {
+        /// The body or a parameter is malformed.
+        BadRequest = "bad_request",
+        /// The run id is malformed.
+        InvalidRunId = "invalid_run_id",
+        /// `turn_policy` is neither `steer` nor `queue`.
+        UnknownTurnPolicy = "unknown_turn_policy",
+        /// No valid credentials.
+        Unauthenticated = "unauthenticated",
+        /// No such run (or route).
+        RunNotFound = "run_not_found",
+        /// The route exists, not with this method.
+        MethodNotAllowed = "method_not_allowed",
+        /// The run waits for an answer; use `/respond`.
+        RunWaiting = "run_waiting",
+        /// `/respond` to a run that is not waiting (or a stale turn id).
+        RunNotWaiting = "run_not_waiting",
+        /// A turn is running.
+        RunActive = "run_active",
+        /// No turn is running.
+        RunNotActive = "run_not_active",
+        /// The run is retired.
+        RunRetired = "run_retired",
+        /// Another node owns the run.
+        RunOwnedElsewhere = "run_owned_elsewhere",
+        /// The journal cannot be replayed into a conversation.
+        ConversationCorrupt = "conversation_corrupt",
+        /// The body is over the cap.
+        TooLarge = "too_large",
+        /// The client went away first.
+        ClientClosed = "client_closed",
+        /// File uploads are not supported.
+        FilesUnsupported = "files_unsupported",
+        /// The engine cannot compact.
+        CompactionUnsupported = "compaction_unsupported",
+        /// The server failed; details are in its log.
+        Internal = "internal",
+    }
+}
+
+impl ErrorCode {
+    /// The HTTP status the code is answered with; `None` for a code this
+    /// version does not know.
+    #[must_use]
+    pub fn status(&self) -> Option<u16> {
+        Some(match self {
+            Self::BadRequest | Self::InvalidRunId | Self::UnknownTurnPolicy => 400,
+            Self::Unauthenticated => 401,
+            Self::RunNotFound => 404,
+            Self::MethodNotAllowed => 405,
+            Self::RunWaiting
+            | Self::RunNotWaiting
+            | Self::RunActive
+            | Self::RunNotActive
+            | Self::RunRetired
+            | Self::RunOwnedElsewhere
+            | Self::ConversationCorrupt => 409,
+            Self::TooLarge => 413,
+            Self::ClientClosed => 499,
+            Self::Internal => 500,
+            Self::FilesUnsupported | Self::CompactionUnsupported => 501,
+            Self::Unknown(_) => return None,
+        })
+    }
+}
+
+impl ErrorBody {
+    /// An error reply.
+    pub fn new(code: ErrorCode, error: impl Into<String>) -> Self {
+        Self {
+            error: error.into(),
+            code,
+        }
+    }
+}
+
+impl From<HttpRejection> for ErrorBody {
+    fn from(rejection: HttpRejection) -> Self {
+        Self::new(rejection.code, rejection.message)
+    }
+}
+
+/// Reads a JSON object body into `T`. An empty body reads as `{}`, so
+/// commands whose fields are all optional (cancel, reset) need none.
+///
+/// # Errors
+///
+/// `bad_request` when the body is not a JSON object or a field has the
+/// wrong type.
+pub fn decode_body<T: DeserializeOwned>(text: &str) -> Result<T, HttpRejection> {
+    let text = if text.trim().is_empty() { "{}" } else { text };
+    let value: Value = serde_json::from_str(text).map_err(|e| {
+        HttpRejection::new(
+            ErrorCode::BadRequest,
+            format!("body is not JSON: {}", serde_util::reason(&e)),
+        )
+    })?;
+    if !value.is_object() {
+        return Err(HttpRejection::new(
+            ErrorCode::BadRequest,
+            "body must be a JSON object",
+        ));
+    }
+    serde_json::from_value(value)
+        .map_err(|e| HttpRejection::new(ErrorCode::BadRequest, serde_util::reason(&e)))
+}
+
+fn check_turn_policy(policy: Option<&TurnPolicy>) -> Result<(), HttpRejection> {
+    match policy {
+        Some(TurnPolicy::Unknown(other)) => Err(HttpRejection::new(
+            ErrorCode::UnknownTurnPolicy,
+            format!("unknown turn_policy `{other}`; use `steer` or `queue`"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+impl StartRun {
+    /// Reads and checks a `POST /runs` body.
+    ///
+    /// # Errors
+    ///
+    /// `bad_request` for a malformed body, a missing `text`, an empty
+    /// `address` or `operation_id`, or `operation_id` together with
+    /// `address`; `unknown_turn_policy` for a policy other than steer or
+    /// queue. (That `operation_id` needs a verified principal is checked
+    /// where the principal is known, by the transport.)
+    pub fn decode(text: &str) -> Result<Self, HttpRejection> {
+        let start: Self = decode_body(text)?;
+        check_turn_policy(start.turn_policy.as_ref())?;
+        if start.address.as_deref() == Some("") {
+            return Err(HttpRejection::new(
+                ErrorCode::BadRequest,
+                "`address` must not be empty",
+            ));
+        }
+        if start.operation_id.as_deref() == Some("") {
+            return Err(HttpRejection::new(
+                ErrorCode::BadRequest,
+                "`operation_id` must not be empty",
+            ));
+        }
+        if start.operation_id.is_some() && start.address.is_some() {
+            return Err(HttpRejection::new(
+                ErrorCode::BadRequest,
+                "`operation_id` cannot accompany `address`",
+            ));
+        }
+        Ok(start)
+    }
+
+    /// The policy, `steer` when none was given.
+    #[must_use]
+    pub fn turn_policy(&self) -> TurnPolicy {
+        self.turn_policy.clone().unwrap_or(TurnPolicy::Steer)
+    }
+}
+
+impl MessageRun {
+    /// Reads and checks a `POST /runs/{id}` body.
+    ///
+    /// # Errors
+    ///
+    /// `bad_request` for a malformed body or a missing `text`;
+    /// `unknown_turn_policy` for a policy other than steer or queue.
+    pub fn decode(text: &str) -> Result<Self, HttpRejection> {
+        let message: Self = decode_body(text)?;
+        check_turn_policy(message.turn_policy.as_ref())?;
+        Ok(message)
+    }
+
+    /// The policy, `steer` when none was given.
+    #[must_use]
+    pub fn turn_policy(&self) -> TurnPolicy {
+        self.turn_policy.clone().unwrap_or(TurnPolicy::Steer)
+    }
+}
+
+impl Respond {
+    /// Reads and checks a `/respond` body.
+    ///
+    /// # Errors
+    ///
+    /// `bad_request` for a malformed body or an empty `responses`.
+    pub fn decode(text: &str) -> Result<Self, HttpRejection> {
+        let respond: Self = decode_body(text)?;
+        if respond.responses.is_empty() {
+            return Err(HttpRejection::new(
+                ErrorCode::BadRequest,
+                "`responses` must not be empty",
+            ));
+        }
+        Ok(respond)
+    }
+}
+
+/// Go's decoder reads a JSON `null` map as an empty one; so does this.
+fn null_as_empty<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<BTreeMap<String, String>, D::Error> {
+    Ok(Option::<BTreeMap<String, String>>::deserialize(deserializer)?.unwrap_or_default())
+}

@@ -1,1 +1,166 @@
-fn main() {}
+//! Spool's automation, run as `cargo xtask <command>`: `ci` (everything CI
+//! checks, in order), `tidy` (the crate graph and file conventions), and
+//! `fuzz` (every fuzz target for a while). It depends on nothing heavy, so
+//! it builds in seconds on a fresh clone.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+use anyhow::{Context, Result, bail};
+
+mod tidy;
+
+const USAGE: &str = "usage: cargo xtask <command>
+
+commands:
+  ci                   fmt check, clippy, nextest, doctests, tidy (what CI runs)
+  tidy                 check the crate layering and file conventions
+  fuzz [--seconds N]   run every fuzz target for N seconds each (default 30)";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let outcome = match args.first().map(String::as_str) {
+        Some("ci") => ci(),
+        Some("tidy") => tidy::run(&root()),
+        Some("fuzz") => fuzz(&args[1..]),
+        Some("help" | "-h" | "--help") => {
+            say(USAGE);
+            return ExitCode::SUCCESS;
+        }
+        _ => {
+            say(USAGE);
+            return ExitCode::from(2);
+        }
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            say(&format!("xtask: {error:#}"));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Everything CI checks, in order, stopping at the first failure.
+fn ci() -> Result<()> {
+    let root = root();
+    let steps: [(&str, &[&str]); 4] = [
+        ("format", &["fmt", "--all", "--check"]),
+        (
+            "clippy",
+            &[
+                "clippy",
+                "--workspace",
+                "--all-targets",
+                "--locked",
+                "--",
+                "-D",
+                "warnings",
+            ],
+        ),
+        (
+            "tests",
+            &[
+                "nextest",
+                "run",
+                "--workspace",
+                "--locked",
+                "--no-fail-fast",
+            ],
+        ),
+        ("doctests", &["test", "--doc", "--workspace", "--locked"]),
+    ];
+    for (name, args) in steps {
+        section(name);
+        let status = cargo()
+            .args(args)
+            .current_dir(&root)
+            // Snapshot tests must compare, never write, under CI.
+            .env("INSTA_UPDATE", "no")
+            .status()
+            .with_context(|| format!("starting cargo for {name}"))?;
+        if !status.success() {
+            bail!("{name} failed ({status})");
+        }
+    }
+    section("tidy");
+    tidy::run(&root)?;
+    say("xtask ci: all checks passed");
+    Ok(())
+}
+
+/// Runs every target under `fuzz/fuzz_targets` for a while each, installing
+/// cargo-fuzz first when it is missing. `-s none` builds without a
+/// sanitizer, which works on the stable toolchain.
+fn fuzz(args: &[String]) -> Result<()> {
+    let seconds: u64 = match args {
+        [] => 30,
+        [flag, n] if flag == "--seconds" => n.parse().context("--seconds takes a whole number")?,
+        _ => bail!("usage: cargo xtask fuzz [--seconds N]"),
+    };
+    let root = root();
+    let has_fuzz = cargo()
+        .args(["fuzz", "--version"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_fuzz {
+        section("installing cargo-fuzz");
+        let status = cargo()
+            .args(["install", "cargo-fuzz", "--locked"])
+            .status()?;
+        if !status.success() {
+            bail!("could not install cargo-fuzz ({status})");
+        }
+    }
+    let mut targets: Vec<String> = std::fs::read_dir(root.join("fuzz/fuzz_targets"))?
+        .filter_map(|entry| entry.ok()?.path().file_stem()?.to_str().map(str::to_owned))
+        .collect();
+    targets.sort();
+    for target in &targets {
+        section(&format!("fuzz {target} for {seconds}s"));
+        let status = cargo()
+            .args([
+                "fuzz",
+                "run",
+                "-s",
+                "none",
+                target,
+                "--",
+                &format!("-max_total_time={seconds}"),
+            ])
+            .current_dir(&root)
+            .status()?;
+        if !status.success() {
+            bail!(
+                "fuzz target {target} found a failure ({status}); the input is under fuzz/artifacts/{target}"
+            );
+        }
+    }
+    say(&format!(
+        "xtask fuzz: {} targets ran {seconds}s each without a failure",
+        targets.len()
+    ));
+    Ok(())
+}
+
+/// The workspace root: xtask's manifest directory is `<root>/xtask`.
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives one directory below the workspace root")
+        .to_path_buf()
+}
+
+/// The cargo that is running us, so the pinned toolchain is used throughout.
+fn cargo() -> Command {
+    Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+}
+
+fn section(name: &str) {
+    say(&format!("\n==> {name}"));
+}
+
+#[allow(clippy::print_stderr, reason = "xtask's output is its progress report")]
+fn say(text: &str) {
+    eprintln!("{text}");
+}

@@ -1,1 +1,54 @@
-fn main() {}
+//! The `spool` binary: parses flags, builds Spool's layers and starts them.
+//! No protocol or run logic lives here; each command calls into a library
+//! crate.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod wire;
+
+/// Spool: durable LLM agent runs and the wire protocols to drive them.
+#[derive(Debug, Parser)]
+#[command(name = "spool", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Work with Spool's wire messages.
+    Wire {
+        #[command(subcommand)]
+        command: wire::WireCommand,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let outcome = match cli.command {
+        Command::Wire { command } => wire::run(command),
+    };
+    match outcome {
+        Ok(code) => code,
+        Err(error) => {
+            // A reader that went away (`| head`) is not an error worth a
+            // message; anything else is reported once, with its causes.
+            if error
+                .downcast_ref::<std::io::Error>()
+                .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+            {
+                return ExitCode::from(1);
+            }
+            #[allow(
+                clippy::print_stderr,
+                reason = "the binary's one place to report a fatal error"
+            )]
+            {
+                eprintln!("spool: {error:#}");
+            }
+            ExitCode::from(1)
+        }
+    }
+}

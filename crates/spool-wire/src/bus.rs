@@ -300,8 +300,8 @@ impl BusRequest {
                 "the request must be a JSON object",
             ));
         }
-        let request: Self = serde_json::from_value(value)
-            .map_err(|e| BusRejection::new(ErrorCode::InvalidRequest, serde_util::reason(&e)))?;
+        let request: Self = serde_util::from_value(value)
+            .map_err(|e| BusRejection::new(ErrorCode::InvalidRequest, e))?;
         if request.from_instance.is_empty() {
             return Err(BusRejection::new(
                 ErrorCode::InvalidRequest,
@@ -406,8 +406,8 @@ impl BusResponse {
                 "the response must be a JSON object",
             ));
         }
-        let response: Self = serde_json::from_value(value)
-            .map_err(|e| BusRejection::new(ErrorCode::InvalidResponse, serde_util::reason(&e)))?;
+        let response: Self = serde_util::from_value(value)
+            .map_err(|e| BusRejection::new(ErrorCode::InvalidResponse, e))?;
         if let Some(version) = response.protocol_version
             && version != PROTOCOL_VERSION
         {

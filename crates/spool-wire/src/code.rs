@@ -123,6 +123,23 @@ pub(crate) mod serde_util {
         T::deserialize(deserializer).map(Some)
     }
 
+    /// Deserializes `value` into `T` with an error that names the field
+    /// that failed (`` `depth`: invalid value: integer `-1`, expected u64 ``),
+    /// because a reason without its field is no help to whoever sent it.
+    pub(crate) fn from_value<T: serde::de::DeserializeOwned>(
+        value: serde_json::Value,
+    ) -> Result<T, String> {
+        serde_path_to_error::deserialize(value).map_err(|error| {
+            let path = error.path().to_string();
+            let why = reason(error.inner());
+            if path.is_empty() || path == "." {
+                why
+            } else {
+                format!("`{path}`: {why}")
+            }
+        })
+    }
+
     /// Turns a serde_json error into a lowercase sentence without the
     /// "line 1 column N" suffix, which means nothing to a reader of a value
     /// that was already parsed.

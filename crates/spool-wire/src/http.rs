@@ -503,8 +503,7 @@ pub fn decode_body<T: DeserializeOwned>(text: &str) -> Result<T, HttpRejection> 
             "body must be a JSON object",
         ));
     }
-    serde_json::from_value(value)
-        .map_err(|e| HttpRejection::new(ErrorCode::BadRequest, serde_util::reason(&e)))
+    serde_util::from_value(value).map_err(|e| HttpRejection::new(ErrorCode::BadRequest, e))
 }
 
 fn check_turn_policy(policy: Option<&TurnPolicy>) -> Result<(), HttpRejection> {

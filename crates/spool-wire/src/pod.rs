@@ -409,9 +409,9 @@ macro_rules! pod_events {
             }
 
 
-            fn from_parts(name: &str, data: Value) -> Result<Self, serde_json::Error> {
+            fn from_parts(name: &str, data: Value) -> Result<Self, String> {
                 match name {
-                    $($name => serde_json::from_value(data).map(Self::$variant),)+
+                    $($name => serde_util::from_value(data).map(Self::$variant),)+
                     other => Ok(Self::Unknown { event: other.to_owned(), data }),
                 }
             }
@@ -508,8 +508,7 @@ impl Event {
             _ => return Err(invalid("`event` must be a string".into())),
         };
         let data = object.remove("data").unwrap_or(Value::Null);
-        Self::from_parts(&name, data)
-            .map_err(|e| invalid(format!("`{name}` data: {}", serde_util::reason(&e))))
+        Self::from_parts(&name, data).map_err(|e| invalid(format!("`{name}` data: {e}")))
     }
 
     /// The event as one JSONL line, `\n` included.

@@ -233,10 +233,10 @@ fn plain<T: serde::de::DeserializeOwned + Serialize>(text: &str) -> Result<Strin
         message,
         code: None,
     })?;
-    serde_json::from_value::<T>(value)
+    crate::code::serde_util::from_value::<T>(value)
         .map(|doc| encode(&doc))
-        .map_err(|e| Invalid {
-            message: crate::code::serde_util::reason(&e),
+        .map_err(|message| Invalid {
+            message,
             code: None,
         })
 }

@@ -1,1 +1,8 @@
+//! End-to-end tests of the `spool` binary: the real executable, fed on
+//! stdin, its stdout and exit code asserted.
 
+// Everything in this binary is test code: a helper that unwraps fails the
+// test on the line that broke, which is what it is for.
+#![allow(clippy::unwrap_used)]
+
+mod wire_validate;

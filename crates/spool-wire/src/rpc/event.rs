@@ -169,9 +169,8 @@ impl WireEvent {
                 "a wire event must be a JSON object",
             ));
         }
-        serde_json::from_value(value).map_err(|e| {
-            ErrorObject::with_reason(codes::INVALID_PARAMS, crate::code::serde_util::reason(&e))
-        })
+        crate::code::serde_util::from_value(value)
+            .map_err(|e| ErrorObject::with_reason(codes::INVALID_PARAMS, e))
     }
 }
 

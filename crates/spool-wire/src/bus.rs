@@ -23,7 +23,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::code::{Rejection, serde_util, string_enum};
+use crate::code::serde_util::{self, present};
+use crate::code::{Rejection, string_enum};
 
 /// The bus protocol version this crate speaks.
 pub const PROTOCOL_VERSION: u64 = 1;
@@ -50,21 +51,21 @@ pub struct BusRequest {
     /// `1`, or absent on a legacy request (read as 1).
     #[serde(
         default,
-        deserialize_with = "serde_util::present",
+        deserialize_with = "present",
         skip_serializing_if = "Option::is_none"
     )]
     pub protocol_version: Option<u64>,
     /// What the caller implements.
     #[serde(
         default,
-        deserialize_with = "serde_util::present",
+        deserialize_with = "present",
         skip_serializing_if = "Option::is_none"
     )]
     pub capabilities: Option<Vec<Capability>>,
     /// Free-form extensions: the one place a newer caller may add fields.
     #[serde(
         default,
-        deserialize_with = "serde_util::present",
+        deserialize_with = "present",
         skip_serializing_if = "Option::is_none"
     )]
     pub ext: Option<Map<String, Value>>,
@@ -79,56 +80,56 @@ pub struct BusResponse {
     /// The answer; empty on failure. Absent in legacy failures.
     #[serde(
         default,
-        deserialize_with = "serde_util::present",
+        deserialize_with = "present",
         skip_serializing_if = "Option::is_none"
     )]
     pub text: Option<String>,
     /// The answering instance.
     #[serde(
         default,
-        deserialize_with = "serde_util::present",
+        deserialize_with = "present",
         skip_serializing_if = "Option::is_none"
     )]
     pub from_instance: Option<String>,
     /// A human-readable reason, surfaced as is by chat and CLI paths.
     #[serde(
         default,
-        deserialize_with = "serde_util::present",
+        deserialize_with = "present",
         skip_serializing_if = "Option::is_none"
     )]
     pub error: Option<String>,
     /// The stable code to branch on.
     #[serde(
         default,
-        deserialize_with = "serde_util::present",
+        deserialize_with = "present",
         skip_serializing_if = "Option::is_none"
     )]
     pub error_code: Option<ErrorCode>,
     /// Whether the same delegation may be tried again without an operator.
     #[serde(
         default,
-        deserialize_with = "serde_util::present",
+        deserialize_with = "present",
         skip_serializing_if = "Option::is_none"
     )]
     pub retryable: Option<bool>,
     /// How long the answer took.
     #[serde(
         default,
-        deserialize_with = "serde_util::present",
+        deserialize_with = "present",
         skip_serializing_if = "Option::is_none"
     )]
     pub duration_ms: Option<u64>,
     /// `1` from a v1 server; absent in legacy responses.
     #[serde(
         default,
-        deserialize_with = "serde_util::present",
+        deserialize_with = "present",
         skip_serializing_if = "Option::is_none"
     )]
     pub protocol_version: Option<u64>,
     /// What the server implements.
     #[serde(
         default,
-        deserialize_with = "serde_util::present",
+        deserialize_with = "present",
         skip_serializing_if = "Option::is_none"
     )]
     pub capabilities: Option<Vec<Capability>>,
@@ -279,12 +280,8 @@ impl BusRequest {
     /// the wrong type, a top-level key is unknown, `fromInstance` is empty,
     /// or `protocolVersion` is anything but 1.
     pub fn decode(text: &str) -> Result<Self, BusRejection> {
-        let value: Value = serde_json::from_str(text).map_err(|e| {
-            BusRejection::new(
-                ErrorCode::InvalidRequest,
-                format!("not JSON: {}", serde_util::reason(&e)),
-            )
-        })?;
+        let value =
+            serde_util::parse(text).map_err(|e| BusRejection::new(ErrorCode::InvalidRequest, e))?;
         Self::from_value(value)
     }
 
@@ -385,12 +382,8 @@ impl BusResponse {
     /// `success`, a known field has the wrong type, or `protocolVersion` is
     /// present and not 1.
     pub fn decode(text: &str) -> Result<Self, BusRejection> {
-        let value: Value = serde_json::from_str(text).map_err(|e| {
-            BusRejection::new(
-                ErrorCode::InvalidResponse,
-                format!("not JSON: {}", serde_util::reason(&e)),
-            )
-        })?;
+        let value = serde_util::parse(text)
+            .map_err(|e| BusRejection::new(ErrorCode::InvalidResponse, e))?;
         Self::from_value(value)
     }
 

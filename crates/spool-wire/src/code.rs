@@ -123,6 +123,11 @@ pub(crate) mod serde_util {
         T::deserialize(deserializer).map(Some)
     }
 
+    /// Parses text as JSON, with the reason a peer sees when it is not.
+    pub(crate) fn parse(text: &str) -> Result<serde_json::Value, String> {
+        serde_json::from_str(text).map_err(|e| format!("not JSON: {}", reason(&e)))
+    }
+
     /// Deserializes `value` into `T` with an error that names the field
     /// that failed (`` `depth`: invalid value: integer `-1`, expected u64 ``),
     /// because a reason without its field is no help to whoever sent it.

@@ -491,12 +491,8 @@ impl From<HttpRejection> for ErrorBody {
 /// wrong type.
 pub fn decode_body<T: DeserializeOwned>(text: &str) -> Result<T, HttpRejection> {
     let text = if text.trim().is_empty() { "{}" } else { text };
-    let value: Value = serde_json::from_str(text).map_err(|e| {
-        HttpRejection::new(
-            ErrorCode::BadRequest,
-            format!("body is not JSON: {}", serde_util::reason(&e)),
-        )
-    })?;
+    let value =
+        serde_util::parse(text).map_err(|e| HttpRejection::new(ErrorCode::BadRequest, e))?;
     if !value.is_object() {
         return Err(HttpRejection::new(
             ErrorCode::BadRequest,

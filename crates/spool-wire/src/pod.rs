@@ -105,12 +105,8 @@ impl Method {
     /// `invalid_request` when the line is not a JSON object, names no or an
     /// unknown method, or `run` lacks a string `input`.
     pub fn decode(line: &str) -> Result<Self, PodRejection> {
-        let value: Value = serde_json::from_str(line).map_err(|e| {
-            PodRejection::new(
-                ErrorCode::InvalidRequest,
-                format!("not JSON: {}", serde_util::reason(&e)),
-            )
-        })?;
+        let value =
+            serde_util::parse(line).map_err(|e| PodRejection::new(ErrorCode::InvalidRequest, e))?;
         Self::from_value(&value)
     }
 
@@ -484,12 +480,8 @@ impl Event {
     /// `event`, or a known event's `data` has the wrong shape. An unknown
     /// event is not an error: it decodes as [`Event::Unknown`].
     pub fn decode(line: &str) -> Result<Self, PodRejection> {
-        let value: Value = serde_json::from_str(line).map_err(|e| {
-            PodRejection::new(
-                ErrorCode::InvalidRequest,
-                format!("not JSON: {}", serde_util::reason(&e)),
-            )
-        })?;
+        let value =
+            serde_util::parse(line).map_err(|e| PodRejection::new(ErrorCode::InvalidRequest, e))?;
         Self::from_value(value)
     }
 

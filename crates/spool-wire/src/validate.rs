@@ -153,7 +153,8 @@ pub fn validate(kind: Kind, text: &str) -> Result<String, Invalid> {
         Kind::RpcClient => rpc_frame(rpc::decode_client(text)),
         Kind::RpcVersion => plain::<rpc::VersionDocument>(text),
         Kind::WireEvent => {
-            let value = parse(text).map_err(|m| Invalid::coded(rpc::codes::PARSE_ERROR, m))?;
+            let value = crate::code::serde_util::parse(text)
+                .map_err(|m| Invalid::coded(rpc::codes::PARSE_ERROR, m))?;
             rpc::WireEvent::from_value(value)
                 .map(|event| encode(&event))
                 .map_err(|e| Invalid::coded(e.code, reason_of(&e)))
@@ -161,7 +162,7 @@ pub fn validate(kind: Kind, text: &str) -> Result<String, Invalid> {
         Kind::PodMethod => Ok(encode(&pod::Method::decode(text)?)),
         Kind::PodEvent => Ok(encode(&pod::Event::decode(text)?)),
         Kind::Sentinel => {
-            let value = parse(text).map_err(|message| Invalid {
+            let value = crate::code::serde_util::parse(text).map_err(|message| Invalid {
                 message,
                 code: None,
             })?;
@@ -229,7 +230,7 @@ fn reason_of(error: &rpc::ErrorObject) -> String {
 /// A document with no protocol code of its own: any mismatch is simply
 /// invalid.
 fn plain<T: serde::de::DeserializeOwned + Serialize>(text: &str) -> Result<String, Invalid> {
-    let value = parse(text).map_err(|message| Invalid {
+    let value = crate::code::serde_util::parse(text).map_err(|message| Invalid {
         message,
         code: None,
     })?;
@@ -239,11 +240,6 @@ fn plain<T: serde::de::DeserializeOwned + Serialize>(text: &str) -> Result<Strin
             message,
             code: None,
         })
-}
-
-fn parse(text: &str) -> Result<Value, String> {
-    serde_json::from_str(text)
-        .map_err(|e| format!("not JSON: {}", crate::code::serde_util::reason(&e)))
 }
 
 fn encode<T: Serialize>(message: &T) -> String {

@@ -12,4 +12,5 @@ mod props;
 mod rpc;
 mod sentinel;
 mod snapshots;
+mod transcripts;
 mod vectors;

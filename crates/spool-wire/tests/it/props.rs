@@ -459,10 +459,16 @@ proptest! {
         lines in vec("[ -~]{0,40}", 0..8),
         cuts in vec(0usize..400, 0..6),
         max in 1usize..48,
+        unterminated in any::<bool>(),
     ) {
-        let stream: String = lines.iter().map(|l| format!("{l}\n")).collect();
+        let mut stream: String = lines.iter().map(|l| format!("{l}\n")).collect();
+        if unterminated {
+            // The last line arrives without its newline and is read by `finish`.
+            stream.pop();
+        }
         let mut whole = line::LineCodec::new(max);
-        let expected = whole.push(stream.as_bytes());
+        let mut expected = whole.push(stream.as_bytes());
+        expected.extend(whole.finish());
         let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(stream.len())).collect();
         cuts.sort_unstable();
         let mut pieces = line::LineCodec::new(max);
@@ -472,6 +478,7 @@ proptest! {
             got.extend(pieces.push(&stream.as_bytes()[at..cut]));
             at = cut;
         }
+        got.extend(pieces.finish());
         prop_assert_eq!(&got, &expected);
         for (line, read) in lines.iter().enumerate().filter(|(_, l)| !l.trim().is_empty()).map(|(i, l)| (l, expected.iter().find(|r| r.number == i as u64 + 1))) {
             let read = read.unwrap();

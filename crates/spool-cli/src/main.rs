@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod runs;
 mod wire;
 
 /// Spool: durable LLM agent runs and the wire protocols to drive them.
@@ -23,12 +24,18 @@ enum Command {
         #[command(subcommand)]
         command: wire::WireCommand,
     },
+    /// Read runs from a journal (read-only; safe beside a running server).
+    Runs {
+        #[command(subcommand)]
+        command: runs::RunsCommand,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match cli.command {
         Command::Wire { command } => wire::run(command),
+        Command::Runs { command } => runs::run(command),
     };
     match outcome {
         Ok(code) => code,

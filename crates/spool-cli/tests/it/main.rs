@@ -5,4 +5,5 @@
 // test on the line that broke, which is what it is for.
 #![allow(clippy::unwrap_used)]
 
+mod runs;
 mod wire_validate;

@@ -1,0 +1,151 @@
+//! `spool runs …`: read a journal directly, even while a server has it
+//! open. The journal is opened read-only; nothing here can change it.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use clap::Subcommand;
+use spool_journal::fold::{Status, fold};
+use spool_journal::store::sqlite::SqliteJournal;
+use spool_journal::{Journal, RunId, Seq};
+use time::format_description::well_known::Rfc3339;
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum RunsCommand {
+    /// One line per run: id, state, last update, title.
+    List {
+        /// The journal directory.
+        #[arg(long, env = "SPOOL_JOURNAL", default_value = ".spool")]
+        journal: PathBuf,
+    },
+    /// A run's folded state and its whole event log.
+    Show {
+        /// The run.
+        run: String,
+        /// Print the envelopes as NDJSON instead.
+        #[arg(long)]
+        json: bool,
+        /// The journal directory.
+        #[arg(long, env = "SPOOL_JOURNAL", default_value = ".spool")]
+        journal: PathBuf,
+    },
+}
+
+pub(crate) fn run(command: RunsCommand) -> anyhow::Result<ExitCode> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async {
+        match command {
+            RunsCommand::List { journal } => list(&open(&journal)?).await,
+            RunsCommand::Show { run, json, journal } => show(&open(&journal)?, &run, json).await,
+        }
+    })
+}
+
+fn open(dir: &std::path::Path) -> anyhow::Result<SqliteJournal> {
+    SqliteJournal::open_read_only(dir)
+        .with_context(|| format!("opening the journal in {}", dir.display()))
+}
+
+async fn list(journal: &SqliteJournal) -> anyhow::Result<ExitCode> {
+    let runs = journal.runs().await?;
+    let mut out = std::io::stdout().lock();
+    let width = runs
+        .iter()
+        .map(|r| r.run_id.as_str().len())
+        .max()
+        .unwrap_or(0)
+        .max(3);
+    for run in runs {
+        writeln!(
+            out,
+            "{:width$}  {:24}  {:20}  {}",
+            run.run_id.as_str(),
+            describe(&run.status),
+            run.updated_at.format(&Rfc3339).unwrap_or_default(),
+            run.title.unwrap_or_default(),
+        )?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn show(journal: &SqliteJournal, run: &str, json: bool) -> anyhow::Result<ExitCode> {
+    let run = RunId::new(run)?;
+    // A log whose chain does not verify is refused here with the run and
+    // the first bad position, and the command fails.
+    let log = journal.read(&run, Seq(0)).await?;
+    if log.is_empty() {
+        bail!("no run {run} in {}", journal.path().display());
+    }
+    let mut out = std::io::stdout().lock();
+    if json {
+        for envelope in &log {
+            writeln!(out, "{}", serde_json::to_string(envelope)?)?;
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let state = fold(&log);
+    writeln!(out, "run        {run}")?;
+    writeln!(out, "state      {}", describe(&state.status))?;
+    if let Some(title) = state.title() {
+        writeln!(out, "title      {title}")?;
+    }
+    if let Some(turn) = &state.turn {
+        writeln!(out, "turn       {turn}")?;
+    }
+    if let Some(suspension) = &state.suspension {
+        writeln!(out, "waiting    {}: {}", suspension.kind, suspension.prompt)?;
+    }
+    if let Some(response) = &state.response {
+        writeln!(out, "response   {}", clip(response, 100))?;
+    }
+    writeln!(
+        out,
+        "usage      {} in / {} out",
+        state.usage.input_tokens, state.usage.output_tokens
+    )?;
+    for (seq, call) in state.dangling_writes() {
+        writeln!(
+            out,
+            "dangling   write {} ({}) at seq {seq}: needs an operator",
+            call.call_id, call.tool
+        )?;
+    }
+    writeln!(out, "events     {}", log.len())?;
+    writeln!(out)?;
+    for envelope in &log {
+        let payload = serde_json::to_value(&envelope.event)?
+            .get("payload")
+            .map(ToString::to_string)
+            .unwrap_or_default();
+        writeln!(
+            out,
+            "{:>6}  {}  {:22}  {}",
+            envelope.seq,
+            envelope.recorded_at.format(&Rfc3339).unwrap_or_default(),
+            envelope.event.kind(),
+            clip(&payload, 100),
+        )?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn describe(status: &Status) -> String {
+    match status {
+        Status::Waiting(kind) => format!("waiting ({kind})"),
+        other => other.as_wire().to_string(),
+    }
+}
+
+fn clip(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        return text.to_owned();
+    }
+    let mut clipped: String = text.chars().take(max).collect();
+    clipped.push('…');
+    clipped
+}

@@ -1,0 +1,176 @@
+//! `spool runs list` and `spool runs show` against a real journal.
+
+use std::process::{Command, Output};
+
+use spool_journal::event::{RunCreated, TurnCompleted, TurnStarted};
+use spool_journal::store::sqlite::{FILE_NAME, Options, SqliteJournal};
+use spool_journal::{Event, Journal, RunId, Seq, TurnId};
+use spool_wire::http::TurnPolicy;
+
+fn journal_with_one_run(dir: &std::path::Path) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let journal = SqliteJournal::open(dir, Options::default()).unwrap();
+        let run = RunId::new("run-1").unwrap();
+        let turn = TurnId::new("turn-1").unwrap();
+        journal
+            .append(
+                &run,
+                Seq(0),
+                vec![
+                    Event::RunCreated(RunCreated {
+                        title: Some("Deploy plan".into()),
+                        ..RunCreated::default()
+                    }),
+                    Event::TurnStarted(TurnStarted {
+                        turn_id: turn.clone(),
+                        input: "Deploy it.".into(),
+                        context: vec![],
+                        policy: TurnPolicy::Steer,
+                    }),
+                    Event::TurnCompleted(TurnCompleted {
+                        turn_id: turn,
+                        response: Some("Deployed.".into()),
+                        usage: None,
+                    }),
+                ],
+            )
+            .await
+            .unwrap();
+    });
+}
+
+fn spool(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_spool"))
+        .args(args)
+        .env_remove("SPOOL_JOURNAL")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn runs_list_prints_one_line_per_run_with_state_and_title() {
+    let dir = tempfile::tempdir().unwrap();
+    journal_with_one_run(dir.path());
+    let output = spool(&["runs", "list", "--journal", dir.path().to_str().unwrap()]);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 1);
+    assert!(
+        lines[0].starts_with("run-1")
+            && lines[0].contains("completed")
+            && lines[0].ends_with("Deploy plan"),
+        "{}",
+        lines[0]
+    );
+}
+
+#[test]
+fn runs_show_prints_the_folded_state_and_every_event() {
+    let dir = tempfile::tempdir().unwrap();
+    journal_with_one_run(dir.path());
+    let output = spool(&[
+        "runs",
+        "show",
+        "run-1",
+        "--journal",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    assert!(stdout.contains("state      completed"), "{stdout}");
+    assert!(stdout.contains("response   Deployed."), "{stdout}");
+    for kind in ["run_created", "turn_started", "turn_completed"] {
+        assert!(stdout.contains(kind), "the log shows {kind}: {stdout}");
+    }
+}
+
+#[test]
+fn runs_show_json_prints_the_envelopes_as_ndjson() {
+    let dir = tempfile::tempdir().unwrap();
+    journal_with_one_run(dir.path());
+    let output = spool(&[
+        "runs",
+        "show",
+        "run-1",
+        "--json",
+        "--journal",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert_eq!(output.status.code(), Some(0));
+    let envelopes: Vec<spool_journal::Envelope> = String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(
+        envelopes.iter().map(|e| e.seq.0).collect::<Vec<_>>(),
+        [0, 1, 2]
+    );
+}
+
+#[test]
+fn a_log_that_does_not_verify_is_reported_with_run_and_seq_and_exits_non_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    journal_with_one_run(dir.path());
+    let conn = rusqlite::Connection::open(dir.path().join(FILE_NAME)).unwrap();
+    conn.execute(
+        "UPDATE events SET body = replace(body, 'Deploy it.', 'Delete it.') WHERE seq = 1",
+        [],
+    )
+    .unwrap();
+    let output = spool(&[
+        "runs",
+        "show",
+        "run-1",
+        "--journal",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(
+        stderr.contains("run-1") && stderr.contains("seq 1") && stderr.contains("tamper-evident"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn an_unknown_run_or_a_missing_journal_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = spool(&[
+        "runs",
+        "list",
+        "--journal",
+        dir.path().join("nope").to_str().unwrap(),
+    ]);
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&missing.stderr).contains("no journal"),
+        "{}",
+        String::from_utf8_lossy(&missing.stderr)
+    );
+    journal_with_one_run(dir.path());
+    let unknown = spool(&[
+        "runs",
+        "show",
+        "run-9",
+        "--journal",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert_eq!(unknown.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&unknown.stderr).contains("no run run-9"));
+}

@@ -1,0 +1,634 @@
+//! The store conformance suite: what every `Journal` implementation must
+//! do, written once. Enable the `conformance` feature and call each check
+//! with a fresh store; [`CHECKS`] lists them by name so a store's tests can
+//! run each as its own test.
+//!
+//! Every check panics with a sentence naming what was broken.
+
+// A check fails by panicking, like any test; unwrapping is how it says
+// "this step had to succeed".
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use spool_wire::http::{SuspendKind, TurnPolicy};
+
+use crate::event::{
+    AddressBinding, Effect, Event, RunCreated, RunRetired, Suspended, ToolCallAbandoned,
+    ToolCallCompleted, ToolCallRequested, TurnCompleted, TurnStarted,
+};
+use crate::fold::{Status, fold};
+use crate::id::{Address, Principal, RunId, Seq, TurnId};
+use crate::store::{CallRef, Claim, ClaimKey, Journal, JournalError};
+
+/// A boxed check.
+pub type Check = fn(Arc<dyn Journal>) -> crate::store::BoxFuture<'static, ()>;
+
+/// Every check, by name.
+pub const CHECKS: &[(&str, Check)] = &[
+    ("appends_get_contiguous_seqs_from_zero", |j| {
+        Box::pin(appends_get_contiguous_seqs_from_zero(j))
+    }),
+    (
+        "a_stale_expected_seq_is_a_conflict_and_records_nothing",
+        |j| Box::pin(a_stale_expected_seq_is_a_conflict_and_records_nothing(j)),
+    ),
+    ("a_run_starts_with_run_created_and_only_there", |j| {
+        Box::pin(a_run_starts_with_run_created_and_only_there(j))
+    }),
+    ("reads_start_where_asked_and_unknown_runs_read_empty", |j| {
+        Box::pin(reads_start_where_asked_and_unknown_runs_read_empty(j))
+    }),
+    ("concurrent_appends_to_many_runs_all_land_in_order", |j| {
+        Box::pin(concurrent_appends_to_many_runs_all_land_in_order(j))
+    }),
+    ("racing_appends_to_one_run_admit_exactly_one_per_seq", |j| {
+        Box::pin(racing_appends_to_one_run_admit_exactly_one_per_seq(j))
+    }),
+    ("addresses_bind_once_and_free_on_unbind_and_retire", |j| {
+        Box::pin(addresses_bind_once_and_free_on_unbind_and_retire(j))
+    }),
+    ("operation_ids_are_scoped_by_principal", |j| {
+        Box::pin(operation_ids_are_scoped_by_principal(j))
+    }),
+    (
+        "one_racing_claimant_wins_and_the_rest_see_it_in_flight_then_settled",
+        |j| Box::pin(one_racing_claimant_wins_and_the_rest_see_it_in_flight_then_settled(j)),
+    ),
+    ("an_abandoned_claim_is_released", |j| {
+        Box::pin(an_abandoned_claim_is_released(j))
+    }),
+    (
+        "a_subscriber_is_told_only_after_the_events_are_readable",
+        |j| Box::pin(a_subscriber_is_told_only_after_the_events_are_readable(j)),
+    ),
+    ("the_run_listing_follows_the_fold", |j| {
+        Box::pin(the_run_listing_follows_the_fold(j))
+    }),
+];
+
+/// A run id for checks.
+#[must_use]
+pub fn run(name: &str) -> RunId {
+    RunId::new(name).expect("check run names are valid ids")
+}
+
+fn turn(name: &str) -> TurnId {
+    TurnId::new(name).expect("check turn names are valid ids")
+}
+
+/// A `run_created` with nothing else.
+#[must_use]
+pub fn created() -> Event {
+    Event::RunCreated(RunCreated::default())
+}
+
+/// A `turn_started` with `input`.
+#[must_use]
+pub fn started(turn_id: &str, input: &str) -> Event {
+    Event::TurnStarted(TurnStarted {
+        turn_id: turn(turn_id),
+        input: input.into(),
+        context: Vec::new(),
+        policy: TurnPolicy::Steer,
+    })
+}
+
+fn completed(turn_id: &str) -> Event {
+    Event::TurnCompleted(TurnCompleted {
+        turn_id: turn(turn_id),
+        response: Some("done".into()),
+        usage: None,
+    })
+}
+
+async fn appends_get_contiguous_seqs_from_zero(journal: Arc<dyn Journal>) {
+    let r = run("contiguous");
+    let first = journal
+        .append(&r, Seq(0), vec![created(), started("t1", "hi")])
+        .await
+        .unwrap();
+    let second = journal
+        .append(&r, Seq(2), vec![completed("t1")])
+        .await
+        .unwrap();
+    let seqs: Vec<u64> = first.iter().chain(&second).map(|e| e.seq.0).collect();
+    assert_eq!(
+        seqs,
+        [0, 1, 2],
+        "appended events get contiguous positions from 0"
+    );
+    let read = journal.read(&r, Seq(0)).await.unwrap();
+    assert_eq!(
+        read,
+        [first, second].concat(),
+        "what was appended reads back identically"
+    );
+}
+
+async fn a_stale_expected_seq_is_a_conflict_and_records_nothing(journal: Arc<dyn Journal>) {
+    let r = run("conflict");
+    journal.append(&r, Seq(0), vec![created()]).await.unwrap();
+    for stale in [Seq(0), Seq(2)] {
+        match journal.append(&r, stale, vec![started("t1", "x")]).await {
+            Err(JournalError::Conflict {
+                expected, actual, ..
+            }) => {
+                assert_eq!(
+                    (expected, actual),
+                    (stale, Seq(1)),
+                    "the conflict names both positions"
+                );
+            }
+            other => {
+                panic!("an append at {stale} when the log is at 1 must conflict, got {other:?}")
+            }
+        }
+    }
+    assert_eq!(
+        journal.read(&r, Seq(0)).await.unwrap().len(),
+        1,
+        "a refused append records nothing"
+    );
+}
+
+async fn a_run_starts_with_run_created_and_only_there(journal: Arc<dyn Journal>) {
+    let r = run("shape");
+    assert!(
+        matches!(
+            journal.append(&r, Seq(0), vec![started("t1", "x")]).await,
+            Err(JournalError::InvalidAppend { .. })
+        ),
+        "a run's first event must be run_created"
+    );
+    journal.append(&r, Seq(0), vec![created()]).await.unwrap();
+    assert!(
+        matches!(
+            journal.append(&r, Seq(1), vec![created()]).await,
+            Err(JournalError::InvalidAppend { .. })
+        ),
+        "run_created may not appear twice"
+    );
+    assert!(
+        matches!(
+            journal.append(&r, Seq(1), vec![]).await,
+            Err(JournalError::InvalidAppend { .. })
+        ),
+        "an empty append is refused"
+    );
+    assert!(
+        matches!(
+            journal
+                .append(&r, Seq(1), vec![started("t1", "ok"), created()])
+                .await,
+            Err(JournalError::InvalidAppend { .. })
+        ),
+        "a batch with one bad event is refused whole"
+    );
+    assert_eq!(
+        journal.read(&r, Seq(0)).await.unwrap().len(),
+        1,
+        "refused appends record nothing"
+    );
+}
+
+async fn reads_start_where_asked_and_unknown_runs_read_empty(journal: Arc<dyn Journal>) {
+    let r = run("reads");
+    journal
+        .append(
+            &r,
+            Seq(0),
+            vec![created(), started("t1", "a"), completed("t1")],
+        )
+        .await
+        .unwrap();
+    let tail = journal.read(&r, Seq(1)).await.unwrap();
+    assert_eq!(
+        tail.iter().map(|e| e.seq.0).collect::<Vec<_>>(),
+        [1, 2],
+        "a read from 1 starts at 1"
+    );
+    assert!(
+        journal.read(&r, Seq(3)).await.unwrap().is_empty(),
+        "a read past the end is empty"
+    );
+    assert!(
+        journal.read(&r, Seq(99)).await.unwrap().is_empty(),
+        "a read far past the end is empty"
+    );
+    assert!(
+        journal
+            .read(&run("nobody"), Seq(0))
+            .await
+            .unwrap()
+            .is_empty(),
+        "an unknown run reads as empty"
+    );
+}
+
+async fn concurrent_appends_to_many_runs_all_land_in_order(journal: Arc<dyn Journal>) {
+    const RUNS: usize = 16;
+    const APPENDS: u64 = 8;
+    let mut tasks = Vec::new();
+    for i in 0..RUNS {
+        let journal = Arc::clone(&journal);
+        tasks.push(tokio::spawn(async move {
+            let r = run(&format!("many-{i}"));
+            journal.append(&r, Seq(0), vec![created()]).await.unwrap();
+            for n in 1..=APPENDS {
+                journal
+                    .append(&r, Seq(n), vec![started(&format!("t{n}"), "x")])
+                    .await
+                    .unwrap();
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.expect("an appending task panicked");
+    }
+    for i in 0..RUNS {
+        let log = journal
+            .read(&run(&format!("many-{i}")), Seq(0))
+            .await
+            .unwrap();
+        let seqs: Vec<u64> = log.iter().map(|e| e.seq.0).collect();
+        assert_eq!(
+            seqs,
+            (0..=APPENDS).collect::<Vec<_>>(),
+            "run many-{i} has every append, in order"
+        );
+    }
+}
+
+async fn racing_appends_to_one_run_admit_exactly_one_per_seq(journal: Arc<dyn Journal>) {
+    let r = run("race");
+    journal.append(&r, Seq(0), vec![created()]).await.unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let journal = Arc::clone(&journal);
+        let r = r.clone();
+        tasks.push(tokio::spawn(async move {
+            journal
+                .append(&r, Seq(1), vec![started(&format!("t{i}"), "x")])
+                .await
+        }));
+    }
+    let mut won = 0;
+    for task in tasks {
+        match task.await.expect("a racing task panicked") {
+            Ok(_) => won += 1,
+            Err(JournalError::Conflict { .. }) => {}
+            Err(other) => panic!("a losing racer must see a conflict, got {other}"),
+        }
+    }
+    assert_eq!(won, 1, "exactly one racer appends at seq 1");
+    assert_eq!(journal.read(&r, Seq(0)).await.unwrap().len(), 2);
+}
+
+async fn addresses_bind_once_and_free_on_unbind_and_retire(journal: Arc<dyn Journal>) {
+    let address = Address::new("http", "browser/42");
+    let (a, b) = (run("addr-a"), run("addr-b"));
+    let bound = Event::RunCreated(RunCreated {
+        address: Some(address.clone()),
+        ..RunCreated::default()
+    });
+    journal
+        .append(&a, Seq(0), vec![bound.clone()])
+        .await
+        .unwrap();
+    assert_eq!(
+        journal.find_address(&address).await.unwrap(),
+        Some(a.clone()),
+        "the address finds its run"
+    );
+    match journal.append(&b, Seq(0), vec![bound.clone()]).await {
+        Err(JournalError::AddressTaken { run, .. }) => {
+            assert_eq!(run, a, "the refusal names the holder")
+        }
+        other => panic!("a taken address must be refused, got {other:?}"),
+    }
+    assert!(
+        journal.read(&b, Seq(0)).await.unwrap().is_empty(),
+        "the refused run was not created"
+    );
+    journal
+        .append(
+            &a,
+            Seq(1),
+            vec![Event::AddressUnbound(AddressBinding {
+                address: address.clone(),
+            })],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        journal.find_address(&address).await.unwrap(),
+        None,
+        "unbinding frees the address"
+    );
+    journal.append(&b, Seq(0), vec![bound]).await.unwrap();
+    journal
+        .append(
+            &b,
+            Seq(1),
+            vec![Event::RunRetired(RunRetired {
+                reason: Some("reset".into()),
+            })],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        journal.find_address(&address).await.unwrap(),
+        None,
+        "retiring frees the run's addresses"
+    );
+    journal
+        .append(
+            &a,
+            Seq(2),
+            vec![Event::AddressBound(AddressBinding {
+                address: address.clone(),
+            })],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        journal.find_address(&address).await.unwrap(),
+        Some(a),
+        "a freed address can be bound again"
+    );
+}
+
+async fn operation_ids_are_scoped_by_principal(journal: Arc<dyn Journal>) {
+    let alice = Principal {
+        authenticator: "token".into(),
+        kind: "token".into(),
+        id: "alice".into(),
+        ..Principal::default()
+    };
+    let bob = Principal {
+        id: "bob".into(),
+        ..alice.clone()
+    };
+    let under = |principal: &Principal| {
+        Event::RunCreated(RunCreated {
+            operation_id: Some("deploy-42".into()),
+            principal: Some(principal.clone()),
+            ..RunCreated::default()
+        })
+    };
+    journal
+        .append(&run("op-a"), Seq(0), vec![under(&alice)])
+        .await
+        .unwrap();
+    journal
+        .append(&run("op-b"), Seq(0), vec![under(&bob)])
+        .await
+        .unwrap();
+    assert_eq!(
+        journal.find_operation(&alice, "deploy-42").await.unwrap(),
+        Some(run("op-a"))
+    );
+    assert_eq!(
+        journal.find_operation(&bob, "deploy-42").await.unwrap(),
+        Some(run("op-b")),
+        "another principal's key is another operation"
+    );
+    assert_eq!(journal.find_operation(&alice, "other").await.unwrap(), None);
+    assert!(
+        matches!(
+            journal
+                .append(&run("op-c"), Seq(0), vec![under(&alice)])
+                .await,
+            Err(JournalError::OperationTaken { .. })
+        ),
+        "a second run under the same principal and key is refused"
+    );
+}
+
+fn request(call_id: &str) -> Event {
+    Event::ToolCallRequested(ToolCallRequested {
+        call_id: call_id.into(),
+        tool: "charge".into(),
+        input: json!({"amount": 5}),
+        effect: Effect::Idempotent,
+        idempotency_key: Some("order-7".into()),
+    })
+}
+
+async fn one_racing_claimant_wins_and_the_rest_see_it_in_flight_then_settled(
+    journal: Arc<dyn Journal>,
+) {
+    let key = ClaimKey {
+        tool: "charge".into(),
+        key: "order-7".into(),
+    };
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let journal = Arc::clone(&journal);
+        let key = key.clone();
+        tasks.push(tokio::spawn(async move {
+            let holder = CallRef {
+                run: run(&format!("claim-{i}")),
+                call_id: "c1".into(),
+            };
+            (holder.clone(), journal.claim(&key, &holder).await)
+        }));
+    }
+    let mut winner = None;
+    for task in tasks {
+        let (holder, outcome) = task.await.expect("a claiming task panicked");
+        match outcome {
+            Ok(Claim::Won) => assert!(
+                winner.replace(holder).is_none(),
+                "only one racer may win a claim"
+            ),
+            Err(JournalError::CallInFlight { .. }) => {}
+            other => panic!("a losing racer must see the call in flight, got {other:?}"),
+        }
+    }
+    let winner = winner.expect("one racer wins the claim");
+    assert_eq!(
+        journal.claim(&key, &winner).await.unwrap(),
+        Claim::Won,
+        "the winner asking again still holds it"
+    );
+    journal
+        .append(
+            &winner.run,
+            Seq(0),
+            vec![created(), started("t1", "pay"), request("c1")],
+        )
+        .await
+        .unwrap();
+    let done = journal
+        .append(
+            &winner.run,
+            Seq(3),
+            vec![Event::ToolCallCompleted(ToolCallCompleted {
+                call_id: "c1".into(),
+                output: json!({"receipt": "r-1"}),
+            })],
+        )
+        .await
+        .unwrap();
+    let latecomer = CallRef {
+        run: run("claim-late"),
+        call_id: "c9".into(),
+    };
+    assert_eq!(
+        journal.claim(&key, &latecomer).await.unwrap(),
+        Claim::Settled {
+            output: json!({"receipt": "r-1"}),
+            by: winner,
+            seq: done[0].seq,
+        },
+        "after the completion, a claimant gets the recorded output and where it came from"
+    );
+}
+
+async fn an_abandoned_claim_is_released(journal: Arc<dyn Journal>) {
+    let key = ClaimKey {
+        tool: "charge".into(),
+        key: "order-8".into(),
+    };
+    let first = CallRef {
+        run: run("abandon-a"),
+        call_id: "c1".into(),
+    };
+    assert_eq!(journal.claim(&key, &first).await.unwrap(), Claim::Won);
+    journal
+        .append(
+            &first.run,
+            Seq(0),
+            vec![
+                created(),
+                started("t1", "pay"),
+                request("c1"),
+                Event::ToolCallAbandoned(ToolCallAbandoned {
+                    call_id: "c1".into(),
+                    reason: Some("operator: it never ran".into()),
+                    operator: None,
+                }),
+            ],
+        )
+        .await
+        .unwrap();
+    let second = CallRef {
+        run: run("abandon-b"),
+        call_id: "c1".into(),
+    };
+    assert_eq!(
+        journal.claim(&key, &second).await.unwrap(),
+        Claim::Won,
+        "an abandoned claim can be taken again"
+    );
+}
+
+async fn a_subscriber_is_told_only_after_the_events_are_readable(journal: Arc<dyn Journal>) {
+    let r = run("subscribe");
+    let mut watching = journal.subscribe(&r).await.unwrap();
+    assert_eq!(
+        *watching.borrow(),
+        Seq(0),
+        "an unknown run's next position is 0"
+    );
+    let writer = {
+        let journal = Arc::clone(&journal);
+        let r = r.clone();
+        tokio::spawn(async move {
+            journal.append(&r, Seq(0), vec![created()]).await.unwrap();
+            journal
+                .append(&r, Seq(1), vec![started("t1", "x"), completed("t1")])
+                .await
+                .unwrap();
+        })
+    };
+    let mut seen = Seq(0);
+    while seen < Seq(3) {
+        tokio::time::timeout(Duration::from_secs(10), watching.changed())
+            .await
+            .expect("a subscriber is told of an append within 10 s")
+            .expect("the journal keeps the channel open");
+        let next = *watching.borrow_and_update();
+        let fresh = journal.read(&r, seen).await.unwrap();
+        // More may have landed since the notice; what it announced must be
+        // readable already.
+        let readable = fresh.last().map_or(seen, |e| e.seq.next());
+        assert!(
+            readable >= next,
+            "every position a subscriber is told of is already readable: told {next}, read up to {readable}"
+        );
+        seen = next;
+    }
+    writer.await.expect("the writer task panicked");
+    let late = journal.subscribe(&r).await.unwrap();
+    assert_eq!(
+        *late.borrow(),
+        Seq(3),
+        "a late subscriber starts at the run's current end"
+    );
+}
+
+async fn the_run_listing_follows_the_fold(journal: Arc<dyn Journal>) {
+    let waiting = run("list-waiting");
+    journal
+        .append(
+            &waiting,
+            Seq(0),
+            vec![
+                Event::RunCreated(RunCreated {
+                    title: Some("Deploy".into()),
+                    ..RunCreated::default()
+                }),
+                started("t1", "deploy"),
+                Event::Suspended(Suspended {
+                    turn_id: turn("t1"),
+                    kind: SuspendKind::Approval,
+                    prompt: "Deploy?".into(),
+                    call_id: None,
+                    input_schema: None,
+                    options: None,
+                }),
+            ],
+        )
+        .await
+        .unwrap();
+    let retired = run("list-retired");
+    journal
+        .append(
+            &retired,
+            Seq(0),
+            vec![
+                created(),
+                Event::RunRetired(RunRetired::default()),
+                started("t2", "x"),
+            ],
+        )
+        .await
+        .unwrap();
+    let runs = journal.runs().await.unwrap();
+    for r in [&waiting, &retired] {
+        let summary = runs
+            .iter()
+            .find(|s| &s.run_id == r)
+            .expect("every run is listed");
+        let log = journal.read(r, Seq(0)).await.unwrap();
+        assert_eq!(
+            summary.status,
+            fold(&log).status,
+            "the listing's state for {r} is the fold's"
+        );
+        assert_eq!(summary.next_seq, Seq(log.len() as u64));
+    }
+    let summary = runs.iter().find(|s| s.run_id == waiting).unwrap();
+    assert_eq!(summary.status, Status::Waiting(SuspendKind::Approval));
+    assert_eq!(summary.title.as_deref(), Some("Deploy"));
+    assert_eq!(
+        runs.iter().find(|s| s.run_id == retired).unwrap().status,
+        Status::Retired,
+        "retirement is permanent"
+    );
+}

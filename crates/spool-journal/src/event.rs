@@ -1,0 +1,417 @@
+//! The event vocabulary: everything durable about a run, one envelope per
+//! journal position.
+//!
+//! An envelope is `{run_id, seq, recorded_at, event}` with the event
+//! adjacently tagged `{"kind", "payload"}`. Fields added later are optional
+//! and left out when absent, so a log written earlier stays byte-identical
+//! when re-encoded; a pinned-JSON test per kind holds that line. A log from a
+//! newer schema is refused by the store (see [`SCHEMA_VERSION`]).
+//!
+//! Text, thinking and tool-argument deltas are not here: they are live only.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use spool_wire::http::{SuspendKind, TurnPolicy};
+use time::OffsetDateTime;
+
+use crate::id::{Address, Principal, RunId, Seq, TurnId};
+
+/// The event schema this crate writes and the newest it reads.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// One durable event at one position of one run's journal.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Envelope {
+    /// The run.
+    pub run_id: RunId,
+    /// The position, contiguous from 0.
+    pub seq: Seq,
+    /// When the store recorded it (UTC).
+    #[serde(with = "time::serde::rfc3339")]
+    pub recorded_at: OffsetDateTime,
+    /// What happened.
+    pub event: Event,
+}
+
+/// Everything durable that happens to a run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", content = "payload", rename_all = "snake_case")]
+pub enum Event {
+    /// The run exists.
+    RunCreated(RunCreated),
+    /// A turn began with the user's input.
+    TurnStarted(TurnStarted),
+    /// Input steered into the running turn, given to the model before its
+    /// next call.
+    InputSteered(InputSteered),
+    /// A model call is about to be made (write-ahead).
+    ModelCallRequested(ModelCallRequested),
+    /// The model call answered.
+    ModelCallCompleted(ModelCallCompleted),
+    /// A tool call is about to be made (write-ahead).
+    ToolCallRequested(ToolCallRequested),
+    /// The tool call's one completion; its output may be a sentinel.
+    ToolCallCompleted(ToolCallCompleted),
+    /// The run parked for an answer.
+    Suspended(Suspended),
+    /// The run was answered.
+    Resumed(Resumed),
+    /// The run parked until an instant.
+    SleepStarted(SleepStarted),
+    /// The instant came.
+    SleepCompleted(SleepCompleted),
+    /// Someone asked for the running turn to stop.
+    CancelRequested(CancelRequested),
+    /// The turn answered.
+    TurnCompleted(TurnCompleted),
+    /// The turn failed.
+    TurnFailed(TurnFailed),
+    /// The turn stopped on request.
+    TurnCancelled(TurnCancelled),
+    /// The model's context was dropped; the run and its log remain.
+    ContextCleared(ContextCleared),
+    /// Older context was replaced by a summary.
+    Compacted(Compacted),
+    /// A budget ran out; the run waits for an operator.
+    BudgetExceeded(BudgetExceeded),
+    /// The run took a name in a channel.
+    AddressBound(AddressBinding),
+    /// The run gave a name up.
+    AddressUnbound(AddressBinding),
+    /// The run is closed for good.
+    RunRetired(RunRetired),
+    /// An operator settled a dangling tool call with its output.
+    ToolCallResolved(ToolCallResolved),
+    /// An operator gave a dangling tool call up.
+    ToolCallAbandoned(ToolCallAbandoned),
+}
+
+/// Token usage.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub input_tokens: u64,
+    /// Completion tokens.
+    pub output_tokens: u64,
+}
+
+impl std::ops::AddAssign for Usage {
+    fn add_assign(&mut self, other: Self) {
+        self.input_tokens = self.input_tokens.saturating_add(other.input_tokens);
+        self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
+    }
+}
+
+/// `run_created`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunCreated {
+    /// The address the run was created through.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<Address>,
+    /// The idempotency key it was created under.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operation_id: Option<String>,
+    /// A hash of the request that created it, so a retry with a different
+    /// body under the same operation id is told apart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_hash: Option<String>,
+    /// A listing title.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+    /// The surface kind (`dm`, `thread`, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// Who created it, when that was proven.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub principal: Option<Principal>,
+}
+
+/// `turn_started`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TurnStarted {
+    /// The turn.
+    pub turn_id: TurnId,
+    /// The user's input.
+    pub input: String,
+    /// Input for this turn only, kept apart from the history.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub context: Vec<String>,
+    /// How input arriving during the turn is handled.
+    pub policy: TurnPolicy,
+}
+
+/// `input_steered`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct InputSteered {
+    /// The turn it was steered into.
+    pub turn_id: TurnId,
+    /// The input.
+    pub input: String,
+}
+
+/// `model_call_requested`: the request as a hash plus what is new since the
+/// previous call, so a long run's log grows with its conversation, not with
+/// the square of it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelCallRequested {
+    /// The content hash of the whole request.
+    pub request_hash: String,
+    /// The messages added since the previous call.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub new_messages: Vec<Value>,
+}
+
+/// `model_call_completed`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelCallCompleted {
+    /// The assistant's message, as the engine produced it.
+    pub message: Value,
+    /// Tokens used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+    /// Why the model stopped (`stop`, `tool_use`, `length`, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finish_reason: Option<String>,
+}
+
+/// What a tool call may do to the world, which decides what recovery may
+/// do with a call that has no completion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Effect {
+    /// No effect: run it again.
+    Read,
+    /// Safe to repeat under the same idempotency key.
+    Idempotent,
+    /// Not safe to repeat: an operator decides.
+    Write,
+}
+
+/// `tool_call_requested`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolCallRequested {
+    /// The model's call id.
+    pub call_id: String,
+    /// The tool.
+    pub tool: String,
+    /// The arguments.
+    pub input: Value,
+    /// What the call may do.
+    pub effect: Effect,
+    /// The key an idempotent or keyed call is claimed under.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+}
+
+/// `tool_call_completed`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolCallCompleted {
+    /// The call.
+    pub call_id: String,
+    /// Its output; a suspension, sleep or failure is a sentinel here.
+    pub output: Value,
+}
+
+/// `suspended`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Suspended {
+    /// The parked turn.
+    pub turn_id: TurnId,
+    /// What it waits for.
+    pub kind: SuspendKind,
+    /// What to show whoever answers.
+    pub prompt: String,
+    /// The parked tool call, when a tool parked it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call_id: Option<String>,
+    /// The JSON Schema the answer must satisfy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_schema: Option<Value>,
+    /// Choices, when the question has them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub options: Option<Vec<String>>,
+}
+
+/// One answer to a suspension.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Answer {
+    /// The text.
+    #[serde(default)]
+    pub text: String,
+    /// `true` approves, `false` rejects, absent rejects nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approved: Option<bool>,
+}
+
+/// `resumed`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Resumed {
+    /// The turn that was parked.
+    pub turn_id: TurnId,
+    /// The answers.
+    pub answers: Vec<Answer>,
+}
+
+/// `sleep_started`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SleepStarted {
+    /// The tool call that asked to sleep.
+    pub call_id: String,
+    /// When to wake, UTC.
+    #[serde(with = "time::serde::rfc3339")]
+    pub wake_at: OffsetDateTime,
+}
+
+/// `sleep_completed`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SleepCompleted {
+    /// The tool call that slept.
+    pub call_id: String,
+}
+
+/// `cancel_requested`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CancelRequested {
+    /// The turn the caller saw, when it named one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_id: Option<TurnId>,
+}
+
+/// `turn_completed`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TurnCompleted {
+    /// The turn.
+    pub turn_id: TurnId,
+    /// The answer's text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response: Option<String>,
+    /// Tokens the turn used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+/// `turn_failed`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TurnFailed {
+    /// The turn.
+    pub turn_id: TurnId,
+    /// A stable code (`provider_error`, `tool_error`, `budget`, …).
+    pub code: String,
+    /// What went wrong, in full.
+    pub message: String,
+}
+
+/// `turn_cancelled`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TurnCancelled {
+    /// The turn.
+    pub turn_id: TurnId,
+}
+
+/// `context_cleared`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ContextCleared {}
+
+/// `compacted`: the conversation recorded at `from..=to` is replaced, for
+/// the model, by `summary`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Compacted {
+    /// The summary the engine wrote.
+    pub summary: String,
+    /// The first position summarized.
+    pub from: Seq,
+    /// The last position summarized.
+    pub to: Seq,
+}
+
+/// `budget_exceeded`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BudgetExceeded {
+    /// Which budget (`tokens`, `tool_calls`, …).
+    pub budget: String,
+    /// Its limit.
+    pub limit: u64,
+    /// What was used.
+    pub used: u64,
+}
+
+/// `address_bound` and `address_unbound`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AddressBinding {
+    /// The address.
+    pub address: Address,
+}
+
+/// `run_retired`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunRetired {
+    /// Why, for the log.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// `tool_call_resolved`: an operator says a dangling call happened, with
+/// this output; it serves as the call's completion.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolCallResolved {
+    /// The call.
+    pub call_id: String,
+    /// Its output.
+    pub output: Value,
+    /// Who settled it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operator: Option<String>,
+}
+
+/// `tool_call_abandoned`: an operator gives a dangling call up; the turn
+/// fails rather than guess.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolCallAbandoned {
+    /// The call.
+    pub call_id: String,
+    /// Why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Who gave it up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operator: Option<String>,
+}
+
+impl Event {
+    /// The wire name of the kind (`turn_started`, …).
+    #[must_use]
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::RunCreated(_) => "run_created",
+            Self::TurnStarted(_) => "turn_started",
+            Self::InputSteered(_) => "input_steered",
+            Self::ModelCallRequested(_) => "model_call_requested",
+            Self::ModelCallCompleted(_) => "model_call_completed",
+            Self::ToolCallRequested(_) => "tool_call_requested",
+            Self::ToolCallCompleted(_) => "tool_call_completed",
+            Self::Suspended(_) => "suspended",
+            Self::Resumed(_) => "resumed",
+            Self::SleepStarted(_) => "sleep_started",
+            Self::SleepCompleted(_) => "sleep_completed",
+            Self::CancelRequested(_) => "cancel_requested",
+            Self::TurnCompleted(_) => "turn_completed",
+            Self::TurnFailed(_) => "turn_failed",
+            Self::TurnCancelled(_) => "turn_cancelled",
+            Self::ContextCleared(_) => "context_cleared",
+            Self::Compacted(_) => "compacted",
+            Self::BudgetExceeded(_) => "budget_exceeded",
+            Self::AddressBound(_) => "address_bound",
+            Self::AddressUnbound(_) => "address_unbound",
+            Self::RunRetired(_) => "run_retired",
+            Self::ToolCallResolved(_) => "tool_call_resolved",
+            Self::ToolCallAbandoned(_) => "tool_call_abandoned",
+        }
+    }
+
+    /// The event's canonical stored bytes: compact JSON in field order. These
+    /// exact bytes are what the hash chain covers.
+    #[must_use]
+    pub fn to_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("events are plain JSON values and always serialize")
+    }
+}

@@ -1,0 +1,205 @@
+//! Identities: run and turn ids, journal positions, addresses, principals.
+//! Newtypes, so a turn id can never be passed where a run id is wanted.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// The longest id accepted, in bytes.
+pub const MAX_ID_BYTES: usize = 128;
+
+/// Why an id was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {what} `{value}`: use 1 to 128 characters of A-Z a-z 0-9 . _ : -")]
+pub struct InvalidId {
+    /// Which kind of id.
+    pub what: &'static str,
+    /// The value refused (cut to 64 characters).
+    pub value: String,
+}
+
+fn check_id(what: &'static str, value: &str) -> Result<(), InvalidId> {
+    let ok = !value.is_empty()
+        && value.len() <= MAX_ID_BYTES
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(InvalidId {
+            what,
+            value: value.chars().take(64).collect(),
+        })
+    }
+}
+
+macro_rules! id_type {
+    ($(#[$meta:meta])* $name:ident, $what:literal) => {
+        $(#[$meta])*
+        #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+        #[serde(transparent)]
+        pub struct $name(String);
+
+        impl $name {
+            /// Checks and wraps an id.
+            ///
+            /// # Errors
+            ///
+            /// [`InvalidId`] when it is empty, over 128 bytes, or holds a
+            /// character other than ASCII letters, digits, `.`, `_`, `:`, `-`.
+            pub fn new(value: impl Into<String>) -> Result<Self, InvalidId> {
+                let value = value.into();
+                check_id($what, &value)?;
+                Ok(Self(value))
+            }
+
+            /// The id as text.
+            #[must_use]
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                Self::new(String::deserialize(deserializer)?).map_err(serde::de::Error::custom)
+            }
+        }
+
+        impl std::str::FromStr for $name {
+            type Err = InvalidId;
+            fn from_str(value: &str) -> Result<Self, InvalidId> {
+                Self::new(value)
+            }
+        }
+    };
+}
+
+id_type!(
+    /// A run's id.
+    RunId,
+    "run id"
+);
+id_type!(
+    /// A turn's id.
+    TurnId,
+    "turn id"
+);
+
+/// A position in one run's journal: contiguous from 0.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+#[serde(transparent)]
+pub struct Seq(pub u64);
+
+impl Seq {
+    /// The position after this one.
+    #[must_use]
+    pub fn next(self) -> Self {
+        Self(self.0 + 1)
+    }
+}
+
+impl fmt::Display for Seq {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// A run's name in one channel's namespace (`http/browser-42`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Address {
+    /// The channel namespace (`http`, `pod`, `bus`, or a host's own).
+    pub namespace: String,
+    /// The name within it; may contain `/`.
+    pub name: String,
+}
+
+impl Address {
+    /// An address.
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+}
+
+impl fmt::Display for Address {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// Who asked: what an authenticator proved about a caller.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Principal {
+    /// Which authenticator proved it.
+    pub authenticator: String,
+    /// What kind of caller.
+    pub kind: String,
+    /// Who.
+    pub id: String,
+    /// Anything else the authenticator vouches for.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub attributes: BTreeMap<String, String>,
+}
+
+impl Principal {
+    /// The key operation ids are scoped by: the same key under another
+    /// authenticator, kind or id is another operation.
+    #[must_use]
+    pub fn scope(&self) -> String {
+        // Lengths first, so no choice of names can make two principals
+        // collide on the joined text.
+        format!(
+            "{}:{}:{}:{}{}{}",
+            self.authenticator.len(),
+            self.kind.len(),
+            self.id.len(),
+            self.authenticator,
+            self.kind,
+            self.id
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_accept_the_safe_alphabet_and_refuse_the_rest() {
+        assert!(RunId::new("run_0192f6a0-7c1e.7d1a:x").is_ok());
+        for bad in ["", "has space", "slash/inside", "ü", &"x".repeat(129)] {
+            assert!(RunId::new(bad).is_err(), "{bad:?}");
+        }
+        assert!(serde_json::from_str::<TurnId>("\"a b\"").is_err());
+    }
+
+    #[test]
+    fn principal_scopes_cannot_collide_by_moving_text_between_fields() {
+        let a = Principal {
+            authenticator: "ab".into(),
+            kind: "c".into(),
+            id: "d".into(),
+            ..Principal::default()
+        };
+        let b = Principal {
+            authenticator: "a".into(),
+            kind: "bc".into(),
+            id: "d".into(),
+            ..Principal::default()
+        };
+        assert_ne!(a.scope(), b.scope());
+    }
+}

@@ -1,0 +1,33 @@
+//! Spool's journal: the append-only log that lets a run survive a crash.
+//!
+//! The pure core ([`event`], [`fold`], [`cursor`], [`chain`]) does no I/O
+//! and reads no clock: given the same log it gives the same answers,
+//! anywhere. Stores sit behind the [`Journal`](store::Journal) trait:
+//! [`store::sqlite::SqliteJournal`] (the embedded default: WAL,
+//! `synchronous=FULL`, one group-committing writer thread) and
+//! [`store::memory::MemoryJournal`] (tests, and hosts that need no
+//! durability). Both pass the same conformance suite (the `conformance`
+//! feature).
+//!
+//! What this crate deliberately does not do: run anything. It records what
+//! the runtime did and tells it, on replay, what was already done.
+#![warn(missing_docs)]
+
+pub mod chain;
+pub mod cursor;
+pub mod event;
+pub mod fold;
+pub mod id;
+pub mod store;
+
+#[cfg(feature = "conformance")]
+pub mod conformance;
+
+pub use event::{Envelope, Event};
+pub use id::{Address, Principal, RunId, Seq, TurnId};
+pub use store::{Journal, JournalError};
+
+/// Canonical JSON text of a value, for hashes and messages.
+fn canonical(value: &serde_json::Value) -> String {
+    spool_wire::canonical::canonical_json(value)
+}

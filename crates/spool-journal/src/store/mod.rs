@@ -1,0 +1,490 @@
+//! The `Journal` trait and what every store shares: how an append is
+//! checked and turned into rows, index changes and a new run head, and how
+//! a claim is decided. The stores differ only in how they persist it.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use serde_json::Value;
+use time::OffsetDateTime;
+use tokio::sync::watch;
+
+use crate::chain::{self, Hash, TamperEvident};
+use crate::event::{Envelope, Event};
+use crate::fold::{Status, transition};
+use crate::id::{Address, Principal, RunId, Seq};
+
+pub mod memory;
+pub mod sqlite;
+
+/// A boxed future, so `Journal` can be used as `dyn Journal`.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A durable, append-only log of runs.
+///
+/// Every method is safe to call from many tasks at once. An append is
+/// answered only once it is durable (as durable as the store promises),
+/// and a subscriber is told of it only after that.
+pub trait Journal: Send + Sync + 'static {
+    /// Appends `events` to `run`, whose next position must be `expected`
+    /// (a run is created by appending a `run_created` at position 0). All
+    /// or nothing: on any error none of the events is recorded.
+    ///
+    /// Besides the log, an append keeps the indexes: `run_created` with an
+    /// operation id under a principal, and `address_bound` (or an address
+    /// on `run_created`), take those names for the run; `address_unbound`
+    /// and `run_retired` give addresses up; a completion of a claimed call
+    /// settles the claim with its output, an abandonment releases it.
+    fn append<'a>(
+        &'a self,
+        run: &'a RunId,
+        expected: Seq,
+        events: Vec<Event>,
+    ) -> BoxFuture<'a, Result<Vec<Envelope>, JournalError>>;
+
+    /// The run's events from position `from` on, verified against the hash
+    /// chain. An unknown run reads as empty.
+    fn read<'a>(
+        &'a self,
+        run: &'a RunId,
+        from: Seq,
+    ) -> BoxFuture<'a, Result<Vec<Envelope>, JournalError>>;
+
+    /// Every run with its public state, most recently updated first.
+    fn runs(&self) -> BoxFuture<'_, Result<Vec<RunSummary>, JournalError>>;
+
+    /// The run an address is bound to.
+    fn find_address<'a>(
+        &'a self,
+        address: &'a Address,
+    ) -> BoxFuture<'a, Result<Option<RunId>, JournalError>>;
+
+    /// The run created under `operation_id` by `principal`.
+    fn find_operation<'a>(
+        &'a self,
+        principal: &'a Principal,
+        operation_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<RunId>, JournalError>>;
+
+    /// Claims `(tool, key)` for `holder`'s call, atomically across runs:
+    /// the first holder wins and runs the tool; once its completion is
+    /// appended, every later claimant gets the recorded output instead.
+    ///
+    /// # Errors
+    ///
+    /// [`JournalError::CallInFlight`] while another holder's claim is
+    /// unsettled.
+    fn claim<'a>(
+        &'a self,
+        key: &'a ClaimKey,
+        holder: &'a CallRef,
+    ) -> BoxFuture<'a, Result<Claim, JournalError>>;
+
+    /// A receiver of the run's next position, updated after every durable
+    /// append: read `from` the last value seen to get what is new. It holds
+    /// only the latest value, so a slow subscriber costs nothing.
+    fn subscribe<'a>(
+        &'a self,
+        run: &'a RunId,
+    ) -> BoxFuture<'a, Result<watch::Receiver<Seq>, JournalError>>;
+}
+
+/// One run in a listing.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunSummary {
+    /// The run.
+    pub run_id: RunId,
+    /// Its public state.
+    pub status: Status,
+    /// Its title, when it was given one.
+    pub title: Option<String>,
+    /// When it was created.
+    pub created_at: OffsetDateTime,
+    /// When its last event was recorded.
+    pub updated_at: OffsetDateTime,
+    /// Its next position (the number of events).
+    pub next_seq: Seq,
+}
+
+/// An idempotency claim's name: a tool and a key.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ClaimKey {
+    /// The tool.
+    pub tool: String,
+    /// The idempotency key.
+    pub key: String,
+}
+
+/// A tool call in a run.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CallRef {
+    /// The run.
+    pub run: RunId,
+    /// The call.
+    pub call_id: String,
+}
+
+/// The outcome of a claim.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Claim {
+    /// This call holds the claim: run the tool.
+    Won,
+    /// The call was already made: here is its recorded output.
+    Settled {
+        /// The output.
+        output: Value,
+        /// The call that made it.
+        by: CallRef,
+        /// Where its completion was recorded.
+        seq: Seq,
+    },
+}
+
+/// What a store can refuse.
+#[derive(Debug, thiserror::Error)]
+pub enum JournalError {
+    /// The run's next position is not the one expected: someone else
+    /// appended first (optimistic concurrency).
+    #[error("append conflict on run {run}: expected next seq {expected}, the log is at {actual}")]
+    Conflict {
+        /// The run.
+        run: RunId,
+        /// The position the caller expected.
+        expected: Seq,
+        /// The run's actual next position.
+        actual: Seq,
+    },
+    /// The append breaks a rule of the log's shape.
+    #[error("invalid append to run {run}: {reason}")]
+    InvalidAppend {
+        /// The run.
+        run: RunId,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The address is bound to another run.
+    #[error("address {address} is bound to run {run}")]
+    AddressTaken {
+        /// The address.
+        address: Address,
+        /// The run holding it.
+        run: RunId,
+    },
+    /// The operation id was used for another run by the same principal.
+    #[error("operation id `{operation_id}` already created run {run}")]
+    OperationTaken {
+        /// The operation id.
+        operation_id: String,
+        /// The run it created.
+        run: RunId,
+    },
+    /// Another call holds the claim and has not completed.
+    #[error("tool call already in flight under this key: call {} of run {}", .by.call_id, .by.run)]
+    CallInFlight {
+        /// The holder.
+        by: CallRef,
+    },
+    /// The log does not verify.
+    #[error(transparent)]
+    TamperEvident(#[from] TamperEvident),
+    /// A stored row verifies but does not decode.
+    #[error("journal of run {run} is corrupt at seq {seq}: {reason}")]
+    Corrupt {
+        /// The run.
+        run: RunId,
+        /// The position.
+        seq: Seq,
+        /// Why.
+        reason: String,
+    },
+    /// The store was written by a newer Spool.
+    #[error(
+        "the journal's schema version is {found}; this Spool reads up to {supported}; upgrade Spool to open it"
+    )]
+    NewerSchema {
+        /// The store's version.
+        found: u32,
+        /// The newest this build reads.
+        supported: u32,
+    },
+    /// The store was opened read-only.
+    #[error("the journal is open read-only")]
+    ReadOnly,
+    /// The store has shut down.
+    #[error("the journal is closed")]
+    Closed,
+    /// The storage engine failed.
+    #[error("journal storage failed: {0}")]
+    Storage(String),
+}
+
+/// Where a run's log ends: what an append needs to know about it.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Head {
+    pub(crate) next_seq: Seq,
+    pub(crate) last_hash: Hash,
+    pub(crate) status: Status,
+    pub(crate) title: Option<String>,
+    pub(crate) created_at: OffsetDateTime,
+    pub(crate) updated_at: OffsetDateTime,
+}
+
+/// A stored row: an envelope's exact bytes and its chain hash.
+#[derive(Clone, Debug)]
+pub(crate) struct Row {
+    pub(crate) seq: Seq,
+    pub(crate) bytes: Vec<u8>,
+    pub(crate) hash: Hash,
+}
+
+/// What an append changes besides the log.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum IndexChange {
+    Bind(Address),
+    Unbind(Address),
+    UnbindAll,
+    Operation {
+        scope: String,
+        operation_id: String,
+    },
+    Settle {
+        call_id: String,
+        output: Value,
+        seq: Seq,
+    },
+    Release {
+        call_id: String,
+    },
+}
+
+/// An append, checked and laid out, ready to persist.
+#[derive(Debug)]
+pub(crate) struct Plan {
+    pub(crate) envelopes: Vec<Envelope>,
+    pub(crate) rows: Vec<Row>,
+    pub(crate) changes: Vec<IndexChange>,
+    pub(crate) head: Head,
+}
+
+/// Checks an append against the run's head and lays out its rows, index
+/// changes and new head. Pure: both stores persist exactly this.
+pub(crate) fn plan(
+    run: &RunId,
+    head: Option<&Head>,
+    expected: Seq,
+    events: Vec<Event>,
+    now: OffsetDateTime,
+) -> Result<Plan, JournalError> {
+    let actual = head.map_or(Seq(0), |h| h.next_seq);
+    if expected != actual {
+        return Err(JournalError::Conflict {
+            run: run.clone(),
+            expected,
+            actual,
+        });
+    }
+    let invalid = |reason: &str| JournalError::InvalidAppend {
+        run: run.clone(),
+        reason: reason.to_owned(),
+    };
+    if events.is_empty() {
+        return Err(invalid("an append holds at least one event"));
+    }
+    let mut head = head.cloned().unwrap_or(Head {
+        next_seq: Seq(0),
+        last_hash: chain::GENESIS,
+        status: Status::Pending,
+        title: None,
+        created_at: now,
+        updated_at: now,
+    });
+    let mut plan = Plan {
+        envelopes: Vec::with_capacity(events.len()),
+        rows: Vec::with_capacity(events.len()),
+        changes: Vec::new(),
+        head: head.clone(),
+    };
+    for event in events {
+        let seq = head.next_seq;
+        match (&event, seq) {
+            (Event::RunCreated(_), Seq(0)) => {}
+            (Event::RunCreated(_), _) => {
+                return Err(invalid("`run_created` may only be a run's first event"));
+            }
+            (_, Seq(0)) => return Err(invalid("a run's first event must be `run_created`")),
+            _ => {}
+        }
+        plan.changes.extend(index_changes(&event, seq));
+        if let Event::RunCreated(created) = &event {
+            head.title.clone_from(&created.title);
+        }
+        head.status = transition(&head.status, &event);
+        let envelope = Envelope {
+            run_id: run.clone(),
+            seq,
+            recorded_at: now,
+            event,
+        };
+        let bytes = serde_json::to_vec(&envelope)
+            .expect("envelopes are plain JSON values and always serialize");
+        let hash = chain::link(&head.last_hash, run, seq, &bytes);
+        plan.rows.push(Row { seq, bytes, hash });
+        plan.envelopes.push(envelope);
+        head.last_hash = hash;
+        head.next_seq = seq.next();
+        head.updated_at = now;
+    }
+    plan.head = head;
+    Ok(plan)
+}
+
+fn index_changes(event: &Event, seq: Seq) -> Vec<IndexChange> {
+    match event {
+        Event::RunCreated(created) => {
+            let mut changes = Vec::new();
+            if let Some(address) = &created.address {
+                changes.push(IndexChange::Bind(address.clone()));
+            }
+            if let (Some(operation_id), Some(principal)) =
+                (&created.operation_id, &created.principal)
+            {
+                changes.push(IndexChange::Operation {
+                    scope: principal.scope(),
+                    operation_id: operation_id.clone(),
+                });
+            }
+            changes
+        }
+        Event::AddressBound(binding) => vec![IndexChange::Bind(binding.address.clone())],
+        Event::AddressUnbound(binding) => vec![IndexChange::Unbind(binding.address.clone())],
+        Event::RunRetired(_) => vec![IndexChange::UnbindAll],
+        Event::ToolCallCompleted(done) => vec![IndexChange::Settle {
+            call_id: done.call_id.clone(),
+            output: done.output.clone(),
+            seq,
+        }],
+        Event::ToolCallResolved(resolved) => vec![IndexChange::Settle {
+            call_id: resolved.call_id.clone(),
+            output: resolved.output.clone(),
+            seq,
+        }],
+        Event::ToolCallAbandoned(abandoned) => vec![IndexChange::Release {
+            call_id: abandoned.call_id.clone(),
+        }],
+        _ => Vec::new(),
+    }
+}
+
+/// A claim as stored.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct ClaimRow {
+    pub(crate) holder: CallRef,
+    pub(crate) settled: Option<(Value, Seq)>,
+}
+
+/// What to do with a claim request, given the stored claim.
+#[derive(Debug, PartialEq)]
+pub(crate) enum ClaimDecision {
+    /// No claim yet: store one for the holder; it wins.
+    Take,
+    /// Answer without changing anything.
+    Answer(Result<Claim, CallRef>),
+}
+
+pub(crate) fn decide_claim(existing: Option<ClaimRow>, holder: &CallRef) -> ClaimDecision {
+    match existing {
+        None => ClaimDecision::Take,
+        Some(ClaimRow {
+            holder: by,
+            settled: Some((output, seq)),
+        }) => ClaimDecision::Answer(Ok(Claim::Settled { output, by, seq })),
+        // The holder asking again (say, after a crash) still holds it.
+        Some(ClaimRow {
+            holder: by,
+            settled: None,
+        }) if &by == holder => ClaimDecision::Answer(Ok(Claim::Won)),
+        Some(ClaimRow {
+            holder: by,
+            settled: None,
+        }) => ClaimDecision::Answer(Err(by)),
+    }
+}
+
+/// Decodes a verified row into its envelope, checking it is the row it
+/// claims to be.
+pub(crate) fn decode_row(run: &RunId, seq: Seq, bytes: &[u8]) -> Result<Envelope, JournalError> {
+    let corrupt = |reason: String| JournalError::Corrupt {
+        run: run.clone(),
+        seq,
+        reason,
+    };
+    let envelope: Envelope = serde_json::from_slice(bytes).map_err(|e| corrupt(e.to_string()))?;
+    if &envelope.run_id != run || envelope.seq != seq {
+        return Err(corrupt(format!(
+            "the row holds run {} seq {}",
+            envelope.run_id, envelope.seq
+        )));
+    }
+    Ok(envelope)
+}
+
+/// Where a store gets `recorded_at` from. The pure core reads no clock; a
+/// store does, through this, so tests can fix time.
+pub type Clock = std::sync::Arc<dyn Fn() -> OffsetDateTime + Send + Sync>;
+
+/// The system clock in UTC.
+#[must_use]
+pub fn system_clock() -> Clock {
+    std::sync::Arc::new(OffsetDateTime::now_utc)
+}
+
+/// The subscribers of each run: one `watch` sender per run with at least
+/// one live receiver, holding the run's next position.
+#[derive(Debug, Default)]
+pub(crate) struct Watchers {
+    senders: std::sync::Mutex<std::collections::HashMap<RunId, watch::Sender<Seq>>>,
+}
+
+impl Watchers {
+    pub(crate) fn subscribe(&self, run: &RunId, next: Seq) -> watch::Receiver<Seq> {
+        let mut senders = self
+            .senders
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let sender = senders
+            .entry(run.clone())
+            .or_insert_with(|| watch::channel(next).0);
+        // An append may have landed between reading `next` and getting here;
+        // never move a subscriber's position backwards.
+        sender.send_if_modified(|seen| {
+            let newer = next > *seen;
+            if newer {
+                *seen = next;
+            }
+            newer
+        });
+        sender.subscribe()
+    }
+
+    pub(crate) fn notify(&self, run: &RunId, next: Seq) {
+        let mut senders = self
+            .senders
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(sender) = senders.get(run) {
+            if sender.receiver_count() == 0 {
+                // Nobody listens any more; forget the run so the map stays
+                // as small as the set of watched runs.
+                senders.remove(run);
+            } else {
+                sender.send_if_modified(|seen| {
+                    let newer = next > *seen;
+                    if newer {
+                        *seen = next;
+                    }
+                    newer
+                });
+            }
+        }
+    }
+}

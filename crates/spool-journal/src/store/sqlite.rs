@@ -1,0 +1,918 @@
+//! The SQLite store, Spool's embedded default: `<dir>/journal.db` in WAL
+//! mode with `synchronous=FULL`, written by one thread that group-commits.
+//!
+//! One fsync costs milliseconds on real disks, and every durable engine is
+//! bound by it, so the writer turns many appends into one commit: appends
+//! (from any runs) that arrive while a commit is syncing go into the next
+//! transaction together, each in its own savepoint so one refused append
+//! cannot sink the others, and every caller is answered only after the
+//! commit holding its events is durable. The async executor never waits on
+//! SQLite: the writer is a plain thread fed by a bounded channel, and reads
+//! run on a small pool of separate connections in `spawn_blocking`.
+//!
+//! Methods must be called from within a Tokio runtime.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread;
+
+use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
+use serde_json::Value;
+use time::OffsetDateTime;
+use tokio::sync::{mpsc, oneshot, watch};
+
+use super::{
+    BoxFuture, CallRef, Claim, ClaimDecision, ClaimKey, ClaimRow, Clock, Head, IndexChange,
+    Journal, JournalError, RunSummary, Watchers, decide_claim, decode_row, plan, system_clock,
+};
+use crate::chain::{GENESIS, Hash, Verifier};
+use crate::event::{Envelope, Event, SCHEMA_VERSION};
+use crate::fold::Status;
+use crate::id::{Address, Principal, RunId, Seq};
+
+/// The journal file inside the journal directory.
+pub const FILE_NAME: &str = "journal.db";
+
+/// How hard a commit holds on to its data. Named for what each risks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Durability {
+    /// `synchronous=FULL`: an acknowledged append survives a crash and a
+    /// power loss. The default.
+    #[default]
+    Full,
+    /// `synchronous=NORMAL`: an acknowledged append survives a process
+    /// crash, but a power loss or OS crash may lose the last commits (the
+    /// log stays consistent). Faster; for runs that can be repeated.
+    LoseRecentCommitsOnPowerLoss,
+}
+
+/// How to open a journal.
+#[derive(Clone)]
+pub struct Options {
+    /// How hard commits hold on.
+    pub durability: Durability,
+    /// The most operations one transaction takes.
+    pub max_batch: usize,
+    /// How many operations may wait for the writer before callers wait.
+    pub queue: usize,
+    /// Where `recorded_at` comes from.
+    pub clock: Clock,
+}
+
+impl std::fmt::Debug for Options {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Options")
+            .field("durability", &self.durability)
+            .field("max_batch", &self.max_batch)
+            .field("queue", &self.queue)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            durability: Durability::Full,
+            max_batch: 512,
+            queue: 4096,
+            clock: system_clock(),
+        }
+    }
+}
+
+/// A journal in a SQLite file.
+pub struct SqliteJournal {
+    writer: Option<mpsc::Sender<Op>>,
+    readers: Arc<ReadPool>,
+    watchers: Arc<Watchers>,
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for SqliteJournal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteJournal")
+            .field("path", &self.path)
+            .field("read_only", &self.writer.is_none())
+            .finish_non_exhaustive()
+    }
+}
+
+enum Op {
+    Append {
+        run: RunId,
+        expected: Seq,
+        events: Vec<Event>,
+        reply: oneshot::Sender<Result<Vec<Envelope>, JournalError>>,
+    },
+    Claim {
+        key: ClaimKey,
+        holder: CallRef,
+        reply: oneshot::Sender<Result<Claim, JournalError>>,
+    },
+}
+
+const SCHEMA: &str = "
+CREATE TABLE events (
+    run_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    body BLOB NOT NULL,
+    hash BLOB NOT NULL,
+    PRIMARY KEY (run_id, seq)
+) WITHOUT ROWID;
+CREATE TABLE runs (
+    run_id TEXT PRIMARY KEY,
+    next_seq INTEGER NOT NULL,
+    last_hash BLOB NOT NULL,
+    status TEXT NOT NULL,
+    title TEXT,
+    created_ns INTEGER NOT NULL,
+    updated_ns INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX runs_updated ON runs (updated_ns);
+CREATE TABLE addresses (
+    namespace TEXT NOT NULL,
+    name TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    PRIMARY KEY (namespace, name)
+) WITHOUT ROWID;
+CREATE INDEX addresses_run ON addresses (run_id);
+CREATE TABLE operations (
+    scope TEXT NOT NULL,
+    operation_id TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    PRIMARY KEY (scope, operation_id)
+) WITHOUT ROWID;
+CREATE TABLE claims (
+    tool TEXT NOT NULL,
+    key TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    call_id TEXT NOT NULL,
+    output TEXT,
+    settled_seq INTEGER,
+    PRIMARY KEY (tool, key)
+) WITHOUT ROWID;
+CREATE UNIQUE INDEX claims_holder ON claims (run_id, call_id);
+";
+
+impl SqliteJournal {
+    /// Opens (creating when needed) the journal in `dir` for reading and
+    /// writing. Blocking: call it at startup or from `spawn_blocking`.
+    ///
+    /// # Errors
+    ///
+    /// [`JournalError::NewerSchema`] for a journal written by a newer Spool;
+    /// [`JournalError::Storage`] when the directory or file cannot be used.
+    pub fn open(dir: impl AsRef<Path>, options: Options) -> Result<Self, JournalError> {
+        let dir = dir.as_ref();
+        std::fs::create_dir_all(dir)
+            .map_err(|e| JournalError::Storage(format!("creating {}: {e}", dir.display())))?;
+        let path = dir.join(FILE_NAME);
+        let conn = Connection::open(&path).map_err(storage)?;
+        let synchronous = match options.durability {
+            Durability::Full => "FULL",
+            Durability::LoseRecentCommitsOnPowerLoss => "NORMAL",
+        };
+        conn.execute_batch(&format!(
+            "PRAGMA journal_mode=WAL; PRAGMA synchronous={synchronous}; PRAGMA busy_timeout=10000;"
+        ))
+        .map_err(storage)?;
+        migrate(&conn)?;
+        let (sender, receiver) = mpsc::channel(options.queue.max(1));
+        let watchers = Arc::new(Watchers::default());
+        let writer = Writer {
+            conn,
+            receiver,
+            watchers: Arc::clone(&watchers),
+            clock: options.clock,
+            max_batch: options.max_batch.max(1),
+        };
+        thread::Builder::new()
+            .name("spool-journal-writer".into())
+            .spawn(move || writer.run())
+            .map_err(|e| JournalError::Storage(format!("starting the writer thread: {e}")))?;
+        Ok(Self {
+            writer: Some(sender),
+            readers: Arc::new(ReadPool::new(path.clone(), false)),
+            watchers,
+            path,
+        })
+    }
+
+    /// Opens an existing journal for reading only, alongside a server that
+    /// may have it open for writing.
+    ///
+    /// # Errors
+    ///
+    /// As [`SqliteJournal::open`], and [`JournalError::Storage`] when there
+    /// is no journal in `dir`.
+    pub fn open_read_only(dir: impl AsRef<Path>) -> Result<Self, JournalError> {
+        let path = dir.as_ref().join(FILE_NAME);
+        if !path.exists() {
+            return Err(JournalError::Storage(format!(
+                "no journal at {}",
+                path.display()
+            )));
+        }
+        let readers = ReadPool::new(path.clone(), true);
+        let conn = readers.take()?;
+        check_schema(&conn)?;
+        readers.give(conn);
+        Ok(Self {
+            writer: None,
+            readers: Arc::new(readers),
+            watchers: Arc::new(Watchers::default()),
+            path,
+        })
+    }
+
+    /// The journal file.
+    #[must_use]
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    async fn send<T>(
+        &self,
+        op: impl FnOnce(oneshot::Sender<Result<T, JournalError>>) -> Op,
+    ) -> Result<T, JournalError> {
+        let writer = self.writer.as_ref().ok_or(JournalError::ReadOnly)?;
+        let (reply, answer) = oneshot::channel();
+        writer
+            .send(op(reply))
+            .await
+            .map_err(|_| JournalError::Closed)?;
+        answer.await.map_err(|_| JournalError::Closed)?
+    }
+
+    async fn with_reader<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&Connection) -> Result<T, JournalError> + Send + 'static,
+    ) -> Result<T, JournalError> {
+        let readers = Arc::clone(&self.readers);
+        tokio::task::spawn_blocking(move || {
+            let conn = readers.take()?;
+            let result = work(&conn);
+            readers.give(conn);
+            result
+        })
+        .await
+        .map_err(|e| JournalError::Storage(format!("a read task failed: {e}")))?
+    }
+}
+
+impl Journal for SqliteJournal {
+    fn append<'a>(
+        &'a self,
+        run: &'a RunId,
+        expected: Seq,
+        events: Vec<Event>,
+    ) -> BoxFuture<'a, Result<Vec<Envelope>, JournalError>> {
+        Box::pin(self.send(move |reply| Op::Append {
+            run: run.clone(),
+            expected,
+            events,
+            reply,
+        }))
+    }
+
+    fn read<'a>(
+        &'a self,
+        run: &'a RunId,
+        from: Seq,
+    ) -> BoxFuture<'a, Result<Vec<Envelope>, JournalError>> {
+        let run = run.clone();
+        Box::pin(self.with_reader(move |conn| read_events(conn, &run, from)))
+    }
+
+    fn runs(&self) -> BoxFuture<'_, Result<Vec<RunSummary>, JournalError>> {
+        Box::pin(self.with_reader(list_runs))
+    }
+
+    fn find_address<'a>(
+        &'a self,
+        address: &'a Address,
+    ) -> BoxFuture<'a, Result<Option<RunId>, JournalError>> {
+        let address = address.clone();
+        Box::pin(self.with_reader(move |conn| {
+            let run: Option<String> = conn
+                .query_row(
+                    "SELECT run_id FROM addresses WHERE namespace = ?1 AND name = ?2",
+                    params![address.namespace, address.name],
+                    |row| row.get(0),
+                )
+                .optional()
+                .map_err(storage)?;
+            run.map(|r| stored_run_id(&r)).transpose()
+        }))
+    }
+
+    fn find_operation<'a>(
+        &'a self,
+        principal: &'a Principal,
+        operation_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<RunId>, JournalError>> {
+        let scope = principal.scope();
+        let operation_id = operation_id.to_owned();
+        Box::pin(self.with_reader(move |conn| {
+            let run: Option<String> = conn
+                .query_row(
+                    "SELECT run_id FROM operations WHERE scope = ?1 AND operation_id = ?2",
+                    params![scope, operation_id],
+                    |row| row.get(0),
+                )
+                .optional()
+                .map_err(storage)?;
+            run.map(|r| stored_run_id(&r)).transpose()
+        }))
+    }
+
+    fn claim<'a>(
+        &'a self,
+        key: &'a ClaimKey,
+        holder: &'a CallRef,
+    ) -> BoxFuture<'a, Result<Claim, JournalError>> {
+        Box::pin(self.send(move |reply| Op::Claim {
+            key: key.clone(),
+            holder: holder.clone(),
+            reply,
+        }))
+    }
+
+    fn subscribe<'a>(
+        &'a self,
+        run: &'a RunId,
+    ) -> BoxFuture<'a, Result<watch::Receiver<Seq>, JournalError>> {
+        let owned = run.clone();
+        Box::pin(async move {
+            let next = self
+                .with_reader(
+                    move |conn| Ok(load_head(conn, &owned)?.map_or(Seq(0), |h| h.next_seq)),
+                )
+                .await?;
+            Ok(self.watchers.subscribe(run, next))
+        })
+    }
+}
+
+/// The writer thread's state.
+struct Writer {
+    conn: Connection,
+    receiver: mpsc::Receiver<Op>,
+    watchers: Arc<Watchers>,
+    clock: Clock,
+    max_batch: usize,
+}
+
+/// An operation applied inside the open transaction, waiting for the commit
+/// before its caller is answered.
+enum Done {
+    Append(
+        oneshot::Sender<Result<Vec<Envelope>, JournalError>>,
+        Result<(RunId, Vec<Envelope>, Seq), JournalError>,
+    ),
+    Claim(
+        oneshot::Sender<Result<Claim, JournalError>>,
+        Result<Claim, JournalError>,
+    ),
+}
+
+impl Writer {
+    fn run(mut self) {
+        // Ends when every sender is gone: the journal was dropped.
+        while let Some(first) = self.receiver.blocking_recv() {
+            let mut batch = vec![first];
+            while batch.len() < self.max_batch {
+                match self.receiver.try_recv() {
+                    Ok(op) => batch.push(op),
+                    Err(_) => break,
+                }
+            }
+            self.commit(batch);
+        }
+    }
+
+    fn commit(&mut self, batch: Vec<Op>) {
+        if let Err(error) = self.conn.execute_batch("BEGIN IMMEDIATE") {
+            return fail_all(batch, &error.to_string());
+        }
+        let mut done = Vec::with_capacity(batch.len());
+        for op in batch {
+            done.push(self.apply(op));
+        }
+        if let Err(error) = self.conn.execute_batch("COMMIT") {
+            // Nothing of this batch is durable; say so to every caller.
+            let _ = self.conn.execute_batch("ROLLBACK");
+            let message = format!("commit failed: {error}");
+            for entry in done {
+                match entry {
+                    Done::Append(reply, _) => {
+                        let _ = reply.send(Err(JournalError::Storage(message.clone())));
+                    }
+                    Done::Claim(reply, _) => {
+                        let _ = reply.send(Err(JournalError::Storage(message.clone())));
+                    }
+                }
+            }
+            return;
+        }
+        // Durable now: tell subscribers, then answer callers.
+        for entry in done {
+            match entry {
+                Done::Append(reply, result) => {
+                    let result = result.map(|(run, envelopes, next)| {
+                        self.watchers.notify(&run, next);
+                        envelopes
+                    });
+                    let _ = reply.send(result);
+                }
+                Done::Claim(reply, result) => {
+                    let _ = reply.send(result);
+                }
+            }
+        }
+    }
+
+    /// Applies one operation in its own savepoint.
+    fn apply(&mut self, op: Op) -> Done {
+        let savepoint = self.conn.execute_batch("SAVEPOINT op").map_err(storage);
+        match op {
+            Op::Append {
+                run,
+                expected,
+                events,
+                reply,
+            } => {
+                let result = savepoint
+                    .and_then(|()| append(&self.conn, &run, expected, events, (self.clock)()))
+                    .map(|(envelopes, next)| (run, envelopes, next));
+                self.end_savepoint(result.is_ok());
+                Done::Append(reply, result)
+            }
+            Op::Claim { key, holder, reply } => {
+                let result = savepoint.and_then(|()| claim(&self.conn, &key, &holder));
+                self.end_savepoint(result.is_ok());
+                Done::Claim(reply, result)
+            }
+        }
+    }
+
+    fn end_savepoint(&self, keep: bool) {
+        let sql = if keep {
+            "RELEASE op"
+        } else {
+            "ROLLBACK TO op; RELEASE op"
+        };
+        // If even this fails the transaction is broken, and COMMIT will
+        // report it to every caller of the batch.
+        let _ = self.conn.execute_batch(sql);
+    }
+}
+
+fn fail_all(batch: Vec<Op>, message: &str) {
+    for op in batch {
+        let error = JournalError::Storage(format!("could not begin a transaction: {message}"));
+        match op {
+            Op::Append { reply, .. } => {
+                let _ = reply.send(Err(error));
+            }
+            Op::Claim { reply, .. } => {
+                let _ = reply.send(Err(error));
+            }
+        }
+    }
+}
+
+fn append(
+    conn: &Connection,
+    run: &RunId,
+    expected: Seq,
+    events: Vec<Event>,
+    now: OffsetDateTime,
+) -> Result<(Vec<Envelope>, Seq), JournalError> {
+    let head = load_head(conn, run)?;
+    let plan = plan(run, head.as_ref(), expected, events, now)?;
+    // Every check before any change: an unbind only releases this run's own
+    // names, so the checks do not depend on their order.
+    for change in &plan.changes {
+        match change {
+            IndexChange::Bind(address) => {
+                let owner: Option<String> = conn
+                    .query_row(
+                        "SELECT run_id FROM addresses WHERE namespace = ?1 AND name = ?2",
+                        params![address.namespace, address.name],
+                        |row| row.get(0),
+                    )
+                    .optional()
+                    .map_err(storage)?;
+                if let Some(owner) = owner.filter(|o| o != run.as_str()) {
+                    return Err(JournalError::AddressTaken {
+                        address: address.clone(),
+                        run: stored_run_id(&owner)?,
+                    });
+                }
+            }
+            IndexChange::Operation {
+                scope,
+                operation_id,
+            } => {
+                let owner: Option<String> = conn
+                    .query_row(
+                        "SELECT run_id FROM operations WHERE scope = ?1 AND operation_id = ?2",
+                        params![scope, operation_id],
+                        |row| row.get(0),
+                    )
+                    .optional()
+                    .map_err(storage)?;
+                if let Some(owner) = owner.filter(|o| o != run.as_str()) {
+                    return Err(JournalError::OperationTaken {
+                        operation_id: operation_id.clone(),
+                        run: stored_run_id(&owner)?,
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+    for change in &plan.changes {
+        match change {
+            IndexChange::Bind(address) => conn.execute(
+                "INSERT OR IGNORE INTO addresses (namespace, name, run_id) VALUES (?1, ?2, ?3)",
+                params![address.namespace, address.name, run.as_str()],
+            ),
+            IndexChange::Unbind(address) => conn.execute(
+                "DELETE FROM addresses WHERE namespace = ?1 AND name = ?2 AND run_id = ?3",
+                params![address.namespace, address.name, run.as_str()],
+            ),
+            IndexChange::UnbindAll => conn.execute("DELETE FROM addresses WHERE run_id = ?1", params![run.as_str()]),
+            IndexChange::Operation { scope, operation_id } => conn.execute(
+                "INSERT OR IGNORE INTO operations (scope, operation_id, run_id) VALUES (?1, ?2, ?3)",
+                params![scope, operation_id, run.as_str()],
+            ),
+            IndexChange::Settle { call_id, output, seq } => conn.execute(
+                "UPDATE claims SET output = ?1, settled_seq = ?2
+                 WHERE run_id = ?3 AND call_id = ?4 AND settled_seq IS NULL",
+                params![output.to_string(), seq_sql(*seq)?, run.as_str(), call_id],
+            ),
+            IndexChange::Release { call_id } => conn.execute(
+                "DELETE FROM claims WHERE run_id = ?1 AND call_id = ?2 AND settled_seq IS NULL",
+                params![run.as_str(), call_id],
+            ),
+        }
+        .map_err(storage)?;
+    }
+    {
+        let mut insert = conn
+            .prepare_cached("INSERT INTO events (run_id, seq, body, hash) VALUES (?1, ?2, ?3, ?4)")
+            .map_err(storage)?;
+        for row in &plan.rows {
+            insert
+                .execute(params![
+                    run.as_str(),
+                    seq_sql(row.seq)?,
+                    row.bytes,
+                    &row.hash[..]
+                ])
+                .map_err(storage)?;
+        }
+    }
+    let head = &plan.head;
+    conn.execute(
+        "INSERT INTO runs (run_id, next_seq, last_hash, status, title, created_ns, updated_ns)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+         ON CONFLICT (run_id) DO UPDATE SET next_seq = ?2, last_hash = ?3, status = ?4, title = ?5, updated_ns = ?7",
+        params![
+            run.as_str(),
+            seq_sql(head.next_seq)?,
+            &head.last_hash[..],
+            head.status.encode(),
+            head.title,
+            nanos(head.created_at),
+            nanos(head.updated_at),
+        ],
+    )
+    .map_err(storage)?;
+    Ok((plan.envelopes, head.next_seq))
+}
+
+fn claim(conn: &Connection, key: &ClaimKey, holder: &CallRef) -> Result<Claim, JournalError> {
+    let existing = conn
+        .query_row(
+            "SELECT run_id, call_id, output, settled_seq FROM claims WHERE tool = ?1 AND key = ?2",
+            params![key.tool, key.key],
+            |row| {
+                Ok((
+                    row.get::<_, String>(0)?,
+                    row.get::<_, String>(1)?,
+                    row.get::<_, Option<String>>(2)?,
+                    row.get::<_, Option<i64>>(3)?,
+                ))
+            },
+        )
+        .optional()
+        .map_err(storage)?;
+    let existing = match existing {
+        None => None,
+        Some((run, call_id, output, settled_seq)) => {
+            let settled = match (output, settled_seq) {
+                (Some(output), Some(seq)) => {
+                    let output: Value = serde_json::from_str(&output).map_err(|e| {
+                        JournalError::Storage(format!("a settled claim's output is not JSON: {e}"))
+                    })?;
+                    Some((output, Seq(u64::try_from(seq).unwrap_or_default())))
+                }
+                _ => None,
+            };
+            Some(ClaimRow {
+                holder: CallRef {
+                    run: stored_run_id(&run)?,
+                    call_id,
+                },
+                settled,
+            })
+        }
+    };
+    match decide_claim(existing, holder) {
+        ClaimDecision::Take => {
+            conn.execute(
+                "INSERT INTO claims (tool, key, run_id, call_id) VALUES (?1, ?2, ?3, ?4)",
+                params![key.tool, key.key, holder.run.as_str(), holder.call_id],
+            )
+            .map_err(storage)?;
+            Ok(Claim::Won)
+        }
+        ClaimDecision::Answer(answer) => answer.map_err(|by| JournalError::CallInFlight { by }),
+    }
+}
+
+fn load_head(conn: &Connection, run: &RunId) -> Result<Option<Head>, JournalError> {
+    let row = conn
+        .prepare_cached(
+            "SELECT next_seq, last_hash, status, title, created_ns, updated_ns FROM runs WHERE run_id = ?1",
+        )
+        .map_err(storage)?
+        .query_row(params![run.as_str()], |row| {
+            Ok((
+                row.get::<_, i64>(0)?,
+                row.get::<_, Vec<u8>>(1)?,
+                row.get::<_, String>(2)?,
+                row.get::<_, Option<String>>(3)?,
+                row.get::<_, i64>(4)?,
+                row.get::<_, i64>(5)?,
+            ))
+        })
+        .optional()
+        .map_err(storage)?;
+    let Some((next_seq, last_hash, status, title, created, updated)) = row else {
+        return Ok(None);
+    };
+    let corrupt = |reason: &str| JournalError::Corrupt {
+        run: run.clone(),
+        seq: Seq(u64::try_from(next_seq).unwrap_or_default()),
+        reason: reason.to_owned(),
+    };
+    Ok(Some(Head {
+        next_seq: Seq(u64::try_from(next_seq).map_err(|_| corrupt("negative next_seq"))?),
+        last_hash: Hash::try_from(last_hash.as_slice())
+            .map_err(|_| corrupt("a head hash is not 32 bytes"))?,
+        status: Status::decode(&status).ok_or_else(|| corrupt("unknown run status"))?,
+        title,
+        created_at: from_nanos(created),
+        updated_at: from_nanos(updated),
+    }))
+}
+
+fn read_events(conn: &Connection, run: &RunId, from: Seq) -> Result<Vec<Envelope>, JournalError> {
+    // One read transaction, so the predecessor's hash and the rows come
+    // from the same snapshot.
+    conn.execute_batch("BEGIN").map_err(storage)?;
+    let result = read_snapshot(conn, run, from);
+    let _ = conn.execute_batch("COMMIT");
+    result
+}
+
+fn read_snapshot(conn: &Connection, run: &RunId, from: Seq) -> Result<Vec<Envelope>, JournalError> {
+    let prev = if from.0 == 0 {
+        GENESIS
+    } else {
+        let stored: Option<Option<Vec<u8>>> = conn
+            .query_row(
+                "SELECT hash FROM events WHERE run_id = ?1 AND seq = ?2",
+                params![run.as_str(), seq_sql(Seq(from.0 - 1))?],
+                |row| Ok(stored_bytes(row.get_ref(0)?)),
+            )
+            .optional()
+            .map_err(storage)?;
+        match stored {
+            None => return Ok(Vec::new()),
+            Some(hash) => Hash::try_from(hash.unwrap_or_default().as_slice()).map_err(|_| {
+                crate::chain::TamperEvident {
+                    run: run.clone(),
+                    seq: Seq(from.0 - 1),
+                }
+            })?,
+        }
+    };
+    let mut statement = conn
+        .prepare_cached(
+            "SELECT seq, body, hash FROM events WHERE run_id = ?1 AND seq >= ?2 ORDER BY seq",
+        )
+        .map_err(storage)?;
+    let rows = statement
+        .query_map(params![run.as_str(), seq_sql(from)?], |row| {
+            Ok((
+                row.get::<_, i64>(0)?,
+                stored_bytes(row.get_ref(1)?),
+                stored_bytes(row.get_ref(2)?),
+            ))
+        })
+        .map_err(storage)?;
+    let mut verifier = Verifier::new(run.clone(), from, prev);
+    let mut envelopes = Vec::new();
+    for row in rows {
+        let (seq, bytes, hash) = row.map_err(storage)?;
+        let seq = Seq(u64::try_from(seq).unwrap_or(u64::MAX));
+        let tampered = || crate::chain::TamperEvident {
+            run: run.clone(),
+            seq,
+        };
+        let (Some(bytes), Some(hash)) = (bytes, hash) else {
+            return Err(tampered().into());
+        };
+        let hash = Hash::try_from(hash.as_slice()).map_err(|_| tampered())?;
+        verifier.check(seq, &bytes, &hash)?;
+        envelopes.push(decode_row(run, seq, &bytes)?);
+    }
+    Ok(envelopes)
+}
+
+fn list_runs(conn: &Connection) -> Result<Vec<RunSummary>, JournalError> {
+    let mut statement = conn
+        .prepare_cached(
+            "SELECT run_id, next_seq, status, title, created_ns, updated_ns FROM runs ORDER BY updated_ns DESC, run_id",
+        )
+        .map_err(storage)?;
+    let rows = statement
+        .query_map([], |row| {
+            Ok((
+                row.get::<_, String>(0)?,
+                row.get::<_, i64>(1)?,
+                row.get::<_, String>(2)?,
+                row.get::<_, Option<String>>(3)?,
+                row.get::<_, i64>(4)?,
+                row.get::<_, i64>(5)?,
+            ))
+        })
+        .map_err(storage)?;
+    rows.map(|row| {
+        let (run, next_seq, status, title, created, updated) = row.map_err(storage)?;
+        let run_id = stored_run_id(&run)?;
+        Ok(RunSummary {
+            status: Status::decode(&status).ok_or_else(|| JournalError::Corrupt {
+                run: run_id.clone(),
+                seq: Seq(0),
+                reason: format!("unknown run status `{status}`"),
+            })?,
+            run_id,
+            title,
+            created_at: from_nanos(created),
+            updated_at: from_nanos(updated),
+            next_seq: Seq(u64::try_from(next_seq).unwrap_or_default()),
+        })
+    })
+    .collect()
+}
+
+/// Creates the schema in a new file, or checks an existing file's version.
+fn migrate(conn: &Connection) -> Result<(), JournalError> {
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID",
+    )
+    .map_err(storage)?;
+    if stored_version(conn)?.is_none() {
+        conn.execute_batch(&format!(
+            "BEGIN IMMEDIATE; {SCHEMA} INSERT INTO meta (key, value) VALUES ('schema_version', '{SCHEMA_VERSION}'); COMMIT;"
+        ))
+        .map_err(|e| {
+            let _ = conn.execute_batch("ROLLBACK");
+            storage(e)
+        })?;
+    }
+    check_schema(conn)
+}
+
+fn check_schema(conn: &Connection) -> Result<(), JournalError> {
+    match stored_version(conn)? {
+        Some(found) if found > SCHEMA_VERSION => Err(JournalError::NewerSchema {
+            found,
+            supported: SCHEMA_VERSION,
+        }),
+        Some(_) => Ok(()),
+        None => Err(JournalError::Storage(
+            "the file is not a Spool journal (no schema version)".into(),
+        )),
+    }
+}
+
+fn stored_version(conn: &Connection) -> Result<Option<u32>, JournalError> {
+    let text: Option<String> = conn
+        .query_row(
+            "SELECT value FROM meta WHERE key = 'schema_version'",
+            [],
+            |row| row.get(0),
+        )
+        .optional()
+        .or_else(|e| match e {
+            // A read-only open of a file with no meta table: not a journal.
+            rusqlite::Error::SqliteFailure(_, Some(ref m)) if m.contains("no such table") => {
+                Ok(None)
+            }
+            other => Err(other),
+        })
+        .map_err(storage)?;
+    text.map(|t| {
+        t.parse()
+            .map_err(|_| JournalError::Storage(format!("unreadable schema version `{t}`")))
+    })
+    .transpose()
+}
+
+/// A few read connections, reused.
+struct ReadPool {
+    path: PathBuf,
+    read_only: bool,
+    idle: Mutex<Vec<Connection>>,
+}
+
+impl ReadPool {
+    const MAX_IDLE: usize = 4;
+
+    fn new(path: PathBuf, read_only: bool) -> Self {
+        Self {
+            path,
+            read_only,
+            idle: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn take(&self) -> Result<Connection, JournalError> {
+        if let Some(conn) = self
+            .idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop()
+        {
+            return Ok(conn);
+        }
+        let mut flags = OpenFlags::SQLITE_OPEN_URI | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        flags |= if self.read_only {
+            OpenFlags::SQLITE_OPEN_READ_ONLY
+        } else {
+            OpenFlags::SQLITE_OPEN_READ_WRITE
+        };
+        let conn = Connection::open_with_flags(&self.path, flags).map_err(storage)?;
+        conn.execute_batch("PRAGMA busy_timeout=10000; PRAGMA query_only=ON;")
+            .map_err(storage)?;
+        Ok(conn)
+    }
+
+    fn give(&self, conn: Connection) {
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        if idle.len() < Self::MAX_IDLE {
+            idle.push(conn);
+        }
+    }
+}
+
+/// A stored body or hash as bytes. Rows are written as blobs; text with the
+/// same bytes is read too (it is what SQL string functions leave), and
+/// anything else is `None`, which the caller reports as tampering.
+fn stored_bytes(value: rusqlite::types::ValueRef<'_>) -> Option<Vec<u8>> {
+    match value {
+        rusqlite::types::ValueRef::Blob(bytes) | rusqlite::types::ValueRef::Text(bytes) => {
+            Some(bytes.to_vec())
+        }
+        _ => None,
+    }
+}
+
+fn storage(error: rusqlite::Error) -> JournalError {
+    JournalError::Storage(error.to_string())
+}
+
+fn seq_sql(seq: Seq) -> Result<i64, JournalError> {
+    i64::try_from(seq.0)
+        .map_err(|_| JournalError::Storage(format!("seq {seq} does not fit SQLite's integers")))
+}
+
+fn stored_run_id(text: &str) -> Result<RunId, JournalError> {
+    RunId::new(text).map_err(|e| JournalError::Storage(format!("a stored run id is invalid: {e}")))
+}
+
+fn nanos(at: OffsetDateTime) -> i64 {
+    i64::try_from(at.unix_timestamp_nanos()).unwrap_or(i64::MAX)
+}
+
+fn from_nanos(nanos: i64) -> OffsetDateTime {
+    OffsetDateTime::from_unix_timestamp_nanos(i128::from(nanos))
+        .unwrap_or(OffsetDateTime::UNIX_EPOCH)
+}

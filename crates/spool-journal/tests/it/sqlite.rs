@@ -1,0 +1,146 @@
+//! The SQLite store's own guarantees: its file, schema versioning, tamper
+//! evidence, read-only access beside a writer, and reopening.
+
+use rusqlite::Connection;
+use spool_journal::store::sqlite::{FILE_NAME, Options, SqliteJournal};
+use spool_journal::{Journal, JournalError, Seq};
+
+use crate::support::*;
+
+async fn three_events(dir: &std::path::Path) -> SqliteJournal {
+    let journal = SqliteJournal::open(dir, Options::default()).unwrap();
+    journal
+        .append(
+            &run("r"),
+            Seq(0),
+            vec![created(), started("t1", "hello"), turn_done("t1", "hi")],
+        )
+        .await
+        .unwrap();
+    journal
+}
+
+#[tokio::test]
+async fn the_journal_lives_in_one_file_named_journal_db_in_its_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = three_events(&dir.path().join("nested")).await;
+    assert_eq!(journal.path(), dir.path().join("nested").join(FILE_NAME));
+    assert!(journal.path().exists());
+}
+
+#[tokio::test]
+async fn acknowledged_appends_are_there_after_reopening() {
+    let dir = tempfile::tempdir().unwrap();
+    let before = three_events(dir.path())
+        .await
+        .read(&run("r"), Seq(0))
+        .await
+        .unwrap();
+    let reopened = SqliteJournal::open(dir.path(), Options::default()).unwrap();
+    assert_eq!(reopened.read(&run("r"), Seq(0)).await.unwrap(), before);
+    reopened
+        .append(&run("r"), Seq(3), vec![started("t2", "again")])
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_journal_from_a_newer_schema_is_refused_with_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(three_events(dir.path()).await);
+    let conn = Connection::open(dir.path().join(FILE_NAME)).unwrap();
+    conn.execute(
+        "UPDATE meta SET value = '2' WHERE key = 'schema_version'",
+        [],
+    )
+    .unwrap();
+    drop(conn);
+    let error = SqliteJournal::open(dir.path(), Options::default()).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            JournalError::NewerSchema {
+                found: 2,
+                supported: 1
+            }
+        ),
+        "{error}"
+    );
+    assert!(error.to_string().contains("upgrade Spool"), "{error}");
+    assert!(matches!(
+        SqliteJournal::open_read_only(dir.path()),
+        Err(JournalError::NewerSchema { .. })
+    ));
+}
+
+#[tokio::test]
+async fn a_changed_or_missing_row_is_reported_as_tamper_evident_not_served() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(three_events(dir.path()).await);
+    let conn = Connection::open(dir.path().join(FILE_NAME)).unwrap();
+    conn.execute(
+        "UPDATE events SET body = replace(body, 'hello', 'HELLO') WHERE run_id = 'r' AND seq = 1",
+        [],
+    )
+    .unwrap();
+    let journal = SqliteJournal::open(dir.path(), Options::default()).unwrap();
+    match journal.read(&run("r"), Seq(0)).await {
+        Err(JournalError::TamperEvident(e)) => assert_eq!(e.seq, Seq(1)),
+        other => panic!("a changed row must be reported, got {other:?}"),
+    }
+    match journal.read(&run("r"), Seq(1)).await {
+        Err(JournalError::TamperEvident(e)) => {
+            assert_eq!(e.seq, Seq(1), "a read from the bad row reports it too")
+        }
+        other => panic!("a changed row must be reported, got {other:?}"),
+    }
+    conn.execute("DELETE FROM events WHERE run_id = 'r' AND seq = 1", [])
+        .unwrap();
+    match journal.read(&run("r"), Seq(0)).await {
+        Err(JournalError::TamperEvident(e)) => {
+            assert_eq!(e.seq, Seq(1), "a gap is reported where it starts")
+        }
+        other => panic!("a missing row must be reported, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_read_only_journal_reads_beside_a_writer_and_refuses_appends() {
+    let dir = tempfile::tempdir().unwrap();
+    let writer = three_events(dir.path()).await;
+    let reader = SqliteJournal::open_read_only(dir.path()).unwrap();
+    assert_eq!(reader.read(&run("r"), Seq(0)).await.unwrap().len(), 3);
+    writer
+        .append(&run("r"), Seq(3), vec![started("t2", "more")])
+        .await
+        .unwrap();
+    assert_eq!(
+        reader.read(&run("r"), Seq(0)).await.unwrap().len(),
+        4,
+        "the reader sees the writer's commits"
+    );
+    assert_eq!(reader.runs().await.unwrap().len(), 1);
+    assert!(matches!(
+        reader
+            .append(&run("r"), Seq(4), vec![started("t3", "x")])
+            .await,
+        Err(JournalError::ReadOnly)
+    ));
+}
+
+#[tokio::test]
+async fn opening_a_directory_without_a_journal_read_only_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let error = SqliteJournal::open_read_only(dir.path()).unwrap_err();
+    assert!(error.to_string().contains("no journal"), "{error}");
+}
+
+#[tokio::test]
+async fn a_file_that_is_not_a_journal_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let conn = Connection::open(dir.path().join(FILE_NAME)).unwrap();
+    conn.execute_batch("CREATE TABLE something_else (x INTEGER)")
+        .unwrap();
+    drop(conn);
+    assert!(SqliteJournal::open_read_only(dir.path()).is_err());
+}

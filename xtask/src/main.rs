@@ -15,6 +15,9 @@ const USAGE: &str = "usage: cargo xtask <command>
 commands:
   ci                   fmt check, clippy, nextest, doctests, tidy (what CI runs)
   tidy                 check the crate layering and file conventions
+  bench [--quick] [--only NAME]
+                       build in release mode and run the benchmarks; prints a
+                       table and writes target/bench/report.json
   fuzz [--seconds N]   run every fuzz target for N seconds each (default 30)";
 
 fn main() -> ExitCode {
@@ -22,6 +25,7 @@ fn main() -> ExitCode {
     let outcome = match args.first().map(String::as_str) {
         Some("ci") => ci(),
         Some("tidy") => tidy::run(&root()),
+        Some("bench") => bench(&args[1..]),
         Some("fuzz") => fuzz(&args[1..]),
         Some("help" | "-h" | "--help") => {
             say(USAGE);
@@ -85,7 +89,39 @@ fn ci() -> Result<()> {
     }
     section("tidy");
     tidy::run(&root)?;
+    // The benchmarks must keep working; their figures are not judged here.
+    bench(&["--quick".to_owned()])?;
     say("xtask ci: all checks passed");
+    Ok(())
+}
+
+/// Builds the benchmarks in release mode and runs them. The figures are
+/// reported, never judged: a slow machine does not fail a build.
+fn bench(args: &[String]) -> Result<()> {
+    let root = root();
+    section("building benchmarks (release)");
+    let status = cargo()
+        .args(["build", "--release", "--locked", "-p", "spool-bench"])
+        .current_dir(&root)
+        .status()?;
+    if !status.success() {
+        bail!("building the benchmarks failed ({status})");
+    }
+    let target =
+        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
+    let report = target.join("bench").join("report.json");
+    section("running benchmarks");
+    let status = Command::new(target.join("release").join("spool-bench"))
+        .args(args)
+        .arg("--report")
+        .arg(&report)
+        .current_dir(&root)
+        .status()
+        .context("starting spool-bench")?;
+    if !status.success() {
+        bail!("the benchmarks failed to run ({status})");
+    }
+    say(&format!("report written to {}", report.display()));
     Ok(())
 }
 

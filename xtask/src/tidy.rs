@@ -43,6 +43,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         &["spool-runtime", "spool-journal", "spool-wire"],
     ),
     ("spool-cli", &["*"]),
+    ("spool-bench", &["*"]),
 ];
 
 /// External crates a Spool crate must not reach, even indirectly.

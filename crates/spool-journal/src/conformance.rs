@@ -69,6 +69,41 @@ pub const CHECKS: &[(&str, Check)] = &[
     }),
 ];
 
+/// For durable stores: what was acknowledged before the store was dropped
+/// is there, chain-verified, after `open` makes a new one on the same
+/// storage, and appends carry on where they left off. `open` is called
+/// twice.
+pub async fn acknowledged_appends_survive_reopening(open: impl Fn() -> Arc<dyn Journal>) {
+    let r = run("reopen");
+    let before = {
+        let journal = open();
+        journal
+            .append(&r, Seq(0), vec![created(), started("t1", "hi")])
+            .await
+            .unwrap();
+        journal
+            .append(&r, Seq(2), vec![completed("t1")])
+            .await
+            .unwrap();
+        journal.read(&r, Seq(0)).await.unwrap()
+    };
+    let journal = open();
+    assert_eq!(
+        journal.read(&r, Seq(0)).await.unwrap(),
+        before,
+        "a reopened store serves what it acknowledged"
+    );
+    journal
+        .append(&r, Seq(3), vec![started("t2", "again")])
+        .await
+        .expect("appends carry on at the reopened run's next position");
+    let listed = journal.runs().await.unwrap();
+    assert_eq!(
+        listed.iter().find(|s| s.run_id == r).map(|s| s.next_seq),
+        Some(Seq(4))
+    );
+}
+
 /// A run id for checks.
 #[must_use]
 pub fn run(name: &str) -> RunId {

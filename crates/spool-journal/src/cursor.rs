@@ -38,7 +38,12 @@ use crate::event::{
 };
 use crate::id::Seq;
 
-/// Leave to act live. Only the cursor makes one.
+/// Leave to act live. Only the cursor makes one: its fields are private and
+/// it has no constructor, so code outside this module cannot forge one.
+///
+/// ```compile_fail
+/// let forged = spool_journal::cursor::Permit { intent_recorded: false, intent_seq: None };
+/// ```
 #[derive(Debug, PartialEq, Eq)]
 pub struct Permit {
     intent_recorded: bool,

@@ -133,6 +133,17 @@ pub fn fold<'a>(log: impl IntoIterator<Item = &'a Envelope>) -> State {
     state
 }
 
+/// Folds a whole log the caller owns, without copying what the state keeps.
+/// Gives the same state as [`fold`].
+#[must_use]
+pub fn fold_owned(log: impl IntoIterator<Item = Envelope>) -> State {
+    let mut state = State::default();
+    for envelope in log {
+        state.apply_owned(envelope);
+    }
+    state
+}
+
 /// The public state after `event`, given the state before it. Pure and
 /// total: the fold and every store's run listing use this one function.
 #[must_use]
@@ -187,57 +198,67 @@ impl Status {
 impl State {
     /// Folds one more event.
     pub fn apply(&mut self, envelope: &Envelope) {
+        self.apply_owned(envelope.clone());
+    }
+
+    /// Folds one more event the caller owns, moving what the state keeps
+    /// out of it instead of copying.
+    pub fn apply_owned(&mut self, envelope: Envelope) {
         let seq = envelope.seq;
-        self.run_id.get_or_insert_with(|| envelope.run_id.clone());
+        let Envelope {
+            run_id,
+            recorded_at,
+            event,
+            ..
+        } = envelope;
+        self.run_id.get_or_insert(run_id);
         self.last_seq = Some(seq);
-        self.updated_at = Some(envelope.recorded_at);
+        self.updated_at = Some(recorded_at);
         // Retirement is permanent: nothing after it changes the state but
         // the bookkeeping above.
         if self.status == Status::Retired {
             return;
         }
         let before = std::mem::take(&mut self.status);
-        self.status = transition(&before, &envelope.event);
-        match &envelope.event {
+        self.status = transition(&before, &event);
+        match event {
             Event::RunCreated(created) => {
                 if let Some(address) = &created.address {
                     self.addresses.insert(address.clone());
                 }
-                self.created = Some(created.clone());
+                self.created = Some(created);
             }
             Event::TurnStarted(started) => {
-                self.turn = Some(started.turn_id.clone());
+                self.turn = Some(started.turn_id);
                 self.suspension = None;
                 self.sleep = None;
                 self.budget = None;
                 self.cancel_requested = None;
                 self.response = None;
-                self.push(seq, ItemContent::User(started.input.clone()));
+                self.push(seq, ItemContent::User(started.input));
             }
-            Event::InputSteered(steered) => {
-                self.push(seq, ItemContent::User(steered.input.clone()))
-            }
+            Event::InputSteered(steered) => self.push(seq, ItemContent::User(steered.input)),
             Event::ModelCallRequested(requested) => {
-                self.open_model_call = Some((seq, requested.request_hash.clone()));
+                self.open_model_call = Some((seq, requested.request_hash));
             }
             Event::ModelCallCompleted(completed) => {
                 self.open_model_call = None;
                 if let Some(usage) = completed.usage {
                     self.usage += usage;
                 }
-                self.push(seq, ItemContent::Assistant(completed.message.clone()));
+                self.push(seq, ItemContent::Assistant(completed.message));
             }
             Event::ToolCallRequested(requested) => {
                 self.open_calls
-                    .insert(requested.call_id.clone(), (seq, requested.clone()));
+                    .insert(requested.call_id.clone(), (seq, requested));
             }
             Event::ToolCallCompleted(completed) => {
                 self.open_calls.remove(&completed.call_id);
                 self.push(
                     seq,
                     ItemContent::ToolResult {
-                        call_id: completed.call_id.clone(),
-                        output: completed.output.clone(),
+                        call_id: completed.call_id,
+                        output: completed.output,
                     },
                 );
             }
@@ -249,26 +270,26 @@ impl State {
                 self.push(
                     seq,
                     ItemContent::ToolResult {
-                        call_id: resolved.call_id.clone(),
-                        output: resolved.output.clone(),
+                        call_id: resolved.call_id,
+                        output: resolved.output,
                     },
                 );
             }
             Event::ToolCallAbandoned(abandoned) => {
                 self.open_calls.remove(&abandoned.call_id);
             }
-            Event::Suspended(suspended) => self.suspension = Some(suspended.clone()),
+            Event::Suspended(suspended) => self.suspension = Some(suspended),
             Event::Resumed(resumed) => {
                 self.suspension = None;
                 self.budget = None;
-                self.push(seq, ItemContent::Answers(resumed.answers.clone()));
+                self.push(seq, ItemContent::Answers(resumed.answers));
             }
-            Event::SleepStarted(sleep) => self.sleep = Some(sleep.clone()),
+            Event::SleepStarted(sleep) => self.sleep = Some(sleep),
             Event::SleepCompleted(_) => self.sleep = None,
-            Event::CancelRequested(cancel) => self.cancel_requested = Some(cancel.clone()),
+            Event::CancelRequested(cancel) => self.cancel_requested = Some(cancel),
             Event::TurnCompleted(completed) => {
                 self.finish();
-                self.response.clone_from(&completed.response);
+                self.response = completed.response;
             }
             Event::TurnFailed(_) | Event::TurnCancelled(_) => self.finish(),
             Event::ContextCleared(_) => self.conversation.clear(),
@@ -281,16 +302,16 @@ impl State {
                     .retain(|item| item.seq < compacted.from || item.seq > compacted.to);
                 let summary = Item {
                     seq,
-                    content: ItemContent::Summary(compacted.summary.clone()),
+                    content: ItemContent::Summary(compacted.summary),
                 };
                 let at = at
                     .unwrap_or(self.conversation.len())
                     .min(self.conversation.len());
                 self.conversation.insert(at, summary);
             }
-            Event::BudgetExceeded(budget) => self.budget = Some(budget.clone()),
+            Event::BudgetExceeded(budget) => self.budget = Some(budget),
             Event::AddressBound(binding) => {
-                self.addresses.insert(binding.address.clone());
+                self.addresses.insert(binding.address);
             }
             Event::AddressUnbound(binding) => {
                 self.addresses.remove(&binding.address);

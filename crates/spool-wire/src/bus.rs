@@ -280,9 +280,9 @@ impl BusRequest {
     /// the wrong type, a top-level key is unknown, `fromInstance` is empty,
     /// or `protocolVersion` is anything but 1.
     pub fn decode(text: &str) -> Result<Self, BusRejection> {
-        let value =
-            serde_util::parse(text).map_err(|e| BusRejection::new(ErrorCode::InvalidRequest, e))?;
-        Self::from_value(value)
+        serde_util::object_from_str::<Self>(text)
+            .map_err(|e| BusRejection::new(ErrorCode::InvalidRequest, e))?
+            .checked()
     }
 
     /// Validates an already-parsed request body.
@@ -297,8 +297,14 @@ impl BusRequest {
                 "the request must be a JSON object",
             ));
         }
-        let request: Self = serde_util::from_value(value)
-            .map_err(|e| BusRejection::new(ErrorCode::InvalidRequest, e))?;
+        serde_util::from_value::<Self>(value)
+            .map_err(|e| BusRejection::new(ErrorCode::InvalidRequest, e))?
+            .checked()
+    }
+
+    /// The rules serde cannot state: a non-empty `fromInstance`, version 1.
+    fn checked(self) -> Result<Self, BusRejection> {
+        let request = self;
         if request.from_instance.is_empty() {
             return Err(BusRejection::new(
                 ErrorCode::InvalidRequest,
@@ -382,9 +388,9 @@ impl BusResponse {
     /// `success`, a known field has the wrong type, or `protocolVersion` is
     /// present and not 1.
     pub fn decode(text: &str) -> Result<Self, BusRejection> {
-        let value = serde_util::parse(text)
-            .map_err(|e| BusRejection::new(ErrorCode::InvalidResponse, e))?;
-        Self::from_value(value)
+        serde_util::object_from_str::<Self>(text)
+            .map_err(|e| BusRejection::new(ErrorCode::InvalidResponse, e))?
+            .checked()
     }
 
     /// Validates an already-parsed response body.
@@ -399,8 +405,14 @@ impl BusResponse {
                 "the response must be a JSON object",
             ));
         }
-        let response: Self = serde_util::from_value(value)
-            .map_err(|e| BusRejection::new(ErrorCode::InvalidResponse, e))?;
+        serde_util::from_value::<Self>(value)
+            .map_err(|e| BusRejection::new(ErrorCode::InvalidResponse, e))?
+            .checked()
+    }
+
+    /// The rule serde cannot state: a stated version is 1.
+    fn checked(self) -> Result<Self, BusRejection> {
+        let response = self;
         if let Some(version) = response.protocol_version
             && version != PROTOCOL_VERSION
         {

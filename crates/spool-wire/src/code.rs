@@ -128,6 +128,45 @@ pub(crate) mod serde_util {
         serde_json::from_str(text).map_err(|e| format!("not JSON: {}", reason(&e)))
     }
 
+    /// Deserializes a JSON object straight from its text (no intermediate
+    /// `Value`), with the same messages as [`parse`] and [`from_value`]:
+    /// `not JSON: …` for bad syntax, `` `field`: … `` for a bad field.
+    pub(crate) fn object_from_str<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, String> {
+        // A top-level value that is not an object is refused up front, in
+        // words a peer understands, rather than as "expected struct X".
+        match text.trim_start().as_bytes().first() {
+            Some(b'{') => {}
+            None => return Err("not JSON: EOF while parsing a value".to_owned()),
+            Some(_) => {
+                return match serde_json::from_str::<serde::de::IgnoredAny>(text) {
+                    Err(e) => Err(format!("not JSON: {}", reason(&e))),
+                    Ok(_) => Err("must be a JSON object".to_owned()),
+                };
+            }
+        }
+        // Most messages are well-formed: decode them at full speed, and pay
+        // for path tracking only to word an error.
+        if let Ok(value) = serde_json::from_str(text) {
+            return Ok(value);
+        }
+        let mut deserializer = serde_json::Deserializer::from_str(text);
+        let value = serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
+            let path = error.path().to_string();
+            let inner = error.into_inner();
+            if inner.is_syntax() || inner.is_eof() {
+                format!("not JSON: {}", reason(&inner))
+            } else if path.is_empty() || path == "." {
+                reason(&inner)
+            } else {
+                format!("`{path}`: {}", reason(&inner))
+            }
+        })?;
+        deserializer
+            .end()
+            .map_err(|e| format!("not JSON: {}", reason(&e)))?;
+        Ok(value)
+    }
+
     /// Deserializes `value` into `T` with an error that names the field
     /// that failed (`` `depth`: invalid value: integer `-1`, expected u64 ``),
     /// because a reason without its field is no help to whoever sent it.

@@ -491,15 +491,14 @@ impl From<HttpRejection> for ErrorBody {
 /// wrong type.
 pub fn decode_body<T: DeserializeOwned>(text: &str) -> Result<T, HttpRejection> {
     let text = if text.trim().is_empty() { "{}" } else { text };
-    let value =
-        serde_util::parse(text).map_err(|e| HttpRejection::new(ErrorCode::BadRequest, e))?;
-    if !value.is_object() {
-        return Err(HttpRejection::new(
-            ErrorCode::BadRequest,
-            "body must be a JSON object",
-        ));
-    }
-    serde_util::from_value(value).map_err(|e| HttpRejection::new(ErrorCode::BadRequest, e))
+    serde_util::object_from_str(text).map_err(|e| {
+        let e = if e == "must be a JSON object" {
+            "body must be a JSON object".to_owned()
+        } else {
+            e
+        };
+        HttpRejection::new(ErrorCode::BadRequest, e)
+    })
 }
 
 fn check_turn_policy(policy: Option<&TurnPolicy>) -> Result<(), HttpRejection> {

@@ -413,6 +413,24 @@ macro_rules! pod_events {
             }
         }
 
+        /// The known events as serde reads them straight from text: the
+        /// fast path for well-formed lines. Anything it refuses (an
+        /// unknown event, a bad field) goes the general way, which keeps
+        /// unknown events and words its errors.
+        #[derive(Deserialize)]
+        #[serde(tag = "event", content = "data")]
+        enum Known {
+            $( #[serde(rename = $name)] $variant($data), )+
+        }
+
+        impl From<Known> for Event {
+            fn from(known: Known) -> Self {
+                match known {
+                    $(Known::$variant(data) => Self::$variant(data),)+
+                }
+            }
+        }
+
         // Data is written field by field, not through a `Value`, so each
         // event keeps the field order the protocol document prints.
         impl Serialize for Event {
@@ -480,6 +498,9 @@ impl Event {
     /// `event`, or a known event's `data` has the wrong shape. An unknown
     /// event is not an error: it decodes as [`Event::Unknown`].
     pub fn decode(line: &str) -> Result<Self, PodRejection> {
+        if let Ok(known) = serde_json::from_str::<Known>(line) {
+            return Ok(known.into());
+        }
         let value =
             serde_util::parse(line).map_err(|e| PodRejection::new(ErrorCode::InvalidRequest, e))?;
         Self::from_value(value)

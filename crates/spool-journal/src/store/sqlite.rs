@@ -12,6 +12,7 @@
 //!
 //! Methods must be called from within a Tokio runtime.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread;
@@ -80,8 +81,25 @@ impl Default for Options {
     }
 }
 
+/// What the writer has done since the journal was opened.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WriterStats {
+    /// Transactions committed.
+    pub commits: u64,
+    /// Operations (appends and claims) those commits held; divided by
+    /// `commits`, the average group size.
+    pub operations: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    commits: std::sync::atomic::AtomicU64,
+    operations: std::sync::atomic::AtomicU64,
+}
+
 /// A journal in a SQLite file.
 pub struct SqliteJournal {
+    counters: Arc<Counters>,
     writer: Option<mpsc::Sender<Op>>,
     readers: Arc<ReadPool>,
     watchers: Arc<Watchers>,
@@ -179,7 +197,11 @@ impl SqliteJournal {
         migrate(&conn)?;
         let (sender, receiver) = mpsc::channel(options.queue.max(1));
         let watchers = Arc::new(Watchers::default());
+        let counters = Arc::new(Counters::default());
         let writer = Writer {
+            counters: Arc::clone(&counters),
+            heads: HashMap::new(),
+            data_version: None,
             conn,
             receiver,
             watchers: Arc::clone(&watchers),
@@ -191,6 +213,7 @@ impl SqliteJournal {
             .spawn(move || writer.run())
             .map_err(|e| JournalError::Storage(format!("starting the writer thread: {e}")))?;
         Ok(Self {
+            counters,
             writer: Some(sender),
             readers: Arc::new(ReadPool::new(path.clone(), false)),
             watchers,
@@ -218,6 +241,7 @@ impl SqliteJournal {
         check_schema(&conn)?;
         readers.give(conn);
         Ok(Self {
+            counters: Arc::default(),
             writer: None,
             readers: Arc::new(readers),
             watchers: Arc::new(Watchers::default()),
@@ -229,6 +253,16 @@ impl SqliteJournal {
     #[must_use]
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Commits and operations so far.
+    #[must_use]
+    pub fn stats(&self) -> WriterStats {
+        use std::sync::atomic::Ordering::Relaxed;
+        WriterStats {
+            commits: self.counters.commits.load(Relaxed),
+            operations: self.counters.operations.load(Relaxed),
+        }
     }
 
     async fn send<T>(
@@ -356,12 +390,24 @@ impl Journal for SqliteJournal {
 
 /// The writer thread's state.
 struct Writer {
+    counters: Arc<Counters>,
     conn: Connection,
     receiver: mpsc::Receiver<Op>,
     watchers: Arc<Watchers>,
     clock: Clock,
     max_batch: usize,
+    /// Run heads as last committed, so an append need not read its run's
+    /// row back. Another process committing to the file clears it (see
+    /// `data_version`).
+    heads: HashMap<RunId, Head>,
+    /// SQLite's count of commits by *other* connections, as of our last
+    /// transaction: when it moves, our cached heads may be stale.
+    data_version: Option<i64>,
 }
+
+/// The most heads kept; past it the cache starts over, so memory stays
+/// bounded however many runs a journal holds.
+const MAX_CACHED_HEADS: usize = 65_536;
 
 /// An operation applied inside the open transaction, waiting for the commit
 /// before its caller is answered.
@@ -374,6 +420,14 @@ enum Done {
         oneshot::Sender<Result<Claim, JournalError>>,
         Result<Claim, JournalError>,
     ),
+}
+
+/// Why an operation did not apply.
+enum Failed {
+    /// Refused before it wrote anything: only its caller is told.
+    Refused(JournalError),
+    /// SQLite failed part-way: the whole transaction must be rolled back.
+    Broken(JournalError),
 }
 
 impl Writer {
@@ -392,30 +446,83 @@ impl Writer {
     }
 
     fn commit(&mut self, batch: Vec<Op>) {
-        if let Err(error) = self.conn.execute_batch("BEGIN IMMEDIATE") {
-            return fail_all(batch, &error.to_string());
+        if let Err(error) = self.begin() {
+            return fail_all(batch, &format!("could not begin a transaction: {error}"));
         }
+        // Heads this transaction changes; they join the cache only once it
+        // commits.
+        let mut pending: HashMap<RunId, Head> = HashMap::new();
         let mut done = Vec::with_capacity(batch.len());
+        let mut broken: Option<String> = None;
         for op in batch {
-            done.push(self.apply(op));
+            if broken.is_some() {
+                done.push(Done::refuse(
+                    op,
+                    JournalError::Storage("the batch's transaction failed".into()),
+                ));
+                continue;
+            }
+            let entry = match op {
+                Op::Append {
+                    run,
+                    expected,
+                    events,
+                    reply,
+                } => match self.append(&mut pending, &run, expected, events) {
+                    Ok((envelopes, next)) => Done::Append(reply, Ok((run, envelopes, next))),
+                    Err(Failed::Refused(error)) => Done::Append(reply, Err(error)),
+                    Err(Failed::Broken(error)) => {
+                        broken = Some(error.to_string());
+                        Done::Append(reply, Err(error))
+                    }
+                },
+                Op::Claim { key, holder, reply } => match claim(&self.conn, &key, &holder) {
+                    Ok(claim) => Done::Claim(reply, Ok(claim)),
+                    Err(error @ JournalError::CallInFlight { .. }) => {
+                        Done::Claim(reply, Err(error))
+                    }
+                    Err(error) => {
+                        broken = Some(error.to_string());
+                        Done::Claim(reply, Err(error))
+                    }
+                },
+            };
+            done.push(entry);
         }
-        if let Err(error) = self.conn.execute_batch("COMMIT") {
-            // Nothing of this batch is durable; say so to every caller.
+        if broken.is_none()
+            && let Err(error) = write_heads(&self.conn, &pending)
+        {
+            broken = Some(error.to_string());
+        }
+        let failure = match broken {
+            Some(reason) => Some(reason),
+            None => self
+                .conn
+                .execute_batch("COMMIT")
+                .err()
+                .map(|e| format!("commit failed: {e}")),
+        };
+        if let Some(reason) = failure {
+            // Nothing of this batch is durable; say so to every caller, and
+            // forget cached heads in case the failure left them doubtful.
             let _ = self.conn.execute_batch("ROLLBACK");
-            let message = format!("commit failed: {error}");
+            self.heads.clear();
             for entry in done {
-                match entry {
-                    Done::Append(reply, _) => {
-                        let _ = reply.send(Err(JournalError::Storage(message.clone())));
-                    }
-                    Done::Claim(reply, _) => {
-                        let _ = reply.send(Err(JournalError::Storage(message.clone())));
-                    }
-                }
+                entry.fail(&reason);
             }
             return;
         }
-        // Durable now: tell subscribers, then answer callers.
+        if self.heads.len() + pending.len() > MAX_CACHED_HEADS {
+            self.heads.clear();
+        }
+        self.heads.extend(pending);
+        // Durable now: count it, tell subscribers, then answer callers.
+        self.counters
+            .commits
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.counters
+            .operations
+            .fetch_add(done.len() as u64, std::sync::atomic::Ordering::Relaxed);
         for entry in done {
             match entry {
                 Done::Append(reply, result) => {
@@ -432,83 +539,98 @@ impl Writer {
         }
     }
 
-    /// Applies one operation in its own savepoint.
-    fn apply(&mut self, op: Op) -> Done {
-        let savepoint = self.conn.execute_batch("SAVEPOINT op").map_err(storage);
+    /// Begins the write transaction, and drops cached heads if another
+    /// connection has committed since our last one.
+    fn begin(&mut self) -> rusqlite::Result<()> {
+        self.conn.execute_batch("BEGIN IMMEDIATE")?;
+        let version: i64 = self
+            .conn
+            .query_row("PRAGMA data_version", [], |row| row.get(0))?;
+        if self.data_version != Some(version) {
+            self.heads.clear();
+            self.data_version = Some(version);
+        }
+        Ok(())
+    }
+
+    fn head(
+        &mut self,
+        pending: &HashMap<RunId, Head>,
+        run: &RunId,
+    ) -> Result<Option<Head>, JournalError> {
+        if let Some(head) = pending.get(run).or_else(|| self.heads.get(run)) {
+            return Ok(Some(head.clone()));
+        }
+        load_head(&self.conn, run)
+    }
+
+    fn append(
+        &mut self,
+        pending: &mut HashMap<RunId, Head>,
+        run: &RunId,
+        expected: Seq,
+        events: Vec<Event>,
+    ) -> Result<(Vec<Envelope>, Seq), Failed> {
+        let head = self.head(pending, run).map_err(Failed::Broken)?;
+        let plan =
+            plan(run, head.as_ref(), expected, events, (self.clock)()).map_err(Failed::Refused)?;
+        // Every refusal is decided before anything is written: an unbind only
+        // releases this run's own names, so the checks do not depend on
+        // their order, and earlier operations of this transaction are
+        // visible to them.
+        check_indexes(&self.conn, run, &plan.changes)?;
+        write_plan(&self.conn, run, &plan).map_err(Failed::Broken)?;
+        let next = plan.head.next_seq;
+        pending.insert(run.clone(), plan.head);
+        Ok((plan.envelopes, next))
+    }
+}
+
+impl Done {
+    fn refuse(op: Op, error: JournalError) -> Self {
         match op {
-            Op::Append {
-                run,
-                expected,
-                events,
-                reply,
-            } => {
-                let result = savepoint
-                    .and_then(|()| append(&self.conn, &run, expected, events, (self.clock)()))
-                    .map(|(envelopes, next)| (run, envelopes, next));
-                self.end_savepoint(result.is_ok());
-                Done::Append(reply, result)
-            }
-            Op::Claim { key, holder, reply } => {
-                let result = savepoint.and_then(|()| claim(&self.conn, &key, &holder));
-                self.end_savepoint(result.is_ok());
-                Done::Claim(reply, result)
-            }
+            Op::Append { reply, .. } => Self::Append(reply, Err(error)),
+            Op::Claim { reply, .. } => Self::Claim(reply, Err(error)),
         }
     }
 
-    fn end_savepoint(&self, keep: bool) {
-        let sql = if keep {
-            "RELEASE op"
-        } else {
-            "ROLLBACK TO op; RELEASE op"
-        };
-        // If even this fails the transaction is broken, and COMMIT will
-        // report it to every caller of the batch.
-        let _ = self.conn.execute_batch(sql);
+    fn fail(self, reason: &str) {
+        let error = JournalError::Storage(format!("nothing was recorded: {reason}"));
+        match self {
+            Self::Append(reply, _) => {
+                let _ = reply.send(Err(error));
+            }
+            Self::Claim(reply, _) => {
+                let _ = reply.send(Err(error));
+            }
+        }
     }
 }
 
 fn fail_all(batch: Vec<Op>, message: &str) {
     for op in batch {
-        let error = JournalError::Storage(format!("could not begin a transaction: {message}"));
-        match op {
-            Op::Append { reply, .. } => {
-                let _ = reply.send(Err(error));
-            }
-            Op::Claim { reply, .. } => {
-                let _ = reply.send(Err(error));
-            }
-        }
+        Done::refuse(op, JournalError::Storage(message.to_owned())).fail(message);
     }
 }
 
-fn append(
-    conn: &Connection,
-    run: &RunId,
-    expected: Seq,
-    events: Vec<Event>,
-    now: OffsetDateTime,
-) -> Result<(Vec<Envelope>, Seq), JournalError> {
-    let head = load_head(conn, run)?;
-    let plan = plan(run, head.as_ref(), expected, events, now)?;
-    // Every check before any change: an unbind only releases this run's own
-    // names, so the checks do not depend on their order.
-    for change in &plan.changes {
+fn check_indexes(conn: &Connection, run: &RunId, changes: &[IndexChange]) -> Result<(), Failed> {
+    for change in changes {
         match change {
             IndexChange::Bind(address) => {
                 let owner: Option<String> = conn
-                    .query_row(
+                    .prepare_cached(
                         "SELECT run_id FROM addresses WHERE namespace = ?1 AND name = ?2",
-                        params![address.namespace, address.name],
-                        |row| row.get(0),
                     )
-                    .optional()
-                    .map_err(storage)?;
+                    .and_then(|mut s| {
+                        s.query_row(params![address.namespace, address.name], |row| row.get(0))
+                            .optional()
+                    })
+                    .map_err(|e| Failed::Broken(storage(e)))?;
                 if let Some(owner) = owner.filter(|o| o != run.as_str()) {
-                    return Err(JournalError::AddressTaken {
+                    return Err(Failed::Refused(JournalError::AddressTaken {
                         address: address.clone(),
-                        run: stored_run_id(&owner)?,
-                    });
+                        run: stored_run_id(&owner).map_err(Failed::Broken)?,
+                    }));
                 }
             }
             IndexChange::Operation {
@@ -516,82 +638,102 @@ fn append(
                 operation_id,
             } => {
                 let owner: Option<String> = conn
-                    .query_row(
+                    .prepare_cached(
                         "SELECT run_id FROM operations WHERE scope = ?1 AND operation_id = ?2",
-                        params![scope, operation_id],
-                        |row| row.get(0),
                     )
-                    .optional()
-                    .map_err(storage)?;
+                    .and_then(|mut s| {
+                        s.query_row(params![scope, operation_id], |row| row.get(0))
+                            .optional()
+                    })
+                    .map_err(|e| Failed::Broken(storage(e)))?;
                 if let Some(owner) = owner.filter(|o| o != run.as_str()) {
-                    return Err(JournalError::OperationTaken {
+                    return Err(Failed::Refused(JournalError::OperationTaken {
                         operation_id: operation_id.clone(),
-                        run: stored_run_id(&owner)?,
-                    });
+                        run: stored_run_id(&owner).map_err(Failed::Broken)?,
+                    }));
                 }
             }
             _ => {}
         }
     }
+    Ok(())
+}
+
+/// Writes a checked plan's index changes and rows (not its head: heads are
+/// written once per run per transaction, by `write_heads`).
+fn write_plan(conn: &Connection, run: &RunId, plan: &super::Plan) -> Result<(), JournalError> {
     for change in &plan.changes {
         match change {
-            IndexChange::Bind(address) => conn.execute(
+            IndexChange::Bind(address) => exec(
+                conn,
                 "INSERT OR IGNORE INTO addresses (namespace, name, run_id) VALUES (?1, ?2, ?3)",
                 params![address.namespace, address.name, run.as_str()],
             ),
-            IndexChange::Unbind(address) => conn.execute(
+            IndexChange::Unbind(address) => exec(
+                conn,
                 "DELETE FROM addresses WHERE namespace = ?1 AND name = ?2 AND run_id = ?3",
                 params![address.namespace, address.name, run.as_str()],
             ),
-            IndexChange::UnbindAll => conn.execute("DELETE FROM addresses WHERE run_id = ?1", params![run.as_str()]),
-            IndexChange::Operation { scope, operation_id } => conn.execute(
+            IndexChange::UnbindAll => exec(conn, "DELETE FROM addresses WHERE run_id = ?1", params![run.as_str()]),
+            IndexChange::Operation { scope, operation_id } => exec(
+                conn,
                 "INSERT OR IGNORE INTO operations (scope, operation_id, run_id) VALUES (?1, ?2, ?3)",
                 params![scope, operation_id, run.as_str()],
             ),
-            IndexChange::Settle { call_id, output, seq } => conn.execute(
+            IndexChange::Settle { call_id, output, seq } => exec(
+                conn,
                 "UPDATE claims SET output = ?1, settled_seq = ?2
                  WHERE run_id = ?3 AND call_id = ?4 AND settled_seq IS NULL",
                 params![output.to_string(), seq_sql(*seq)?, run.as_str(), call_id],
             ),
-            IndexChange::Release { call_id } => conn.execute(
+            IndexChange::Release { call_id } => exec(
+                conn,
                 "DELETE FROM claims WHERE run_id = ?1 AND call_id = ?2 AND settled_seq IS NULL",
                 params![run.as_str(), call_id],
             ),
         }
         .map_err(storage)?;
     }
-    {
-        let mut insert = conn
-            .prepare_cached("INSERT INTO events (run_id, seq, body, hash) VALUES (?1, ?2, ?3, ?4)")
+    let mut insert = conn
+        .prepare_cached("INSERT INTO events (run_id, seq, body, hash) VALUES (?1, ?2, ?3, ?4)")
+        .map_err(storage)?;
+    for row in &plan.rows {
+        insert
+            .execute(params![
+                run.as_str(),
+                seq_sql(row.seq)?,
+                row.bytes,
+                &row.hash[..]
+            ])
             .map_err(storage)?;
-        for row in &plan.rows {
-            insert
-                .execute(params![
-                    run.as_str(),
-                    seq_sql(row.seq)?,
-                    row.bytes,
-                    &row.hash[..]
-                ])
-                .map_err(storage)?;
-        }
     }
-    let head = &plan.head;
-    conn.execute(
-        "INSERT INTO runs (run_id, next_seq, last_hash, status, title, created_ns, updated_ns)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
-         ON CONFLICT (run_id) DO UPDATE SET next_seq = ?2, last_hash = ?3, status = ?4, title = ?5, updated_ns = ?7",
-        params![
-            run.as_str(),
-            seq_sql(head.next_seq)?,
-            &head.last_hash[..],
-            head.status.encode(),
-            head.title,
-            nanos(head.created_at),
-            nanos(head.updated_at),
-        ],
-    )
-    .map_err(storage)?;
-    Ok((plan.envelopes, head.next_seq))
+    Ok(())
+}
+
+/// Writes each run's head once, however many of its appends the
+/// transaction holds.
+fn write_heads(conn: &Connection, heads: &HashMap<RunId, Head>) -> Result<(), JournalError> {
+    let mut upsert = conn
+        .prepare_cached(
+            "INSERT INTO runs (run_id, next_seq, last_hash, status, title, created_ns, updated_ns)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+             ON CONFLICT (run_id) DO UPDATE SET next_seq = ?2, last_hash = ?3, status = ?4, title = ?5, updated_ns = ?7",
+        )
+        .map_err(storage)?;
+    for (run, head) in heads {
+        upsert
+            .execute(params![
+                run.as_str(),
+                seq_sql(head.next_seq)?,
+                &head.last_hash[..],
+                head.status.encode(),
+                head.title,
+                nanos(head.created_at),
+                nanos(head.updated_at),
+            ])
+            .map_err(storage)?;
+    }
+    Ok(())
 }
 
 fn claim(conn: &Connection, key: &ClaimKey, holder: &CallRef) -> Result<Claim, JournalError> {
@@ -633,7 +775,8 @@ fn claim(conn: &Connection, key: &ClaimKey, holder: &CallRef) -> Result<Claim, J
     };
     match decide_claim(existing, holder) {
         ClaimDecision::Take => {
-            conn.execute(
+            exec(
+                conn,
                 "INSERT INTO claims (tool, key, run_id, call_id) VALUES (?1, ?2, ?3, ?4)",
                 params![key.tool, key.key, holder.run.as_str(), holder.call_id],
             )
@@ -893,6 +1036,13 @@ fn stored_bytes(value: rusqlite::types::ValueRef<'_>) -> Option<Vec<u8>> {
         }
         _ => None,
     }
+}
+
+/// Executes a statement through the connection's statement cache: the
+/// writer runs the same few statements for every operation, and parsing
+/// them each time would cost more than running them.
+fn exec(conn: &Connection, sql: &str, params: impl rusqlite::Params) -> rusqlite::Result<usize> {
+    conn.prepare_cached(sql)?.execute(params)
 }
 
 fn storage(error: rusqlite::Error) -> JournalError {

@@ -56,6 +56,16 @@ conformance!(
     the_run_listing_follows_the_fold,
 );
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sqlite_store_serves_acknowledged_appends_after_reopening() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_owned();
+    spool_journal::conformance::acknowledged_appends_survive_reopening(move || {
+        Arc::new(SqliteJournal::open(&path, Options::default()).unwrap()) as Arc<dyn Journal>
+    })
+    .await;
+}
+
 #[test]
 fn every_conformance_check_runs_against_every_store() {
     let checks: Vec<&str> = CHECKS.iter().map(|(name, _)| *name).collect();

@@ -144,3 +144,73 @@ async fn a_file_that_is_not_a_journal_is_refused() {
     drop(conn);
     assert!(SqliteJournal::open_read_only(dir.path()).is_err());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_appends_share_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = std::sync::Arc::new(SqliteJournal::open(dir.path(), Options::default()).unwrap());
+    let mut tasks = Vec::new();
+    for i in 0..64 {
+        let journal = std::sync::Arc::clone(&journal);
+        tasks.push(tokio::spawn(async move {
+            let r = run(&format!("group-{i}"));
+            journal.append(&r, Seq(0), vec![created()]).await.unwrap();
+            for n in 1..20 {
+                journal
+                    .append(&r, Seq(n), vec![started("t", "x")])
+                    .await
+                    .unwrap();
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let stats = journal.stats();
+    assert_eq!(stats.operations, 64 * 20, "every append was one operation");
+    // While one commit syncs, the other appenders' next appends queue up
+    // and go into the following transaction together.
+    assert!(
+        stats.operations >= 2 * stats.commits,
+        "appends from 64 runs were grouped: {} operations in {} commits",
+        stats.operations,
+        stats.commits
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_writer_on_the_same_file_does_not_fork_a_runs_chain() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = three_events(dir.path()).await;
+    let second = SqliteJournal::open(dir.path(), Options::default()).unwrap();
+    second
+        .append(
+            &run("r"),
+            Seq(3),
+            vec![started("t2", "from the second writer")],
+        )
+        .await
+        .unwrap();
+    // The first writer cached the run's head at seq 3; it must notice the
+    // other commit rather than write a second seq 3 or a forked chain.
+    assert!(matches!(
+        first
+            .append(&run("r"), Seq(3), vec![started("t2", "stale")])
+            .await,
+        Err(JournalError::Conflict { actual: Seq(4), .. })
+    ));
+    first
+        .append(
+            &run("r"),
+            Seq(4),
+            vec![started("t3", "from the first writer")],
+        )
+        .await
+        .unwrap();
+    let log = second.read(&run("r"), Seq(0)).await.unwrap();
+    assert_eq!(
+        log.len(),
+        5,
+        "both writers' events are in one verified chain"
+    );
+}

@@ -1,0 +1,350 @@
+//! Journal benchmarks: durable appends beside the disk's own limit and a
+//! naive store, folding a large log, and opening a large journal.
+
+use std::io::Write;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use spool_journal::event::{
+    Effect, ModelCallCompleted, ModelCallRequested, RunCreated, ToolCallCompleted,
+    ToolCallRequested, TurnCompleted, TurnStarted, Usage,
+};
+use spool_journal::fold::{fold as fold_log, fold_owned};
+use spool_journal::store::sqlite::{Durability, Options, SqliteJournal};
+use spool_journal::{Envelope, Event, Journal, RunId, Seq, TurnId};
+use spool_wire::http::TurnPolicy;
+
+use crate::Scale;
+use crate::report::Row;
+
+/// An event of a typical size (an envelope of about 250 bytes).
+fn typical_event(n: u64) -> Event {
+    Event::TurnStarted(TurnStarted {
+        turn_id: TurnId::new(format!("turn-{n}")).expect("turn-N is a valid id"),
+        input: "Summarize the deployment plan and list the risks.".repeat(2),
+        context: Vec::new(),
+        policy: TurnPolicy::Steer,
+    })
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?)
+}
+
+/// Durable appends per second from `runs` concurrent runs, one event per
+/// append; with the average commit group size and envelope size seen.
+fn spool_appends(runs: usize, duration: Duration) -> anyhow::Result<(f64, f64, usize)> {
+    let dir = tempfile::tempdir()?;
+    let journal = Arc::new(SqliteJournal::open(dir.path(), Options::default())?);
+    let runtime = runtime()?;
+    let count = Arc::new(AtomicU64::new(0));
+    let bytes = serde_json::to_vec(&Envelope {
+        run_id: RunId::new("run-00")?,
+        seq: Seq(1),
+        recorded_at: time::OffsetDateTime::now_utc(),
+        event: typical_event(1),
+    })?
+    .len();
+    let elapsed = runtime.block_on(async {
+        // Create the runs first, so only steady-state appends are timed.
+        for i in 0..runs {
+            let run = RunId::new(format!("run-{i}"))?;
+            journal
+                .append(&run, Seq(0), vec![Event::RunCreated(RunCreated::default())])
+                .await?;
+        }
+        let before = journal.stats();
+        let start = Instant::now();
+        let deadline = start + duration;
+        let mut tasks = Vec::new();
+        for i in 0..runs {
+            let journal = Arc::clone(&journal);
+            let count = Arc::clone(&count);
+            tasks.push(tokio::spawn(async move {
+                let run = RunId::new(format!("run-{i}")).expect("run-N is a valid id");
+                let mut next = Seq(1);
+                while Instant::now() < deadline {
+                    journal
+                        .append(&run, next, vec![typical_event(next.0)])
+                        .await?;
+                    next = next.next();
+                    count.fetch_add(1, Ordering::Relaxed);
+                }
+                anyhow::Ok(())
+            }));
+        }
+        for task in tasks {
+            task.await??;
+        }
+        let elapsed = start.elapsed();
+        let after = journal.stats();
+        let group = (after.operations - before.operations) as f64
+            / (after.commits - before.commits).max(1) as f64;
+        anyhow::Ok((elapsed, group))
+    })?;
+    let (elapsed, group) = elapsed;
+    Ok((
+        count.load(Ordering::Relaxed) as f64 / elapsed.as_secs_f64(),
+        group,
+        bytes,
+    ))
+}
+
+/// One transaction per event on plain SQLite (WAL, synchronous=FULL).
+fn naive_appends(duration: Duration, bytes: usize) -> anyhow::Result<f64> {
+    let dir = tempfile::tempdir()?;
+    let conn = rusqlite::Connection::open(dir.path().join("naive.db"))?;
+    conn.execute_batch(
+        "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;
+         CREATE TABLE events (run_id TEXT NOT NULL, seq INTEGER NOT NULL, body BLOB NOT NULL, PRIMARY KEY (run_id, seq))",
+    )?;
+    let body = vec![b'x'; bytes];
+    let start = Instant::now();
+    let mut n: i64 = 0;
+    while start.elapsed() < duration {
+        conn.execute(
+            "INSERT INTO events VALUES ('run-0', ?1, ?2)",
+            rusqlite::params![n, body],
+        )?;
+        n += 1;
+    }
+    Ok(n as f64 / start.elapsed().as_secs_f64())
+}
+
+/// A raw append-only file, `fdatasync` after every batch of `batch`
+/// records: the disk's limit at that batch size.
+fn raw_file_appends(duration: Duration, batch: usize, bytes: usize) -> anyhow::Result<f64> {
+    let dir = tempfile::tempdir()?;
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.path().join("raw.log"))?;
+    let mut chunk = Vec::with_capacity(batch * (bytes + 8));
+    for _ in 0..batch {
+        chunk.extend_from_slice(&(bytes as u64).to_le_bytes());
+        chunk.extend(std::iter::repeat_n(b'x', bytes));
+    }
+    let start = Instant::now();
+    let mut records = 0usize;
+    while start.elapsed() < duration {
+        file.write_all(&chunk)?;
+        file.sync_data()?;
+        records += batch;
+    }
+    Ok(records as f64 / start.elapsed().as_secs_f64())
+}
+
+pub(crate) fn append(scale: Scale) -> anyhow::Result<Vec<Row>> {
+    let duration = scale.pick(Duration::from_secs(4), Duration::from_millis(300));
+    let mut rows = Vec::new();
+    let mut naive = None;
+    for runs in [1, 8, 64] {
+        let (spool, group, bytes) = spool_appends(runs, duration)?;
+        let naive = match naive {
+            Some(n) => n,
+            None => *naive.insert(naive_appends(duration, bytes)?),
+        };
+        let raw = raw_file_appends(duration, group.round().max(1.0) as usize, bytes)?;
+        let name = format!("journal-append/{runs} runs");
+        let vs_raw = Row::new(
+            &name,
+            spool,
+            "events/s",
+            format!("raw fdatasync, batch {group:.1}"),
+            raw,
+        );
+        let vs_naive = Row::new(&name, spool, "events/s", "sqlite 1 txn/event", naive);
+        if runs == 64 {
+            rows.push(vs_raw.ratio_at_least(0.8));
+            rows.push(vs_naive.ratio_at_least(50.0));
+        } else {
+            rows.push(vs_raw);
+            rows.push(vs_naive);
+        }
+    }
+    Ok(rows)
+}
+
+/// A run of `turns` turns, each: start, model call, tool call, model call,
+/// completion (7 events).
+fn synthetic_run(run: &RunId, turns: u64) -> Vec<Envelope> {
+    let mut events = vec![Event::RunCreated(RunCreated::default())];
+    for t in 0..turns {
+        let turn = TurnId::new(format!("t{t}")).expect("tN is a valid id");
+        events.push(Event::TurnStarted(TurnStarted {
+            turn_id: turn.clone(),
+            input: "check the deploy".into(),
+            context: Vec::new(),
+            policy: TurnPolicy::Steer,
+        }));
+        events.push(Event::ModelCallRequested(ModelCallRequested {
+            request_hash: format!("sha256:{t:064x}"),
+            new_messages: vec![json!({"role": "user", "content": "check the deploy"})],
+        }));
+        events.push(Event::ModelCallCompleted(ModelCallCompleted {
+            message: json!({"role": "assistant", "tool_calls": [{"id": "c", "name": "status"}]}),
+            usage: Some(Usage {
+                input_tokens: 100,
+                output_tokens: 20,
+            }),
+            finish_reason: Some("tool_use".into()),
+        }));
+        events.push(Event::ToolCallRequested(ToolCallRequested {
+            call_id: format!("c{t}"),
+            tool: "status".into(),
+            input: json!({}),
+            effect: Effect::Read,
+            idempotency_key: None,
+        }));
+        events.push(Event::ToolCallCompleted(ToolCallCompleted {
+            call_id: format!("c{t}"),
+            output: json!({"ok": true}),
+        }));
+        events.push(Event::ModelCallCompleted(ModelCallCompleted {
+            message: json!({"role": "assistant", "content": "all good"}),
+            usage: Some(Usage {
+                input_tokens: 130,
+                output_tokens: 5,
+            }),
+            finish_reason: Some("stop".into()),
+        }));
+        events.push(Event::TurnCompleted(TurnCompleted {
+            turn_id: turn,
+            response: Some("all good".into()),
+            usage: None,
+        }));
+    }
+    events
+        .into_iter()
+        .enumerate()
+        .map(|(i, event)| Envelope {
+            run_id: run.clone(),
+            seq: Seq(i as u64),
+            recorded_at: time::OffsetDateTime::UNIX_EPOCH,
+            event,
+        })
+        .collect()
+}
+
+pub(crate) fn fold(scale: Scale) -> anyhow::Result<Vec<Row>> {
+    let runs = scale.pick(10_000u64, 1_000);
+    let logs: Vec<Vec<Envelope>> = (0..runs)
+        .map(|i| {
+            synthetic_run(
+                &RunId::new(format!("run-{i}")).expect("run-N is a valid id"),
+                14,
+            )
+        })
+        .collect();
+    let events: usize = logs.iter().map(Vec::len).sum();
+    let mut best_fold = f64::MAX;
+    let mut best_touch = f64::MAX;
+    for _ in 0..scale.pick(3, 1) {
+        // Replay folds a log it owns (just read from the store), so the
+        // copy is made before the clock starts.
+        let owned = logs.clone();
+        let start = Instant::now();
+        let mut checksum = 0u64;
+        for log in owned {
+            checksum = checksum.wrapping_add(fold_owned(log).usage.input_tokens);
+        }
+        best_fold = best_fold.min(start.elapsed().as_secs_f64());
+        std::hint::black_box(checksum);
+        // The floor: touching every event without folding it.
+        let start = Instant::now();
+        let mut touched = 0usize;
+        for log in &logs {
+            for envelope in log {
+                touched = touched.wrapping_add(envelope.event.kind().len());
+            }
+        }
+        best_touch = best_touch.min(start.elapsed().as_secs_f64());
+        std::hint::black_box(touched);
+    }
+    let rate = events as f64 / best_fold;
+    Ok(vec![
+        Row::new(
+            format!("replay-fold/{events} events"),
+            rate,
+            "events/s",
+            "touch each event",
+            events as f64 / best_touch,
+        )
+        .figure_at_least(5_000_000.0),
+    ])
+}
+
+pub(crate) fn open(scale: Scale) -> anyhow::Result<Vec<Row>> {
+    let runs = scale.pick(10_000u64, 500);
+    let dir = tempfile::tempdir()?;
+    // Written fast (not power-safe), in large appends: only the open is timed.
+    {
+        let options = Options {
+            durability: Durability::LoseRecentCommitsOnPowerLoss,
+            ..Options::default()
+        };
+        let journal = Arc::new(SqliteJournal::open(dir.path(), options)?);
+        let runtime = runtime()?;
+        runtime.block_on(async {
+            let mut tasks = Vec::new();
+            for worker in 0..8 {
+                let journal = Arc::clone(&journal);
+                tasks.push(tokio::spawn(async move {
+                    for i in (worker..runs).step_by(8) {
+                        let run = RunId::new(format!("run-{i}"))?;
+                        let mut log = synthetic_run(&run, 14);
+                        log.truncate(log.len() - 3); // leave each run mid-turn, as a crash would
+                        let events: Vec<Event> = log.into_iter().map(|e| e.event).collect();
+                        journal.append(&run, Seq(0), events).await?;
+                    }
+                    anyhow::Ok(())
+                }));
+            }
+            for task in tasks {
+                task.await??;
+            }
+            anyhow::Ok(())
+        })?;
+    }
+    let file = dir.path().join(spool_journal::store::sqlite::FILE_NAME);
+    // Baseline: reading the file's bytes, the I/O floor of any open.
+    let start = Instant::now();
+    let bytes = std::fs::read(&file)?.len();
+    std::hint::black_box(bytes);
+    let read_floor = start.elapsed().as_secs_f64();
+    // Open, list every run, and read and fold each one that was running:
+    // what recovery does before a server accepts requests.
+    let runtime = runtime()?;
+    let start = Instant::now();
+    let (events, running) = runtime.block_on(async {
+        let journal = SqliteJournal::open(dir.path(), Options::default())?;
+        let mut events = 0usize;
+        let mut running = 0usize;
+        for summary in journal.runs().await? {
+            if summary.status.is_active() {
+                let log = journal.read(&summary.run_id, Seq(0)).await?;
+                events += log.len();
+                running += usize::from(fold_log(&log).status.is_active());
+            }
+        }
+        anyhow::Ok((events, running))
+    })?;
+    let open = start.elapsed().as_secs_f64();
+    anyhow::ensure!(running as u64 == runs, "every run was found mid-turn");
+    Ok(vec![
+        Row::new(
+            format!("journal-open/{runs} runs, {events} events"),
+            open,
+            "s",
+            "read the file once",
+            read_floor,
+        )
+        .lower_is_better()
+        .figure_at_most(2.0),
+    ])
+}

@@ -1,0 +1,99 @@
+//! Spool's benchmarks. Every figure is printed beside a baseline measured
+//! in the same run on the same machine, as a ratio, because these machines
+//! are shared and noisy and only the ratio means much. Nothing here is a
+//! test: no figure fails a build.
+//!
+//! Usage: `spool-bench [--quick] [--only NAME] [--report PATH]`; normally
+//! through `cargo xtask bench`, which builds it in release mode.
+
+use std::io::Write;
+use std::process::ExitCode;
+
+mod journal;
+mod report;
+mod wire;
+
+use report::Row;
+
+/// How long and how large each benchmark runs.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Scale {
+    /// A brief run that only proves the benchmarks still work.
+    pub(crate) quick: bool,
+}
+
+impl Scale {
+    /// `full` normally, `quick` under `--quick`.
+    pub(crate) fn pick<T>(self, full: T, quick: T) -> T {
+        if self.quick { quick } else { full }
+    }
+}
+
+type Bench = fn(Scale) -> anyhow::Result<Vec<Row>>;
+
+const BENCHES: &[(&str, Bench)] = &[
+    ("journal-append", journal::append),
+    ("replay-fold", journal::fold),
+    ("journal-open", journal::open),
+    ("wire-decode", wire::decode),
+];
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            let _ = writeln!(std::io::stderr(), "spool-bench: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> anyhow::Result<()> {
+    let mut scale = Scale { quick: false };
+    let mut only: Option<String> = None;
+    let mut report_path: Option<String> = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--quick" => scale.quick = true,
+            "--only" => {
+                only = Some(
+                    args.next()
+                        .ok_or_else(|| anyhow::anyhow!("--only needs a benchmark name"))?,
+                )
+            }
+            "--report" => {
+                report_path = Some(
+                    args.next()
+                        .ok_or_else(|| anyhow::anyhow!("--report needs a path"))?,
+                )
+            }
+            other => anyhow::bail!(
+                "unknown argument `{other}`; usage: spool-bench [--quick] [--only NAME] [--report PATH]"
+            ),
+        }
+    }
+    if let Some(name) = &only
+        && !BENCHES.iter().any(|(n, _)| n == name)
+    {
+        let names: Vec<&str> = BENCHES.iter().map(|(n, _)| *n).collect();
+        anyhow::bail!("no benchmark `{name}`; there are: {}", names.join(", "));
+    }
+    let mut rows = Vec::new();
+    for (name, bench) in BENCHES {
+        if only.as_deref().is_some_and(|o| o != *name) {
+            continue;
+        }
+        let _ = writeln!(
+            std::io::stderr(),
+            "running {name}{}",
+            if scale.quick { " (quick)" } else { "" }
+        );
+        rows.extend(bench(scale)?);
+    }
+    report::print(&rows, &mut std::io::stdout().lock())?;
+    if let Some(path) = report_path {
+        report::write(&rows, scale, std::path::Path::new(&path))?;
+    }
+    Ok(())
+}

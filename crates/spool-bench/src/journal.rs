@@ -26,6 +26,7 @@ fn typical_event(n: u64) -> Event {
         input: "Summarize the deployment plan and list the risks.".repeat(2),
         context: Vec::new(),
         policy: TurnPolicy::Steer,
+        from_queue: None,
     })
 }
 
@@ -181,6 +182,7 @@ fn synthetic_run(run: &RunId, turns: u64) -> Vec<Envelope> {
             input: "check the deploy".into(),
             context: Vec::new(),
             policy: TurnPolicy::Steer,
+            from_queue: None,
         }));
         events.push(Event::ModelCallRequested(ModelCallRequested {
             request_hash: format!("sha256:{t:064x}"),

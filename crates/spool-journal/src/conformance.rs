@@ -128,6 +128,7 @@ pub fn started(turn_id: &str, input: &str) -> Event {
         input: input.into(),
         context: Vec::new(),
         policy: TurnPolicy::Steer,
+        from_queue: None,
     })
 }
 

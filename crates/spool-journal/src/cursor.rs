@@ -111,6 +111,9 @@ pub enum ToolStep {
         seq: Seq,
         /// The recorded intent.
         evidence: ToolCallRequested,
+        /// Whether the run was already parked for it (a `reconciliation`
+        /// suspension is recorded): the runtime must not park it twice.
+        parked: bool,
     },
 }
 
@@ -150,6 +153,14 @@ impl ReplayCursor {
     #[must_use]
     pub fn new(log: Vec<Envelope>, _next_seq: Seq) -> Self {
         Self { log, pos: 0 }
+    }
+
+    /// Where the next recorded action is, if any: events before it belong
+    /// to the step being replayed (steered input picked up for a model
+    /// call, say).
+    #[must_use]
+    pub fn next_action_seq(&self) -> Option<Seq> {
+        self.next_action().map(|at| self.log[at].seq)
     }
 
     /// Whether every recorded action has been replayed.
@@ -216,6 +227,10 @@ impl ReplayCursor {
         let seq = self.log[at].seq;
         self.pos = at + 1;
         let call_id = recorded.call_id.clone();
+        // A dangling write parks the run with a reconciliation suspension
+        // for this very call; the operator's resolution comes after it, and
+        // both belong to this step.
+        let parked = self.skip_reconciliation(&call_id);
         let completion = self.take_completion(|e| match e {
             Event::ToolCallCompleted(c) => c.call_id == call_id,
             Event::ToolCallResolved(r) => r.call_id == call_id,
@@ -235,6 +250,7 @@ impl ReplayCursor {
                 Effect::Write => ToolStep::NeedsReconciliation {
                     seq,
                     evidence: recorded,
+                    parked,
                 },
             },
         })
@@ -291,6 +307,34 @@ impl ReplayCursor {
                 }
             }
             _ => Err(self.diverged(at, format!("sleep for call {call_id}"))),
+        }
+    }
+
+    /// The next recorded action, when it is a suspension: its details were
+    /// fixed by the tool's live outcome, so a replay takes them from here.
+    #[must_use]
+    pub fn peek_suspension(&self) -> Option<&Suspended> {
+        match &self.log[self.next_action()?].event {
+            Event::Suspended(suspended) => Some(suspended),
+            _ => None,
+        }
+    }
+
+    /// Passes over a `reconciliation` suspension for `call_id` if it is the
+    /// next action; says whether there was one.
+    fn skip_reconciliation(&mut self, call_id: &str) -> bool {
+        let Some(at) = self.next_action() else {
+            return false;
+        };
+        match &self.log[at].event {
+            Event::Suspended(s)
+                if s.kind == spool_wire::http::SuspendKind::Reconciliation
+                    && s.call_id.as_deref() == Some(call_id) =>
+            {
+                self.pos = at + 1;
+                true
+            }
+            _ => false,
         }
     }
 

@@ -44,6 +44,8 @@ pub enum Event {
     /// Input steered into the running turn, given to the model before its
     /// next call.
     InputSteered(InputSteered),
+    /// Input that arrived during a turn, to run as the next turn.
+    InputQueued(InputQueued),
     /// A model call is about to be made (write-ahead).
     ModelCallRequested(ModelCallRequested),
     /// The model call answered.
@@ -138,6 +140,19 @@ pub struct TurnStarted {
     pub context: Vec<String>,
     /// How input arriving during the turn is handled.
     pub policy: TurnPolicy,
+    /// The `input_queued` event this turn runs, when it came from the queue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_queue: Option<Seq>,
+}
+
+/// `input_queued`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct InputQueued {
+    /// The input.
+    pub input: String,
+    /// Input for that turn only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub context: Vec<String>,
 }
 
 /// `input_steered`.
@@ -385,6 +400,7 @@ impl Event {
             Self::RunCreated(_) => "run_created",
             Self::TurnStarted(_) => "turn_started",
             Self::InputSteered(_) => "input_steered",
+            Self::InputQueued(_) => "input_queued",
             Self::ModelCallRequested(_) => "model_call_requested",
             Self::ModelCallCompleted(_) => "model_call_completed",
             Self::ToolCallRequested(_) => "tool_call_requested",

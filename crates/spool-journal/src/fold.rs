@@ -44,6 +44,9 @@ pub struct State {
     pub open_calls: BTreeMap<String, (Seq, ToolCallRequested)>,
     /// A model call requested and not yet answered.
     pub open_model_call: Option<(Seq, String)>,
+    /// Input queued to run as later turns, oldest first, with where each
+    /// was recorded.
+    pub queued: std::collections::VecDeque<(Seq, crate::event::InputQueued)>,
     /// The addresses the run holds.
     pub addresses: BTreeSet<Address>,
     /// The last position folded.
@@ -157,9 +160,12 @@ pub fn transition(status: &Status, event: &Event) -> Status {
         (_, Event::Suspended(suspended)) => Status::Waiting(suspended.kind.clone()),
         (_, Event::SleepStarted(_)) => Status::Waiting(SuspendKind::Sleep),
         (_, Event::BudgetExceeded(_)) => Status::Waiting(SuspendKind::Budget),
-        (Status::Waiting(SuspendKind::Reconciliation), Event::ToolCallResolved(_)) => {
-            Status::Running
-        }
+        // An operator settled the dangling write either way: the turn goes
+        // on (with the output, or to fail rather than guess).
+        (
+            Status::Waiting(SuspendKind::Reconciliation),
+            Event::ToolCallResolved(_) | Event::ToolCallAbandoned(_),
+        ) => Status::Running,
         (_, Event::TurnCompleted(_)) => Status::Completed,
         (_, Event::TurnFailed(_)) => Status::Failed,
         (_, Event::TurnCancelled(_)) => Status::Cancelled,
@@ -229,6 +235,9 @@ impl State {
                 self.created = Some(created);
             }
             Event::TurnStarted(started) => {
+                if let Some(from) = started.from_queue {
+                    self.queued.retain(|(seq, _)| *seq != from);
+                }
                 self.turn = Some(started.turn_id);
                 self.suspension = None;
                 self.sleep = None;
@@ -237,6 +246,7 @@ impl State {
                 self.response = None;
                 self.push(seq, ItemContent::User(started.input));
             }
+            Event::InputQueued(queued) => self.queued.push_back((seq, queued)),
             Event::InputSteered(steered) => self.push(seq, ItemContent::User(steered.input)),
             Event::ModelCallRequested(requested) => {
                 self.open_model_call = Some((seq, requested.request_hash));
@@ -277,6 +287,9 @@ impl State {
             }
             Event::ToolCallAbandoned(abandoned) => {
                 self.open_calls.remove(&abandoned.call_id);
+                if before == Status::Waiting(SuspendKind::Reconciliation) {
+                    self.suspension = None;
+                }
             }
             Event::Suspended(suspended) => self.suspension = Some(suspended),
             Event::Resumed(resumed) => {

@@ -425,6 +425,8 @@ string_enum! {
         RunRetired = "run_retired",
         /// Another node owns the run.
         RunOwnedElsewhere = "run_owned_elsewhere",
+        /// An operation id was reused with a different request.
+        OperationConflict = "operation_conflict",
         /// The journal cannot be replayed into a conversation.
         ConversationCorrupt = "conversation_corrupt",
         /// The body is over the cap.
@@ -456,6 +458,7 @@ impl ErrorCode {
             | Self::RunNotActive
             | Self::RunRetired
             | Self::RunOwnedElsewhere
+            | Self::OperationConflict
             | Self::ConversationCorrupt => 409,
             Self::TooLarge => 413,
             Self::ClientClosed => 499,

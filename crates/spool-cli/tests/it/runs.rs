@@ -30,6 +30,7 @@ fn journal_with_one_run(dir: &std::path::Path) {
                         input: "Deploy it.".into(),
                         context: vec![],
                         policy: TurnPolicy::Steer,
+                        from_queue: None,
                     }),
                     Event::TurnCompleted(TurnCompleted {
                         turn_id: turn,

@@ -60,6 +60,7 @@ fn main() -> ExitCode {
                                     input: "x".repeat(64),
                                     context: Vec::new(),
                                     policy: TurnPolicy::Steer,
+                                    from_queue: None,
                                 })
                             })
                             .collect()

@@ -124,9 +124,57 @@ fn a_dangling_write_needs_reconciliation_with_the_evidence() {
         c.tool_call(&call).unwrap(),
         ToolStep::NeedsReconciliation {
             seq: Seq(2),
-            evidence: call
+            evidence: call,
+            parked: false
         }
     );
+}
+
+#[test]
+fn a_parked_write_stays_parked_until_resolved_and_then_replays_the_resolution() {
+    let call = tool_call("c1", Effect::Write, None);
+    let mut parked = suspended("t1", SuspendKind::Reconciliation, "Did the deploy happen?");
+    parked.call_id = Some("c1".into());
+    let mut c = cursor(vec![
+        Event::ToolCallRequested(call.clone()),
+        Event::Suspended(parked.clone()),
+    ]);
+    assert_eq!(
+        c.tool_call(&call).unwrap(),
+        ToolStep::NeedsReconciliation {
+            seq: Seq(2),
+            evidence: call.clone(),
+            parked: true
+        }
+    );
+    let mut c = cursor(vec![
+        Event::ToolCallRequested(call.clone()),
+        Event::Suspended(parked),
+        Event::ToolCallResolved(ToolCallResolved {
+            call_id: "c1".into(),
+            output: json!("it ran"),
+            operator: Some("ops".into()),
+        }),
+    ]);
+    assert_eq!(
+        c.tool_call(&call).unwrap(),
+        ToolStep::Replayed(json!("it ran"))
+    );
+}
+
+#[test]
+fn a_recorded_suspension_can_be_read_before_it_is_replayed() {
+    let ask = suspended("t1", SuspendKind::Question, "Which region?");
+    let c = cursor(vec![model_requested("h"), Event::Suspended(ask.clone())]);
+    assert_eq!(c.peek_suspension(), None, "the next action is a model call");
+    let c = cursor(vec![
+        Event::InputSteered(InputSteered {
+            turn_id: turn("t1"),
+            input: "x".into(),
+        }),
+        Event::Suspended(ask.clone()),
+    ]);
+    assert_eq!(c.peek_suspension(), Some(&ask));
 }
 
 #[test]

@@ -40,6 +40,7 @@ fn the_pinned_log_covers_every_event_kind() {
         "run_created",
         "turn_started",
         "input_steered",
+        "input_queued",
         "model_call_requested",
         "model_call_completed",
         "tool_call_requested",

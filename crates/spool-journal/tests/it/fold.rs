@@ -221,3 +221,84 @@ fn statuses_encode_for_listings_and_decode_back() {
     assert_eq!(Status::decode("waiting"), None, "waiting always says why");
     assert_eq!(Status::decode("bogus"), None);
 }
+
+#[test]
+fn queued_input_waits_in_the_state_until_a_turn_takes_it() {
+    let queued = |input: &str| {
+        Event::InputQueued(InputQueued {
+            input: input.into(),
+            context: vec![],
+        })
+    };
+    let mut envelopes = log(
+        "r",
+        0,
+        vec![
+            created(),
+            started("t1", "first"),
+            queued("second"),
+            queued("third"),
+        ],
+    );
+    let state = fold(&envelopes);
+    let waiting: Vec<(u64, &str)> = state
+        .queued
+        .iter()
+        .map(|(s, q)| (s.0, q.input.as_str()))
+        .collect();
+    assert_eq!(
+        waiting,
+        [(2, "second"), (3, "third")],
+        "queued input is kept in order, with its position"
+    );
+    envelopes.extend(log(
+        "r",
+        4,
+        vec![
+            turn_done("t1", "ok"),
+            Event::TurnStarted(TurnStarted {
+                turn_id: turn("t2"),
+                input: "second".into(),
+                context: vec![],
+                policy: spool_wire::http::TurnPolicy::Queue,
+                from_queue: Some(Seq(2)),
+            }),
+        ],
+    ));
+    let state = fold(&envelopes);
+    assert_eq!(
+        state.queued.len(),
+        1,
+        "the turn took its input off the queue"
+    );
+    assert_eq!(state.queued[0].1.input, "third");
+}
+
+#[test]
+fn an_abandoned_dangling_write_lets_the_turn_go_on_to_fail() {
+    let mut parked = suspended("t1", SuspendKind::Reconciliation, "Did it run?");
+    parked.call_id = Some("c1".into());
+    let envelopes = log(
+        "r",
+        0,
+        vec![
+            created(),
+            started("t1", "x"),
+            Event::ToolCallRequested(tool_call("c1", Effect::Write, None)),
+            Event::Suspended(parked),
+            Event::ToolCallAbandoned(ToolCallAbandoned {
+                call_id: "c1".into(),
+                reason: None,
+                operator: None,
+            }),
+        ],
+    );
+    let state = fold(&envelopes);
+    assert_eq!(
+        state.status,
+        Status::Running,
+        "the driver takes the turn up again, to fail it"
+    );
+    assert_eq!(state.suspension, None);
+    assert!(state.open_calls.is_empty());
+}

@@ -39,6 +39,7 @@ pub(crate) fn started(t: &str, input: &str) -> Event {
         input: input.into(),
         context: vec![],
         policy: TurnPolicy::Steer,
+        from_queue: None,
     })
 }
 

@@ -1,0 +1,280 @@
+//! The live event hub: what a subscriber of a run sees. Durable events come
+//! from the journal (so a subscriber that opens with a cursor gets the
+//! journal after it, then live events, with no gap and no duplicate); live
+//! deltas come from a bounded broadcast per run, and the latest are kept in
+//! a small ring so a subscriber that reconnects mid-generation sees the
+//! text so far.
+//!
+//! Every queue here is bounded. A subscriber that falls behind the delta
+//! broadcast is told it lagged, with the last position it got, and its
+//! stream ends; it resumes from that cursor.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use spool_journal::{Envelope, Journal, RunId, Seq, TurnId};
+use tokio::sync::{broadcast, watch};
+
+use crate::engine::Delta;
+
+/// How many deltas a subscriber may fall behind before it is told it lagged.
+pub const DELTA_QUEUE: usize = 1024;
+/// How many recent deltas a run keeps for subscribers that reconnect.
+pub const DELTA_RING: usize = 256;
+
+/// A live delta, tagged with the run's next position when it was made:
+/// it follows every durable event before that position.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LiveDelta {
+    /// The turn streaming it.
+    pub turn: TurnId,
+    /// The run's next position when it was made.
+    pub after: Seq,
+    /// A per-run counter, so a delta is never delivered twice.
+    pub n: u64,
+    /// The delta.
+    pub delta: Delta,
+}
+
+/// What a subscriber receives.
+#[derive(Clone, Debug, PartialEq)]
+pub enum StreamItem {
+    /// A durable event.
+    Event(Envelope),
+    /// A live delta.
+    Delta(LiveDelta),
+    /// The subscriber fell behind and its stream ends here; resume after
+    /// this position (the last event it got, if any).
+    Lagged {
+        /// The last position delivered.
+        last: Option<Seq>,
+    },
+}
+
+#[derive(Default)]
+pub(crate) struct Hub {
+    runs: Mutex<HashMap<RunId, RunDeltas>>,
+}
+
+struct RunDeltas {
+    sender: broadcast::Sender<LiveDelta>,
+    ring: VecDeque<LiveDelta>,
+    next_n: u64,
+}
+
+impl std::fmt::Debug for Hub {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hub").finish_non_exhaustive()
+    }
+}
+
+impl Hub {
+    fn with<T>(&self, run: &RunId, f: impl FnOnce(&mut RunDeltas) -> T) -> T {
+        let mut runs = self.runs.lock().unwrap_or_else(PoisonError::into_inner);
+        let entry = runs.entry(run.clone()).or_insert_with(|| RunDeltas {
+            sender: broadcast::channel(DELTA_QUEUE).0,
+            ring: VecDeque::with_capacity(DELTA_RING),
+            next_n: 0,
+        });
+        f(entry)
+    }
+
+    /// Publishes a delta. Never blocks; with no subscriber it only joins
+    /// the ring.
+    pub(crate) fn publish(&self, run: &RunId, turn: &TurnId, after: Seq, delta: Delta) {
+        self.with(run, |deltas| {
+            let live = LiveDelta {
+                turn: turn.clone(),
+                after,
+                n: deltas.next_n,
+                delta,
+            };
+            deltas.next_n += 1;
+            if deltas.ring.len() == DELTA_RING {
+                deltas.ring.pop_front();
+            }
+            deltas.ring.push_back(live.clone());
+            let _ = deltas.sender.send(live);
+        });
+    }
+
+    /// Forgets a run's deltas when its turn ends: they are no longer "the
+    /// generation in progress".
+    pub(crate) fn end_turn(&self, run: &RunId) {
+        let mut runs = self.runs.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(deltas) = runs.get_mut(run) {
+            if deltas.sender.receiver_count() == 0 {
+                // Nobody listens: a parked or finished run costs nothing here.
+                runs.remove(run);
+            } else {
+                deltas.ring.clear();
+            }
+        }
+    }
+
+    fn join(&self, run: &RunId) -> (broadcast::Receiver<LiveDelta>, Vec<LiveDelta>) {
+        // Subscribing before copying the ring means nothing falls between
+        // the two; the counter drops what is in both.
+        self.with(run, |deltas| {
+            (
+                deltas.sender.subscribe(),
+                deltas.ring.iter().cloned().collect(),
+            )
+        })
+    }
+}
+
+/// A run's event stream from a cursor.
+pub struct Subscription {
+    run: RunId,
+    journal: Arc<dyn Journal>,
+    positions: watch::Receiver<Seq>,
+    deltas: broadcast::Receiver<LiveDelta>,
+    /// The next durable position to deliver.
+    next: Seq,
+    /// The last delta delivered, by counter.
+    last_n: Option<u64>,
+    ready: VecDeque<StreamItem>,
+    ended: bool,
+}
+
+impl std::fmt::Debug for Subscription {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Subscription")
+            .field("run", &self.run)
+            .field("next", &self.next)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Subscription {
+    pub(crate) async fn open(
+        hub: &Hub,
+        journal: Arc<dyn Journal>,
+        run: RunId,
+        after: Option<Seq>,
+    ) -> Result<Self, spool_journal::JournalError> {
+        let positions = journal.subscribe(&run).await?;
+        let (deltas, ring) = hub.join(&run);
+        let mut subscription = Self {
+            run,
+            journal,
+            positions,
+            deltas,
+            next: after.map_or(Seq(0), Seq::next),
+            last_n: None,
+            ready: VecDeque::new(),
+            ended: false,
+        };
+        subscription.catch_up().await?;
+        // The generation in progress: deltas made after the last durable
+        // event this subscriber has now seen.
+        for delta in ring {
+            if delta.after == subscription.next {
+                subscription.last_n = Some(delta.n);
+                subscription.ready.push_back(StreamItem::Delta(delta));
+            }
+        }
+        Ok(subscription)
+    }
+
+    /// The next item; `None` once the stream has ended (after a `Lagged`,
+    /// or when the journal closes).
+    pub async fn next(&mut self) -> Option<StreamItem> {
+        loop {
+            if let Some(item) = self.ready.pop_front() {
+                return Some(item);
+            }
+            if self.ended {
+                return None;
+            }
+            tokio::select! {
+                changed = self.positions.changed() => {
+                    if changed.is_err() {
+                        self.ended = true;
+                    } else {
+                        self.pump(None).await;
+                    }
+                }
+                delta = self.deltas.recv() => match delta {
+                    Ok(delta) => self.pump(Some(delta)).await,
+                    Err(broadcast::error::RecvError::Lagged(_)) => self.lagged(),
+                    Err(broadcast::error::RecvError::Closed) => self.ended = true,
+                },
+            }
+        }
+    }
+
+    /// Reads new durable events, then drains the deltas waiting, and puts
+    /// each delta in its place.
+    ///
+    /// The order of the two reads is what makes this exact: a delta tagged
+    /// `after = A` was published once event A-1 was durable and before event
+    /// A was appended. Every delta drained after the journal read therefore
+    /// belongs just before the first event read with `seq >= A` (or after
+    /// all of them), and any delta not yet drained belongs after everything
+    /// read.
+    async fn pump(&mut self, first: Option<LiveDelta>) {
+        let start = self.next;
+        let events = match self.journal.read(&self.run, start).await {
+            Ok(events) => events,
+            Err(_) => {
+                self.ended = true;
+                return;
+            }
+        };
+        let mut deltas: Vec<LiveDelta> = first.into_iter().collect();
+        let mut lagged = false;
+        loop {
+            match self.deltas.try_recv() {
+                Ok(delta) => deltas.push(delta),
+                Err(broadcast::error::TryRecvError::Lagged(_)) => {
+                    lagged = true;
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        // Drop what was already delivered, and deltas whose place (before an
+        // event delivered earlier) has passed: the event that follows them
+        // carries their content in full.
+        let last_n = self.last_n;
+        let mut deltas = deltas
+            .into_iter()
+            .filter(|d| last_n.is_none_or(|n| d.n > n) && d.after >= start)
+            .peekable();
+        for envelope in events {
+            while let Some(delta) = deltas.next_if(|d| d.after <= envelope.seq) {
+                self.deliver(delta);
+            }
+            self.next = envelope.seq.next();
+            self.ready.push_back(StreamItem::Event(envelope));
+        }
+        for delta in deltas {
+            self.deliver(delta);
+        }
+        if lagged {
+            self.lagged();
+        }
+    }
+
+    fn deliver(&mut self, delta: LiveDelta) {
+        self.last_n = Some(delta.n);
+        self.ready.push_back(StreamItem::Delta(delta));
+    }
+
+    fn lagged(&mut self) {
+        self.ended = true;
+        let last = self.next.0.checked_sub(1).map(Seq);
+        self.ready.push_back(StreamItem::Lagged { last });
+    }
+
+    /// Reads durable events from `next` on.
+    async fn catch_up(&mut self) -> Result<(), spool_journal::JournalError> {
+        for envelope in self.journal.read(&self.run, self.next).await? {
+            self.next = envelope.seq.next();
+            self.ready.push_back(StreamItem::Event(envelope));
+        }
+        Ok(())
+    }
+}

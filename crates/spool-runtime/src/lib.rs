@@ -1,0 +1,32 @@
+//! Spool's runtime: runs that survive a crash.
+//!
+//! A [`Runtime`] turns calls (start, message, respond, cancel, reset,
+//! clear, compact) into journal events and drives each run's turns in a
+//! task of its own, detached from the caller: a client that goes away does
+//! not stop its turn. Every model and tool call goes through the journal's
+//! replay cursor, write-ahead: the intent is durable before the call, the
+//! completion before anyone is told. On start, [`Runtime::recover`] resumes
+//! what was in progress; recorded results are replayed, never re-run, and a
+//! write that may or may not have happened waits for an operator.
+//!
+//! What this crate deliberately does not know: any transport. HTTP, JSON-RPC,
+//! Pod and the bus call this API and subscribe to its event hub.
+#![warn(missing_docs)]
+
+pub mod engine;
+pub mod engines;
+pub mod error;
+pub mod hub;
+mod ids;
+pub mod runtime;
+pub mod tool;
+pub mod tools;
+mod turn;
+pub mod view;
+
+pub use engine::{Engine, Message, ModelRequest, ModelResponse};
+pub use error::RuntimeError;
+pub use runtime::{Accepted, CancelOutcome, MessageRequest, Runtime, RuntimeBuilder, StartRequest};
+pub use spool_journal::store::BoxFuture;
+pub use tool::{Tool, ToolOutcome, Tools};
+pub use view::{RunView, Snapshot};

@@ -1,0 +1,200 @@
+//! The `Tool` trait, what a call can come to ([`ToolOutcome`]), and the
+//! registry that checks input against each tool's JSON Schema before the
+//! tool runs.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde_json::Value;
+use spool_journal::event::Effect;
+use spool_wire::http::SuspendKind;
+use time::OffsetDateTime;
+use tokio_util::sync::CancellationToken;
+
+use crate::BoxFuture;
+use crate::engine::ToolSpec;
+
+/// What a tool call came to.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ToolOutcome {
+    /// A result for the model.
+    Output(Value),
+    /// Park the run until someone answers.
+    Suspend(Suspension),
+    /// Park the run until an instant.
+    Sleep(OffsetDateTime),
+    /// The call failed; the message is recorded in full and the model sees it.
+    Error(String),
+}
+
+/// What a suspended tool waits for.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Suspension {
+    /// Why the run waits (`question`, `approval`, `custom`, `signal`).
+    pub kind: SuspendKind,
+    /// What to show whoever answers.
+    pub prompt: String,
+    /// Choices, when there are some.
+    pub options: Option<Vec<String>>,
+    /// The JSON Schema each answer (`{"text", "approved"?}`) must satisfy.
+    pub answer_schema: Value,
+}
+
+/// A tool the model may call.
+pub trait Tool: Send + Sync + 'static {
+    /// Its name, description and input schema.
+    fn spec(&self) -> ToolSpec;
+
+    /// What it may do to the world; decides recovery and retries.
+    fn effect(&self) -> Effect;
+
+    /// How many times a failed call is tried in all. Ignored for `write`
+    /// tools, which run once.
+    fn attempts(&self) -> u32 {
+        1
+    }
+
+    /// The idempotency key of a call with `input`, for keyed tools.
+    fn idempotency_key(&self, input: &Value) -> Option<String> {
+        let _ = input;
+        None
+    }
+
+    /// Runs the call. `cancel` fires when the turn is cancelled.
+    fn call<'a>(
+        &'a self,
+        input: Value,
+        cancel: &'a CancellationToken,
+    ) -> BoxFuture<'a, ToolOutcome>;
+}
+
+/// The tools of an agent, with their compiled input validators.
+#[derive(Clone, Default)]
+pub struct Tools {
+    tools: BTreeMap<String, Entry>,
+}
+
+#[derive(Clone)]
+struct Entry {
+    tool: Arc<dyn Tool>,
+    validator: Arc<jsonschema::Validator>,
+}
+
+impl std::fmt::Debug for Tools {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.tools.keys()).finish()
+    }
+}
+
+/// A tool that cannot be registered.
+#[derive(Debug, thiserror::Error)]
+pub enum ToolRegistrationError {
+    /// Two tools share a name.
+    #[error("two tools are named `{0}`")]
+    Duplicate(String),
+    /// The input schema is not a valid JSON Schema.
+    #[error("tool `{name}` has an invalid input schema: {reason}")]
+    InvalidSchema {
+        /// The tool.
+        name: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+impl Tools {
+    /// No tools.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a tool.
+    ///
+    /// # Errors
+    ///
+    /// When the name is taken or the input schema does not compile.
+    pub fn add(&mut self, tool: Arc<dyn Tool>) -> Result<(), ToolRegistrationError> {
+        let spec = tool.spec();
+        if self.tools.contains_key(&spec.name) {
+            return Err(ToolRegistrationError::Duplicate(spec.name));
+        }
+        let validator = jsonschema::validator_for(&spec.input_schema).map_err(|e| {
+            ToolRegistrationError::InvalidSchema {
+                name: spec.name.clone(),
+                reason: e.to_string(),
+            }
+        })?;
+        self.tools.insert(
+            spec.name,
+            Entry {
+                tool,
+                validator: Arc::new(validator),
+            },
+        );
+        Ok(())
+    }
+
+    /// The built-in tools: `ask_human` and `request_approval`.
+    #[must_use]
+    pub fn builtin() -> Self {
+        let mut tools = Self::new();
+        for tool in crate::tools::builtin() {
+            tools
+                .add(tool)
+                .expect("the built-in tools have distinct names and valid schemas");
+        }
+        tools
+    }
+
+    /// The specs the model is told of, in name order.
+    #[must_use]
+    pub fn specs(&self) -> Vec<ToolSpec> {
+        self.tools.values().map(|e| e.tool.spec()).collect()
+    }
+
+    /// The tool named `name`.
+    #[must_use]
+    pub fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {
+        self.tools.get(name).map(|e| &e.tool)
+    }
+
+    /// Checks `input` against the tool's schema: every problem, joined.
+    pub(crate) fn check_input(&self, name: &str, input: &Value) -> Result<(), String> {
+        let Some(entry) = self.tools.get(name) else {
+            return Err(format!("no tool is named `{name}`"));
+        };
+        let problems: Vec<String> = entry
+            .validator
+            .iter_errors(input)
+            .map(|e| {
+                let at = e.instance_path().to_string();
+                if at.is_empty() {
+                    e.to_string()
+                } else {
+                    format!("{at}: {e}")
+                }
+            })
+            .collect();
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems.join("; "))
+        }
+    }
+}
+
+/// Checks one answer against a suspension's answer schema.
+pub(crate) fn check_answer(schema: &Value, answer: &Value) -> Result<(), String> {
+    let validator = jsonschema::validator_for(schema)
+        .map_err(|e| format!("the recorded answer schema is invalid: {e}"))?;
+    let problems: Vec<String> = validator
+        .iter_errors(answer)
+        .map(|e| e.to_string())
+        .collect();
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems.join("; "))
+    }
+}

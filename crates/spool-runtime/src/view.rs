@@ -1,0 +1,91 @@
+//! What the runtime tells callers about a run: its state and latest
+//! boundary result, and the conversation for display.
+
+use serde_json::Value;
+use spool_journal::event::{Suspended, Usage};
+use spool_journal::fold::{ItemContent, State, Status};
+use spool_journal::{Envelope, Event, RunId, Seq, TurnId};
+
+/// A run's state and latest boundary result.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunView {
+    /// The run.
+    pub run_id: RunId,
+    /// Its public state.
+    pub status: Status,
+    /// The current (or last) turn.
+    pub turn_id: Option<TurnId>,
+    /// The last journal position: stream after it.
+    pub cursor: Option<Seq>,
+    /// The last turn's answer.
+    pub response: Option<String>,
+    /// Why it waits, while it waits for an answer.
+    pub suspend: Option<Suspended>,
+    /// Tokens the last turn used.
+    pub usage: Option<Usage>,
+    /// Its title.
+    pub title: Option<String>,
+}
+
+/// A run's conversation, state and cursor, from one replay.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Snapshot {
+    /// The state.
+    pub view: RunView,
+    /// The conversation for display: `{"role", "content"}` objects, with
+    /// tool calls and results.
+    pub messages: Vec<Value>,
+}
+
+impl RunView {
+    pub(crate) fn from_log(run: &RunId, log: &[Envelope], state: &State) -> Self {
+        // The last turn's usage: what its completion recorded.
+        let usage = log.iter().rev().find_map(|e| match &e.event {
+            Event::TurnCompleted(done) if Some(&done.turn_id) == state.turn.as_ref() => done.usage,
+            _ => None,
+        });
+        Self {
+            run_id: run.clone(),
+            status: state.status.clone(),
+            turn_id: state.turn.clone(),
+            cursor: state.last_seq,
+            response: state.response.clone(),
+            suspend: state.suspension.clone(),
+            usage,
+            title: state.title().map(str::to_owned),
+        }
+    }
+}
+
+impl Snapshot {
+    pub(crate) fn from_log(run: &RunId, log: &[Envelope], state: &State) -> Self {
+        let messages = state
+            .conversation
+            .iter()
+            .map(|item| match &item.content {
+                ItemContent::User(text) => serde_json::json!({"role": "user", "content": text}),
+                ItemContent::Assistant(message) => {
+                    let text = message.get("text").cloned().unwrap_or(Value::String(String::new()));
+                    let mut shown = serde_json::json!({"role": "assistant", "content": text});
+                    if let Some(calls) = message.get("tool_calls") {
+                        shown["tool_calls"] = calls.clone();
+                    }
+                    shown
+                }
+                ItemContent::ToolResult { call_id, output } => {
+                    serde_json::json!({"role": "tool", "call_id": call_id, "content": output})
+                }
+                ItemContent::Answers(answers) => serde_json::json!({
+                    "role": "user",
+                    "content": answers.iter().map(|a| a.text.as_str()).collect::<Vec<_>>().join("\n"),
+                    "answers": serde_json::to_value(answers).unwrap_or_default(),
+                }),
+                ItemContent::Summary(summary) => serde_json::json!({"role": "summary", "content": summary}),
+            })
+            .collect();
+        Self {
+            view: RunView::from_log(run, log, state),
+            messages,
+        }
+    }
+}

@@ -1,0 +1,118 @@
+//! The event hub: a cursor gets the journal after it, then live events,
+//! with no gap and no duplicate; deltas stream before their completion.
+
+use std::sync::Arc;
+
+use spool_journal::store::memory::MemoryJournal;
+use spool_journal::{Event, Seq};
+use spool_runtime::engine::Delta;
+use spool_runtime::hub::StreamItem;
+use spool_runtime::{Accepted, MessageRequest, Runtime, StartRequest};
+
+use crate::support::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cursor_gets_the_journal_after_it_then_live_events_with_no_gap_or_duplicate() {
+    let runtime = Runtime::builder(Arc::new(MemoryJournal::new())).build();
+    let Accepted::Started { run, turn } = runtime
+        .start(StartRequest {
+            text: "one".into(),
+            ..StartRequest::default()
+        })
+        .await
+        .unwrap()
+    else {
+        panic!()
+    };
+    settle(&runtime, &run, &turn).await;
+    let mut stream = runtime.subscribe(&run, Some(Seq(1))).await.unwrap();
+    let Accepted::Started { turn: second, .. } = runtime
+        .send(
+            &run,
+            MessageRequest {
+                text: "two".into(),
+                ..MessageRequest::default()
+            },
+        )
+        .await
+        .unwrap()
+    else {
+        panic!()
+    };
+    let mut seqs = Vec::new();
+    tokio::time::timeout(PATIENCE, async {
+        while let Some(item) = stream.next().await {
+            if let StreamItem::Event(envelope) = item {
+                seqs.push(envelope.seq.0);
+                if matches!(&envelope.event, Event::TurnCompleted(done) if done.turn_id == second) {
+                    break;
+                }
+            }
+        }
+    })
+    .await
+    .expect("the second turn's events arrive");
+    let expected: Vec<u64> = (2..=seqs.last().copied().unwrap()).collect();
+    assert_eq!(
+        seqs, expected,
+        "every event after the cursor, once, in order"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_answer_streams_as_deltas_between_the_request_and_its_completion() {
+    let runtime = scripted(r#"{"text": "Paris is the capital of France."}"#);
+    let address = spool_journal::Address::new("http", "stream-test");
+    let pending = runtime.ensure(&address).await.unwrap();
+    let mut stream = runtime
+        .subscribe(&pending.run_id, pending.cursor)
+        .await
+        .unwrap();
+    runtime
+        .send(
+            &pending.run_id,
+            MessageRequest {
+                text: "capital?".into(),
+                ..MessageRequest::default()
+            },
+        )
+        .await
+        .unwrap();
+    let mut order = Vec::new();
+    let mut text = String::new();
+    tokio::time::timeout(PATIENCE, async {
+        while let Some(item) = stream.next().await {
+            match item {
+                StreamItem::Delta(delta) => {
+                    if let Delta::Text(piece) = delta.delta {
+                        text.push_str(&piece);
+                        order.push("delta");
+                    }
+                }
+                StreamItem::Event(envelope) => {
+                    order.push(envelope.event.kind());
+                    if envelope.event.kind() == "turn_completed" {
+                        break;
+                    }
+                }
+                StreamItem::Lagged { .. } => panic!("one subscriber cannot lag this little"),
+            }
+        }
+    })
+    .await
+    .expect("the turn streams and completes");
+    assert_eq!(text, "Paris is the capital of France.");
+    let first_delta = order.iter().position(|k| *k == "delta").unwrap();
+    let requested = order
+        .iter()
+        .position(|k| *k == "model_call_requested")
+        .unwrap();
+    let completed = order
+        .iter()
+        .position(|k| *k == "model_call_completed")
+        .unwrap();
+    assert!(
+        requested < first_delta && first_delta < completed,
+        "{order:?}"
+    );
+}

@@ -1,0 +1,12 @@
+//! The runtime's integration tests: turns, tools, suspension, policies,
+//! cancellation, the event hub, recovery after a crash, and concurrency.
+
+// Everything in this binary is test code: a helper that unwraps fails the
+// test on the line that broke, which is what it is for.
+#![allow(clippy::unwrap_used)]
+
+mod concurrency;
+mod hub;
+mod recovery;
+mod support;
+mod turns;

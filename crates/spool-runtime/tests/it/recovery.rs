@@ -1,0 +1,261 @@
+//! Recovery after a crash: the first runtime's tasks are stopped mid-turn
+//! by shutting its Tokio runtime down (nothing of it runs again), and a
+//! second runtime recovers from the same journal.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use spool_journal::event::{CancelRequested, Effect};
+use spool_journal::fold::Status;
+use spool_journal::store::memory::MemoryJournal;
+use spool_journal::{Event, Journal, RunId, Seq, TurnId};
+use spool_runtime::{Accepted, Runtime, StartRequest, Tool};
+use spool_wire::http::SuspendKind;
+
+use crate::support::*;
+
+struct Crashable {
+    journal: Arc<dyn Journal>,
+    started: Arc<AtomicUsize>,
+    gate: Arc<tokio::sync::Notify>,
+    script: &'static str,
+    effect: Effect,
+    extra: Vec<Arc<dyn Tool>>,
+}
+
+impl Crashable {
+    fn new(script: &'static str, effect: Effect, extra: Vec<Arc<dyn Tool>>) -> Self {
+        Self {
+            journal: Arc::new(MemoryJournal::new()),
+            started: Arc::new(AtomicUsize::new(0)),
+            gate: Arc::new(tokio::sync::Notify::new()),
+            script,
+            effect,
+            extra,
+        }
+    }
+
+    fn runtime(&self, entered: Arc<tokio::sync::Notify>) -> Runtime {
+        let gated = Arc::new(Gated {
+            effect: self.effect,
+            started: Arc::clone(&self.started),
+            entered,
+            gate: Arc::clone(&self.gate),
+        });
+        let mut tools: Vec<Arc<dyn Tool>> = vec![gated];
+        tools.extend(self.extra.iter().cloned());
+        runtime_with(Arc::clone(&self.journal), self.script, tools_with(tools))
+    }
+
+    /// Starts a run on a runtime of its own and stops that runtime dead
+    /// once the gated tool is running.
+    fn start_and_crash(&self) -> (RunId, TurnId) {
+        let tokio = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let entered = Arc::new(tokio::sync::Notify::new());
+        let runtime = self.runtime(Arc::clone(&entered));
+        let accepted = tokio.block_on(async {
+            let accepted = runtime
+                .start(StartRequest {
+                    text: "go".into(),
+                    ..StartRequest::default()
+                })
+                .await
+                .unwrap();
+            tokio::time::timeout(PATIENCE, entered.notified())
+                .await
+                .expect("the gated tool starts");
+            accepted
+        });
+        // The crash: every task of the first runtime stops where it is.
+        tokio.shutdown_background();
+        match accepted {
+            Accepted::Started { run, turn } => (run, turn),
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_interrupted_mid_call_waits_for_an_operator_and_never_runs_again() {
+    let crash = Crashable::new(
+        r#"{"tool_calls": [{"id": "c1", "name": "gated", "arguments": {}}]}
+{"text": "done after reconciliation"}"#,
+        Effect::Write,
+        vec![],
+    );
+    let (run, turn) = tokio::task::block_in_place(|| crash.start_and_crash());
+    let runtime = crash.runtime(Arc::new(tokio::sync::Notify::new()));
+    assert_eq!(
+        runtime.recover().await.unwrap(),
+        1,
+        "the running run is resumed"
+    );
+    let view = settle(&runtime, &run, &turn).await;
+    assert_eq!(view.status, Status::Waiting(SuspendKind::Reconciliation));
+    assert_eq!(view.suspend.unwrap().call_id.as_deref(), Some("c1"));
+    assert_eq!(
+        crash.started.load(Ordering::SeqCst),
+        1,
+        "the write was not run blind"
+    );
+    runtime
+        .resolve(
+            &run,
+            "c1",
+            serde_json::json!("deployed"),
+            Some("ops".into()),
+        )
+        .await
+        .unwrap();
+    let view = until(&runtime, &run, |view| view.status == Status::Completed).await;
+    assert_eq!(view.response.as_deref(), Some("done after reconciliation"));
+    assert_eq!(
+        crash.started.load(Ordering::SeqCst),
+        1,
+        "the write ran exactly once"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_write_fails_the_turn_rather_than_guess() {
+    let crash = Crashable::new(
+        r#"{"tool_calls": [{"id": "c1", "name": "gated", "arguments": {}}]}"#,
+        Effect::Write,
+        vec![],
+    );
+    let (run, turn) = tokio::task::block_in_place(|| crash.start_and_crash());
+    let runtime = crash.runtime(Arc::new(tokio::sync::Notify::new()));
+    runtime.recover().await.unwrap();
+    settle(&runtime, &run, &turn).await;
+    runtime
+        .abandon(&run, "c1", Some("it never reached the API".into()), None)
+        .await
+        .unwrap();
+    let view = until(&runtime, &run, |view| view.status == Status::Failed).await;
+    assert_eq!(view.status, Status::Failed);
+    assert_eq!(crash.started.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_interrupted_mid_call_runs_again_and_recorded_results_are_replayed_not_rerun() {
+    let (counter, counted) = Counting::new("count", Effect::Write);
+    let crash = Crashable::new(
+        r#"{"tool_calls": [{"id": "c0", "name": "count", "arguments": {}}]}
+{"tool_calls": [{"id": "c1", "name": "gated", "arguments": {}}]}
+{"text": "all done"}"#,
+        Effect::Read,
+        vec![counter],
+    );
+    let (run, turn) = tokio::task::block_in_place(|| crash.start_and_crash());
+    assert_eq!(counted.load(Ordering::SeqCst), 1);
+    let entered = Arc::new(tokio::sync::Notify::new());
+    let runtime = crash.runtime(Arc::clone(&entered));
+    runtime.recover().await.unwrap();
+    tokio::time::timeout(PATIENCE, entered.notified())
+        .await
+        .expect("the read runs again");
+    crash.gate.notify_one();
+    let view = settle(&runtime, &run, &turn).await;
+    assert_eq!(view.status, Status::Completed);
+    assert_eq!(view.response.as_deref(), Some("all done"));
+    assert_eq!(
+        crash.started.load(Ordering::SeqCst),
+        2,
+        "the dangling read ran again"
+    );
+    assert_eq!(
+        counted.load(Ordering::SeqCst),
+        1,
+        "the recorded write was replayed, not run again"
+    );
+    let requested = kinds(&crash.journal, &run)
+        .await
+        .iter()
+        .filter(|k| **k == "tool_call_requested")
+        .count();
+    assert_eq!(requested, 2, "the read's intent was not recorded twice");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_recorded_before_a_crash_is_applied_on_recovery() {
+    let crash = Crashable::new(
+        r#"{"tool_calls": [{"id": "c1", "name": "gated", "arguments": {}}]}"#,
+        Effect::Read,
+        vec![],
+    );
+    let (run, turn) = tokio::task::block_in_place(|| crash.start_and_crash());
+    let next = Seq(crash.journal.read(&run, Seq(0)).await.unwrap().len() as u64);
+    crash
+        .journal
+        .append(
+            &run,
+            next,
+            vec![Event::CancelRequested(CancelRequested {
+                turn_id: Some(turn.clone()),
+            })],
+        )
+        .await
+        .unwrap();
+    let runtime = crash.runtime(Arc::new(tokio::sync::Notify::new()));
+    runtime.recover().await.unwrap();
+    assert_eq!(
+        settle(&runtime, &run, &turn).await.status,
+        Status::Cancelled
+    );
+    assert_eq!(
+        crash.started.load(Ordering::SeqCst),
+        1,
+        "the cancelled turn did not run its tool again"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sleeping_run_wakes_after_a_restart() {
+    let journal: Arc<dyn Journal> = Arc::new(MemoryJournal::new());
+    let script = r#"{"tool_calls": [{"id": "c1", "name": "sleep", "arguments": {"seconds": 0.3}}]}
+{"text": "woke up"}"#;
+    let (run, turn) = tokio::task::block_in_place(|| {
+        let tokio = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let first = runtime_with(
+            Arc::clone(&journal),
+            script,
+            spool_runtime::Tools::builtin(),
+        );
+        let (run, turn) = tokio.block_on(async {
+            let Accepted::Started { run, turn } = first
+                .start(StartRequest {
+                    text: "nap".into(),
+                    ..StartRequest::default()
+                })
+                .await
+                .unwrap()
+            else {
+                panic!("a new run starts a turn")
+            };
+            assert_eq!(
+                settle(&first, &run, &turn).await.status,
+                Status::Waiting(SuspendKind::Sleep)
+            );
+            (run, turn)
+        });
+        tokio.shutdown_background();
+        (run, turn)
+    });
+    let second = runtime_with(
+        Arc::clone(&journal),
+        script,
+        spool_runtime::Tools::builtin(),
+    );
+    assert_eq!(second.recover().await.unwrap(), 1, "the sleep is re-armed");
+    let view = until(&second, &run, |view| view.status == Status::Completed).await;
+    assert_eq!(view.response.as_deref(), Some("woke up"));
+    assert_eq!(view.turn_id, Some(turn));
+}

@@ -1,0 +1,170 @@
+//! Helpers: runtimes over a memory journal with a script, counting tools,
+//! and waits that fail the test instead of hanging it.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use spool_journal::event::Effect;
+use spool_journal::store::memory::MemoryJournal;
+use spool_journal::{Journal, RunId, TurnId};
+use spool_runtime::engine::ToolSpec;
+use spool_runtime::engines::ScriptedEngine;
+use spool_runtime::{BoxFuture, RunView, Runtime, Tool, ToolOutcome, Tools};
+use tokio_util::sync::CancellationToken;
+
+/// How long any wait may take before the test fails.
+pub(crate) const PATIENCE: Duration = Duration::from_secs(20);
+
+pub(crate) fn runtime_with(journal: Arc<dyn Journal>, script: &str, tools: Tools) -> Runtime {
+    Runtime::builder(journal)
+        .engine(Arc::new(ScriptedEngine::from_jsonl(script).unwrap()))
+        .tools(tools)
+        .build()
+}
+
+pub(crate) fn scripted(script: &str) -> Runtime {
+    runtime_with(Arc::new(MemoryJournal::new()), script, Tools::builtin())
+}
+
+/// Waits for the turn to reach a boundary, failing the test after
+/// [`PATIENCE`].
+pub(crate) async fn settle(runtime: &Runtime, run: &RunId, turn: &TurnId) -> RunView {
+    tokio::time::timeout(PATIENCE, runtime.wait_for(run, turn))
+        .await
+        .expect("the turn reaches a boundary in time")
+        .unwrap()
+}
+
+/// A tool of the given effect that counts its executions and answers
+/// `{"ran": n}`.
+pub(crate) struct Counting {
+    pub(crate) name: &'static str,
+    pub(crate) effect: Effect,
+    pub(crate) runs: Arc<AtomicUsize>,
+}
+
+impl Counting {
+    pub(crate) fn new(name: &'static str, effect: Effect) -> (Arc<Self>, Arc<AtomicUsize>) {
+        let runs = Arc::new(AtomicUsize::new(0));
+        (
+            Arc::new(Self {
+                name,
+                effect,
+                runs: Arc::clone(&runs),
+            }),
+            runs,
+        )
+    }
+}
+
+impl Tool for Counting {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec {
+            name: self.name.into(),
+            description: "counts".into(),
+            input_schema: json!({"type": "object"}),
+        }
+    }
+
+    fn effect(&self) -> Effect {
+        self.effect
+    }
+
+    fn idempotency_key(&self, input: &Value) -> Option<String> {
+        input.get("key").and_then(Value::as_str).map(str::to_owned)
+    }
+
+    fn call<'a>(
+        &'a self,
+        _input: Value,
+        _cancel: &'a CancellationToken,
+    ) -> BoxFuture<'a, ToolOutcome> {
+        Box::pin(async move {
+            let n = self.runs.fetch_add(1, Ordering::SeqCst) + 1;
+            ToolOutcome::Output(json!({"ran": n}))
+        })
+    }
+}
+
+/// A tool that blocks until its gate opens (or the turn is cancelled),
+/// counting how often it started.
+pub(crate) struct Gated {
+    pub(crate) effect: Effect,
+    pub(crate) started: Arc<AtomicUsize>,
+    pub(crate) entered: Arc<tokio::sync::Notify>,
+    pub(crate) gate: Arc<tokio::sync::Notify>,
+}
+
+impl Tool for Gated {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec {
+            name: "gated".into(),
+            description: "waits".into(),
+            input_schema: json!({"type": "object"}),
+        }
+    }
+
+    fn effect(&self) -> Effect {
+        self.effect
+    }
+
+    fn call<'a>(
+        &'a self,
+        _input: Value,
+        cancel: &'a CancellationToken,
+    ) -> BoxFuture<'a, ToolOutcome> {
+        Box::pin(async move {
+            self.started.fetch_add(1, Ordering::SeqCst);
+            self.entered.notify_one();
+            tokio::select! {
+                () = self.gate.notified() => ToolOutcome::Output(json!("opened")),
+                () = cancel.cancelled() => ToolOutcome::Error("cancelled".into()),
+            }
+        })
+    }
+}
+
+pub(crate) fn tools_with(extra: Vec<Arc<dyn Tool>>) -> Tools {
+    let mut tools = Tools::builtin();
+    for tool in extra {
+        tools.add(tool).unwrap();
+    }
+    tools
+}
+
+/// The kinds of a run's events, in order.
+pub(crate) async fn kinds(journal: &Arc<dyn Journal>, run: &RunId) -> Vec<&'static str> {
+    journal
+        .read(run, spool_journal::Seq(0))
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.event.kind())
+        .collect()
+}
+
+/// Waits until the run's view satisfies `done`, woken by the run's own
+/// events; fails the test after [`PATIENCE`].
+pub(crate) async fn until(
+    runtime: &Runtime,
+    run: &RunId,
+    done: impl Fn(&RunView) -> bool,
+) -> RunView {
+    tokio::time::timeout(PATIENCE, async {
+        let mut stream = runtime.subscribe(run, None).await.unwrap();
+        loop {
+            let view = runtime.get(run).await.unwrap();
+            if done(&view) {
+                return view;
+            }
+            stream
+                .next()
+                .await
+                .expect("the run's stream stays open while it has work");
+        }
+    })
+    .await
+    .expect("the run reaches the expected state in time")
+}

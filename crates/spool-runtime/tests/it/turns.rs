@@ -1,0 +1,691 @@
+//! Turns through the public API: one test per claim.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use serde_json::{Value, json};
+use spool_journal::event::{Answer, Effect};
+use spool_journal::fold::Status;
+use spool_journal::store::memory::MemoryJournal;
+use spool_journal::{Address, Event, Journal, Principal, RunId, Seq, TurnId};
+use spool_runtime::{Accepted, CancelOutcome, MessageRequest, Runtime, RuntimeError, StartRequest};
+use spool_wire::http::{ErrorCode, SuspendKind, TurnPolicy};
+
+use crate::support::*;
+
+fn start(text: &str) -> StartRequest {
+    StartRequest {
+        text: text.into(),
+        ..StartRequest::default()
+    }
+}
+
+fn started(accepted: Accepted) -> (RunId, TurnId) {
+    match accepted {
+        Accepted::Started { run, turn } => (run, turn),
+        other => panic!("expected a new turn, got {other:?}"),
+    }
+}
+
+fn message(text: &str, policy: TurnPolicy) -> MessageRequest {
+    MessageRequest {
+        text: text.into(),
+        context: vec![],
+        policy: Some(policy),
+    }
+}
+
+/// The new messages each recorded model request carried.
+async fn requests(journal: &Arc<dyn Journal>, run: &RunId) -> Vec<Vec<Value>> {
+    journal
+        .read(run, Seq(0))
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|e| match e.event {
+            Event::ModelCallRequested(r) => Some(r.new_messages),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_echo_engine_answers_echo_and_the_run_completes() {
+    let runtime = Runtime::builder(Arc::new(MemoryJournal::new())).build();
+    let (run, turn) = started(runtime.start(start("hello there")).await.unwrap());
+    let view = settle(&runtime, &run, &turn).await;
+    assert_eq!(view.status, Status::Completed);
+    assert_eq!(view.response.as_deref(), Some("echo: hello there"));
+    assert!(view.usage.is_some(), "the reply carries the turn's usage");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_call_runs_once_write_ahead_and_its_result_reaches_the_model() {
+    let journal: Arc<dyn Journal> = Arc::new(MemoryJournal::new());
+    let (tool, runs) = Counting::new("count", Effect::Write);
+    let script = r#"{"tool_calls": [{"id": "c1", "name": "count", "arguments": {}}]}
+{"text": "counted"}"#;
+    let runtime = runtime_with(Arc::clone(&journal), script, tools_with(vec![tool]));
+    let (run, turn) = started(runtime.start(start("count once")).await.unwrap());
+    let view = settle(&runtime, &run, &turn).await;
+    assert_eq!(view.response.as_deref(), Some("counted"));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        kinds(&journal, &run).await,
+        [
+            "run_created",
+            "turn_started",
+            "model_call_requested",
+            "model_call_completed",
+            "tool_call_requested",
+            "tool_call_completed",
+            "model_call_requested",
+            "model_call_completed",
+            "turn_completed"
+        ],
+        "the intent is recorded before the call, the completion before the next step"
+    );
+    let second = &requests(&journal, &run).await[1];
+    assert_eq!(
+        second,
+        &[json!({"role": "tool", "call_id": "c1", "content": "{\"ran\":1}"})]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ask_human_parks_the_run_until_answered_and_the_answer_reaches_the_model() {
+    let script = r#"{"tool_calls": [{"id": "c1", "name": "ask_human", "arguments": {"prompt": "Which region?"}}]}
+{"text": "deploying to eu-west-1"}"#;
+    let runtime = scripted(script);
+    let (run, turn) = started(runtime.start(start("deploy")).await.unwrap());
+    let view = settle(&runtime, &run, &turn).await;
+    assert_eq!(view.status, Status::Waiting(SuspendKind::Question));
+    let suspend = view.suspend.unwrap();
+    assert_eq!(
+        (suspend.prompt.as_str(), suspend.call_id.as_deref()),
+        ("Which region?", Some("c1"))
+    );
+    runtime
+        .respond(
+            &run,
+            Some(&turn),
+            vec![Answer {
+                text: "eu-west-1".into(),
+                approved: None,
+            }],
+        )
+        .await
+        .unwrap();
+    let view = settle(&runtime, &run, &turn).await;
+    assert_eq!(view.status, Status::Completed);
+    assert_eq!(view.response.as_deref(), Some("deploying to eu-west-1"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_needs_an_explicit_verdict_and_false_is_a_rejection_the_model_sees() {
+    let journal: Arc<dyn Journal> = Arc::new(MemoryJournal::new());
+    let script = r#"{"tool_calls": [{"id": "c1", "name": "request_approval", "arguments": {"prompt": "Deploy?"}}]}
+{"text": "not deploying"}"#;
+    let runtime = runtime_with(
+        Arc::clone(&journal),
+        script,
+        spool_runtime::Tools::builtin(),
+    );
+    let (run, turn) = started(runtime.start(start("deploy")).await.unwrap());
+    assert_eq!(
+        settle(&runtime, &run, &turn).await.status,
+        Status::Waiting(SuspendKind::Approval)
+    );
+    let silent = runtime
+        .respond(
+            &run,
+            Some(&turn),
+            vec![Answer {
+                text: "hmm".into(),
+                approved: None,
+            }],
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(silent, RuntimeError::InvalidAnswer { .. }),
+        "{silent}"
+    );
+    assert_eq!(
+        silent.code(),
+        ErrorCode::BadRequest,
+        "an absent verdict is not a rejection; it is refused"
+    );
+    runtime
+        .respond(
+            &run,
+            Some(&turn),
+            vec![Answer {
+                text: "no".into(),
+                approved: Some(false),
+            }],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        settle(&runtime, &run, &turn).await.status,
+        Status::Completed
+    );
+    let second = &requests(&journal, &run).await[1];
+    assert_eq!(
+        second,
+        &[
+            json!({"role": "tool", "call_id": "c1", "content": "{\"approved\":false,\"text\":\"no\"}"})
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_naming_a_stale_turn_is_refused() {
+    let script =
+        r#"{"tool_calls": [{"id": "c1", "name": "ask_human", "arguments": {"prompt": "Sure?"}}]}"#;
+    let runtime = scripted(script);
+    let (run, turn) = started(runtime.start(start("x")).await.unwrap());
+    settle(&runtime, &run, &turn).await;
+    let old = TurnId::new("turn_old").unwrap();
+    let refused = runtime
+        .respond(
+            &run,
+            Some(&old),
+            vec![Answer {
+                text: "yes".into(),
+                approved: None,
+            }],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), ErrorCode::RunNotWaiting, "{refused}");
+    assert_eq!(
+        runtime.get(&run).await.unwrap().status,
+        Status::Waiting(SuspendKind::Question),
+        "nothing was applied"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_to_a_waiting_run_is_refused_with_run_waiting() {
+    let script =
+        r#"{"tool_calls": [{"id": "c1", "name": "ask_human", "arguments": {"prompt": "Sure?"}}]}"#;
+    let runtime = scripted(script);
+    let (run, turn) = started(runtime.start(start("x")).await.unwrap());
+    settle(&runtime, &run, &turn).await;
+    let refused = runtime
+        .send(&run, message("another thing", TurnPolicy::Steer))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), ErrorCode::RunWaiting);
+}
+
+fn gated(
+    effect: Effect,
+) -> (
+    Arc<Gated>,
+    Arc<AtomicUsize>,
+    Arc<tokio::sync::Notify>,
+    Arc<tokio::sync::Notify>,
+) {
+    let started = Arc::new(AtomicUsize::new(0));
+    let entered = Arc::new(tokio::sync::Notify::new());
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let tool = Arc::new(Gated {
+        effect,
+        started: Arc::clone(&started),
+        entered: Arc::clone(&entered),
+        gate: Arc::clone(&gate),
+    });
+    (tool, started, entered, gate)
+}
+
+async fn entered(notify: &tokio::sync::Notify) {
+    tokio::time::timeout(PATIENCE, notify.notified())
+        .await
+        .expect("the tool starts in time");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steered_input_reaches_the_model_before_its_next_call_in_the_same_turn() {
+    let journal: Arc<dyn Journal> = Arc::new(MemoryJournal::new());
+    let (tool, _, entered_tool, gate) = gated(Effect::Read);
+    let script = r#"{"tool_calls": [{"id": "c1", "name": "gated", "arguments": {}}]}
+{"text": "done"}"#;
+    let runtime = runtime_with(Arc::clone(&journal), script, tools_with(vec![tool]));
+    let (run, turn) = started(runtime.start(start("check")).await.unwrap());
+    entered(&entered_tool).await;
+    let steered = runtime
+        .send(&run, message("also check DNS", TurnPolicy::Steer))
+        .await
+        .unwrap();
+    assert_eq!(
+        steered,
+        Accepted::Steered {
+            run: run.clone(),
+            turn: turn.clone()
+        }
+    );
+    gate.notify_one();
+    assert_eq!(
+        settle(&runtime, &run, &turn).await.status,
+        Status::Completed
+    );
+    let second = &requests(&journal, &run).await[1];
+    assert_eq!(
+        second[1],
+        json!({"role": "user", "content": "also check DNS"}),
+        "{second:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_input_runs_as_the_next_turn_after_the_running_one() {
+    let journal: Arc<dyn Journal> = Arc::new(MemoryJournal::new());
+    let (tool, _, entered_tool, gate) = gated(Effect::Read);
+    let script = r#"{"tool_calls": [{"id": "c1", "name": "gated", "arguments": {}}]}
+{"text": "first done"}
+{"text": "second done"}"#;
+    let runtime = runtime_with(Arc::clone(&journal), script, tools_with(vec![tool]));
+    let (run, turn) = started(runtime.start(start("first")).await.unwrap());
+    entered(&entered_tool).await;
+    assert_eq!(
+        runtime
+            .send(&run, message("second", TurnPolicy::Queue))
+            .await
+            .unwrap(),
+        Accepted::Queued { run: run.clone() }
+    );
+    gate.notify_one();
+    settle(&runtime, &run, &turn).await;
+    until(&runtime, &run, |view| {
+        view.status == Status::Completed && view.turn_id.as_ref() != Some(&turn)
+    })
+    .await;
+    let finished: Vec<String> = journal
+        .read(&run, Seq(0))
+        .await
+        .unwrap()
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::TurnCompleted(c) => c.response.clone(),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(finished, ["first done", "second done"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_answers_requested_for_the_running_turn_and_the_turn_ends_cancelled() {
+    let (tool, _, entered_tool, _gate) = gated(Effect::Read);
+    let script = r#"{"tool_calls": [{"id": "c1", "name": "gated", "arguments": {}}]}"#;
+    let runtime = runtime_with(
+        Arc::new(MemoryJournal::new()),
+        script,
+        tools_with(vec![tool]),
+    );
+    let (run, turn) = started(runtime.start(start("wait")).await.unwrap());
+    entered(&entered_tool).await;
+    let stale = runtime
+        .cancel(&run, Some(&TurnId::new("turn_other").unwrap()))
+        .await
+        .unwrap();
+    assert_eq!(
+        stale,
+        CancelOutcome::Stale {
+            current: Some(turn.clone())
+        }
+    );
+    assert_eq!(
+        runtime.cancel(&run, Some(&turn)).await.unwrap(),
+        CancelOutcome::Requested(turn.clone())
+    );
+    assert_eq!(
+        settle(&runtime, &run, &turn).await.status,
+        Status::Cancelled
+    );
+    assert_eq!(
+        runtime.cancel(&run, None).await.unwrap(),
+        CancelOutcome::NotActive,
+        "nothing runs now"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_parked_turn_ends_it_cancelled() {
+    let script =
+        r#"{"tool_calls": [{"id": "c1", "name": "ask_human", "arguments": {"prompt": "Sure?"}}]}"#;
+    let runtime = scripted(script);
+    let (run, turn) = started(runtime.start(start("x")).await.unwrap());
+    settle(&runtime, &run, &turn).await;
+    assert_eq!(
+        runtime.cancel(&run, None).await.unwrap(),
+        CancelOutcome::Requested(turn.clone())
+    );
+    let view = until(&runtime, &run, |view| {
+        view.status != Status::Waiting(SuspendKind::Question)
+    })
+    .await;
+    assert_eq!(view.status, Status::Cancelled);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_retires_the_run_and_frees_its_address_for_a_new_run() {
+    let runtime = Runtime::builder(Arc::new(MemoryJournal::new())).build();
+    let address = Address::new("http", "browser/42");
+    let request = StartRequest {
+        address: Some(address.clone()),
+        ..start("hi")
+    };
+    let (run, turn) = started(runtime.start(request.clone()).await.unwrap());
+    settle(&runtime, &run, &turn).await;
+    runtime
+        .reset(&run, Some("start over".into()))
+        .await
+        .unwrap();
+    assert_eq!(runtime.get(&run).await.unwrap().status, Status::Retired);
+    assert_eq!(
+        runtime.lookup(&address).await.unwrap_err().code(),
+        ErrorCode::RunNotFound
+    );
+    assert_eq!(
+        runtime
+            .send(&run, message("more", TurnPolicy::Steer))
+            .await
+            .unwrap_err()
+            .code(),
+        ErrorCode::RunRetired
+    );
+    let (fresh, _) = started(runtime.start(request).await.unwrap());
+    assert_ne!(fresh, run, "the address now leads to a new run");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_through_a_known_address_goes_to_its_run() {
+    let runtime = Runtime::builder(Arc::new(MemoryJournal::new())).build();
+    let request = StartRequest {
+        address: Some(Address::new("http", "desk")),
+        ..start("one")
+    };
+    let (run, turn) = started(runtime.start(request.clone()).await.unwrap());
+    settle(&runtime, &run, &turn).await;
+    let (again, second) = started(
+        runtime
+            .start(StartRequest {
+                text: "two".into(),
+                ..request
+            })
+            .await
+            .unwrap(),
+    );
+    assert_eq!(again, run);
+    assert_eq!(
+        settle(&runtime, &run, &second).await.response.as_deref(),
+        Some("echo: two")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ensuring_an_address_creates_a_pending_run_without_a_model_turn() {
+    let journal: Arc<dyn Journal> = Arc::new(MemoryJournal::new());
+    let runtime = Runtime::builder(Arc::clone(&journal)).build();
+    let address = Address::new("http", "browser-7");
+    let view = runtime.ensure(&address).await.unwrap();
+    assert_eq!(view.status, Status::Pending);
+    assert_eq!(view.cursor, Some(Seq(0)));
+    assert_eq!(
+        runtime.ensure(&address).await.unwrap().run_id,
+        view.run_id,
+        "ensuring again finds the same run"
+    );
+    assert_eq!(runtime.lookup(&address).await.unwrap().run_id, view.run_id);
+    assert_eq!(kinds(&journal, &view.run_id).await, ["run_created"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clear_drops_the_model_context_but_keeps_the_run_and_its_log() {
+    let journal: Arc<dyn Journal> = Arc::new(MemoryJournal::new());
+    let runtime = Runtime::builder(Arc::clone(&journal)).build();
+    let (run, turn) = started(runtime.start(start("remember this")).await.unwrap());
+    settle(&runtime, &run, &turn).await;
+    runtime.clear(&run).await.unwrap();
+    assert!(
+        runtime.snapshot(&run).await.unwrap().messages.is_empty(),
+        "the conversation is empty"
+    );
+    assert!(
+        kinds(&journal, &run).await.contains(&"turn_completed"),
+        "the log keeps everything"
+    );
+    let (_, next) = started(
+        runtime
+            .send(&run, message("fresh start", TurnPolicy::Steer))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        settle(&runtime, &run, &next).await.response.as_deref(),
+        Some("echo: fresh start")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clear_and_compact_are_refused_while_a_turn_is_in_progress() {
+    let (tool, _, entered_tool, gate) = gated(Effect::Read);
+    let script = r#"{"tool_calls": [{"id": "c1", "name": "gated", "arguments": {}}]}
+{"text": "ok"}"#;
+    let runtime = runtime_with(
+        Arc::new(MemoryJournal::new()),
+        script,
+        tools_with(vec![tool]),
+    );
+    let (run, turn) = started(runtime.start(start("x")).await.unwrap());
+    entered(&entered_tool).await;
+    assert_eq!(
+        runtime.clear(&run).await.unwrap_err().code(),
+        ErrorCode::RunActive
+    );
+    assert_eq!(
+        runtime.compact(&run).await.unwrap_err().code(),
+        ErrorCode::RunActive
+    );
+    gate.notify_one();
+    settle(&runtime, &run, &turn).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compacting_with_an_engine_that_cannot_is_compaction_unsupported() {
+    let runtime = Runtime::builder(Arc::new(MemoryJournal::new())).build();
+    let (run, turn) = started(runtime.start(start("x")).await.unwrap());
+    settle(&runtime, &run, &turn).await;
+    assert_eq!(
+        runtime.compact(&run).await.unwrap_err().code(),
+        ErrorCode::CompactionUnsupported
+    );
+}
+
+fn operator() -> Principal {
+    Principal {
+        authenticator: "token".into(),
+        kind: "token".into(),
+        id: "ops".into(),
+        ..Principal::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_operation_id_and_body_returns_the_saved_run_without_another_turn() {
+    let journal: Arc<dyn Journal> = Arc::new(MemoryJournal::new());
+    let runtime = Runtime::builder(Arc::clone(&journal)).build();
+    let request = StartRequest {
+        operation_id: Some("deploy-42".into()),
+        principal: Some(operator()),
+        ..start("deploy")
+    };
+    let (run, turn) = started(runtime.start(request.clone()).await.unwrap());
+    settle(&runtime, &run, &turn).await;
+    let before = kinds(&journal, &run).await.len();
+    assert_eq!(
+        runtime.start(request).await.unwrap(),
+        Accepted::Replayed { run: run.clone() }
+    );
+    assert_eq!(kinds(&journal, &run).await.len(), before, "no second turn");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_operation_id_with_a_different_body_is_a_conflict() {
+    let runtime = Runtime::builder(Arc::new(MemoryJournal::new())).build();
+    let request = StartRequest {
+        operation_id: Some("deploy-42".into()),
+        principal: Some(operator()),
+        ..start("deploy")
+    };
+    runtime.start(request.clone()).await.unwrap();
+    let changed = runtime
+        .start(StartRequest {
+            text: "deploy to production".into(),
+            ..request
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(changed.code(), ErrorCode::OperationConflict, "{changed}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operation_id_without_a_verified_principal_is_a_bad_request() {
+    let runtime = Runtime::builder(Arc::new(MemoryJournal::new())).build();
+    let request = StartRequest {
+        operation_id: Some("k".into()),
+        ..start("x")
+    };
+    assert_eq!(
+        runtime.start(request).await.unwrap_err().code(),
+        ErrorCode::BadRequest
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_error_fails_the_turn_with_its_code() {
+    let journal: Arc<dyn Journal> = Arc::new(MemoryJournal::new());
+    let runtime = runtime_with(
+        Arc::clone(&journal),
+        r#"{"error": "model server overloaded"}"#,
+        spool_runtime::Tools::builtin(),
+    );
+    let (run, turn) = started(runtime.start(start("x")).await.unwrap());
+    assert_eq!(settle(&runtime, &run, &turn).await.status, Status::Failed);
+    let failure = journal
+        .read(&run, Seq(0))
+        .await
+        .unwrap()
+        .into_iter()
+        .find_map(|e| match e.event {
+            Event::TurnFailed(f) => Some(f),
+            _ => None,
+        });
+    let failure = failure.unwrap();
+    assert_eq!(failure.code, "provider_error");
+    assert!(failure.message.contains("overloaded"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_past_the_scripts_end_fails_with_an_error_that_says_so() {
+    let journal: Arc<dyn Journal> = Arc::new(MemoryJournal::new());
+    let runtime = runtime_with(
+        Arc::clone(&journal),
+        r#"{"text": "only one"}"#,
+        spool_runtime::Tools::builtin(),
+    );
+    let (run, turn) = started(runtime.start(start("one")).await.unwrap());
+    settle(&runtime, &run, &turn).await;
+    let (_, second) = started(
+        runtime
+            .send(&run, message("two", TurnPolicy::Steer))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(settle(&runtime, &run, &second).await.status, Status::Failed);
+    let message = journal
+        .read(&run, Seq(0))
+        .await
+        .unwrap()
+        .into_iter()
+        .rev()
+        .find_map(|e| match e.event {
+            Event::TurnFailed(f) => Some(f.message),
+            _ => None,
+        });
+    assert!(message.unwrap().contains("the script has 1 steps"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn input_that_fails_a_tools_schema_is_a_recorded_invalid_input_failure_the_model_sees() {
+    let journal: Arc<dyn Journal> = Arc::new(MemoryJournal::new());
+    let script = r#"{"tool_calls": [{"id": "c1", "name": "ask_human", "arguments": {"question": "?"}}, {"id": "c2", "name": "no_such_tool", "arguments": {}}]}
+{"text": "sorry"}"#;
+    let runtime = runtime_with(
+        Arc::clone(&journal),
+        script,
+        spool_runtime::Tools::builtin(),
+    );
+    let (run, turn) = started(runtime.start(start("x")).await.unwrap());
+    assert_eq!(
+        settle(&runtime, &run, &turn).await.status,
+        Status::Completed
+    );
+    let outputs: Vec<Value> = journal
+        .read(&run, Seq(0))
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|e| match e.event {
+            Event::ToolCallCompleted(c) => Some(c.output),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(outputs.len(), 2);
+    for output in &outputs {
+        assert_eq!(
+            output["__spool_error"]["kind"],
+            json!("invalid_input"),
+            "{output}"
+        );
+        assert_eq!(
+            output["__spool_error"]["attempts"],
+            json!(0),
+            "the tool never ran"
+        );
+    }
+    let second = &requests(&journal, &run).await[1];
+    assert!(
+        second[0]["content"]
+            .as_str()
+            .unwrap()
+            .starts_with("error: invalid input for `ask_human`"),
+        "{second:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idempotent_call_under_a_claimed_key_runs_once_across_runs() {
+    let journal: Arc<dyn Journal> = Arc::new(MemoryJournal::new());
+    let (tool, runs) = Counting::new("charge", Effect::Idempotent);
+    // A script line answers a run's N-th call, so both runs follow the
+    // same two lines.
+    let script = r#"{"tool_calls": [{"id": "c1", "name": "charge", "arguments": {"key": "order-7"}}]}
+{"text": "charged"}"#;
+    let first = runtime_with(Arc::clone(&journal), script, tools_with(vec![tool.clone()]));
+    let (run, turn) = started(first.start(start("pay")).await.unwrap());
+    settle(&first, &run, &turn).await;
+    let (other, other_turn) = started(first.start(start("pay again")).await.unwrap());
+    assert_eq!(
+        settle(&first, &other, &other_turn).await.status,
+        Status::Completed
+    );
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the second call got the recorded output"
+    );
+}

@@ -13,6 +13,7 @@
 //! Pod and the bus call this API and subscribe to its event hub.
 #![warn(missing_docs)]
 
+pub mod channel;
 pub mod engine;
 pub mod engines;
 pub mod error;
@@ -24,6 +25,7 @@ pub mod tools;
 mod turn;
 pub mod view;
 
+pub use channel::{AuthError, Authenticator, Channel, Credentials};
 pub use engine::{Engine, Message, ModelRequest, ModelResponse};
 pub use error::RuntimeError;
 pub use runtime::{Accepted, CancelOutcome, MessageRequest, Runtime, RuntimeBuilder, StartRequest};

@@ -116,3 +116,72 @@ async fn the_answer_streams_as_deltas_between_the_request_and_its_completion() {
         "{order:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_that_falls_behind_is_told_it_lagged_and_resumes_from_its_cursor_without_a_gap()
+ {
+    // Far more deltas than a subscriber's queue holds, read only afterwards.
+    let words = vec!["w"; spool_runtime::hub::DELTA_QUEUE * 3].join(" ");
+    let runtime = scripted(&format!(r#"{{"text": "{words}"}}"#));
+    let pending = runtime
+        .ensure(&spool_journal::Address::new("http", "slow-reader"))
+        .await
+        .unwrap();
+    let mut stream = runtime
+        .subscribe(&pending.run_id, pending.cursor)
+        .await
+        .unwrap();
+    let Accepted::Started { turn, .. } = runtime
+        .send(
+            &pending.run_id,
+            MessageRequest {
+                text: "talk".into(),
+                ..MessageRequest::default()
+            },
+        )
+        .await
+        .unwrap()
+    else {
+        panic!()
+    };
+    settle(&runtime, &pending.run_id, &turn).await;
+    let mut items = Vec::new();
+    tokio::time::timeout(PATIENCE, async {
+        while let Some(item) = stream.next().await {
+            items.push(item);
+        }
+    })
+    .await
+    .expect("a lagging stream ends rather than waiting forever");
+    let Some(StreamItem::Lagged { last }) = items.last().cloned() else {
+        panic!("the stream ends with Lagged, got {:?}", items.last())
+    };
+    assert!(
+        items.len() <= spool_runtime::hub::DELTA_QUEUE + 64,
+        "nothing buffered past the bound: {}",
+        items.len()
+    );
+    let mut resumed = runtime.subscribe(&pending.run_id, last).await.unwrap();
+    let mut seqs = Vec::new();
+    tokio::time::timeout(PATIENCE, async {
+        while let Some(StreamItem::Event(envelope)) = resumed.next().await {
+            seqs.push(envelope.seq.0);
+            if envelope.event.kind() == "turn_completed" {
+                break;
+            }
+        }
+    })
+    .await
+    .expect("the resumed stream reaches the turn's end");
+    let from = last.map_or(0, |s| s.0 + 1);
+    assert_eq!(
+        seqs.first().copied(),
+        Some(from),
+        "resumes right after the last event delivered"
+    );
+    assert_eq!(
+        seqs,
+        (from..from + seqs.len() as u64).collect::<Vec<_>>(),
+        "no gap"
+    );
+}

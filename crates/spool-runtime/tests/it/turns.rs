@@ -689,3 +689,74 @@ async fn an_idempotent_call_under_a_claimed_key_runs_once_across_runs() {
         "the second call got the recorded output"
     );
 }
+
+/// The echo engine, with a compaction that summarizes by counting.
+struct Compacting;
+
+impl spool_runtime::Engine for Compacting {
+    fn call<'a>(
+        &'a self,
+        context: &'a spool_runtime::engine::CallContext,
+        request: &'a spool_runtime::ModelRequest,
+        deltas: spool_runtime::engine::Deltas<'a>,
+        cancel: &'a tokio_util::sync::CancellationToken,
+    ) -> spool_runtime::BoxFuture<
+        'a,
+        Result<spool_runtime::ModelResponse, spool_runtime::engine::EngineError>,
+    > {
+        spool_runtime::engines::EchoEngine.call(context, request, deltas, cancel)
+    }
+
+    fn compact<'a>(
+        &'a self,
+        messages: &'a [spool_runtime::Message],
+    ) -> spool_runtime::BoxFuture<'a, Result<String, spool_runtime::engine::EngineError>> {
+        Box::pin(async move { Ok(format!("{} messages so far", messages.len())) })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compaction_replaces_older_context_with_the_engines_summary_for_the_model() {
+    let journal: Arc<dyn Journal> = Arc::new(MemoryJournal::new());
+    let runtime = Runtime::builder(Arc::clone(&journal))
+        .engine(Arc::new(Compacting))
+        .build();
+    let (run, turn) = started(runtime.start(start("one")).await.unwrap());
+    settle(&runtime, &run, &turn).await;
+    runtime.compact(&run).await.unwrap();
+    let snapshot = runtime.snapshot(&run).await.unwrap();
+    assert_eq!(
+        snapshot.messages,
+        [json!({"role": "summary", "content": "2 messages so far"})]
+    );
+    let (_, next) = started(
+        runtime
+            .send(&run, message("two", TurnPolicy::Steer))
+            .await
+            .unwrap(),
+    );
+    settle(&runtime, &run, &next).await;
+    // The model saw the summary in place of the first turn.
+    let model_saw = spool_runtime::engine::ModelRequest {
+        messages: vec![
+            spool_runtime::Message::User {
+                content: "Summary of the conversation so far: 2 messages so far".into(),
+            },
+            spool_runtime::Message::User {
+                content: "two".into(),
+            },
+        ],
+        tools: spool_runtime::Tools::builtin().specs(),
+    };
+    let recorded = journal
+        .read(&run, Seq(0))
+        .await
+        .unwrap()
+        .into_iter()
+        .rev()
+        .find_map(|e| match e.event {
+            Event::ModelCallRequested(r) => Some(r.request_hash),
+            _ => None,
+        });
+    assert_eq!(recorded, Some(model_saw.hash()));
+}

@@ -13,6 +13,7 @@
 //! Pod and the bus call this API and subscribe to its event hub.
 #![warn(missing_docs)]
 
+pub mod agent;
 pub mod channel;
 pub mod engine;
 pub mod engines;

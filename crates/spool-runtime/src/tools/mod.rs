@@ -1,6 +1,8 @@
 //! The built-in tools: `ask_human` (a question), `request_approval` (an
 //! explicit yes or no) and `sleep` (park until an instant).
 
+pub mod command;
+
 use std::sync::Arc;
 
 use serde_json::{Value, json};

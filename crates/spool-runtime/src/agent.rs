@@ -1,0 +1,311 @@
+//! The agent definition, `spool.toml`: the agent's name and system prompt,
+//! its engine, which built-in tools are on, command tools, and budgets.
+//!
+//! ```toml
+//! [agent]
+//! name = "reviewer"
+//! system_prompt = "You review deployment plans."
+//! engine = "echo"                      # or "scripted:script.jsonl"
+//! builtin_tools = ["ask_human", "request_approval", "sleep"]
+//!
+//! [[tool]]
+//! name = "deploy"
+//! description = "Deploy to an environment."
+//! command = ["./deploy.sh"]            # gets the input as JSON on stdin
+//! effect = "write"                     # read | idempotent | write
+//! timeout_seconds = 60
+//! input_schema = { type = "object", properties = { env = { type = "string" } }, required = ["env"] }
+//!
+//! [budgets]
+//! steps_per_turn = 20                  # model calls in one turn
+//! tokens = 200000                      # input + output tokens of the run
+//! wall_seconds = 900                   # one turn's time from its start
+//! ```
+//!
+//! Unknown keys are errors that name the key: a misspelt budget must not
+//! silently mean "no budget".
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+use spool_journal::event::Effect;
+
+use crate::engine::Engine;
+use crate::tool::Tools;
+use crate::tools::command::CommandTool;
+
+/// The file looked for when no path is given.
+pub const DEFAULT_FILE: &str = "spool.toml";
+
+/// A parsed agent definition.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentDefinition {
+    /// The agent itself.
+    #[serde(default)]
+    pub agent: AgentSection,
+    /// Command tools.
+    #[serde(default, rename = "tool")]
+    pub tools: Vec<CommandToolDefinition>,
+    /// Budgets, checked before each model call.
+    #[serde(default)]
+    pub budgets: Budgets,
+}
+
+/// `[agent]`.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentSection {
+    /// The agent's name, shown by `/info`.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// The system prompt.
+    #[serde(default)]
+    pub system_prompt: Option<String>,
+    /// The engine spec: `echo`, `scripted:<file>`, or a provider
+    /// (`openai/<model>`, `anthropic/<model>`, `command:<argv>`), which the
+    /// `spool-engines` crate builds.
+    #[serde(default = "echo")]
+    pub engine: String,
+    /// The built-in tools that are on; all of them when absent.
+    #[serde(default)]
+    pub builtin_tools: Option<Vec<String>>,
+}
+
+fn echo() -> String {
+    "echo".to_owned()
+}
+
+impl Default for AgentSection {
+    fn default() -> Self {
+        Self {
+            name: None,
+            system_prompt: None,
+            engine: echo(),
+            builtin_tools: None,
+        }
+    }
+}
+
+/// `[[tool]]`: a tool run as a child process.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CommandToolDefinition {
+    /// The tool's name.
+    pub name: String,
+    /// What it does, for the model.
+    pub description: String,
+    /// The program and its arguments. A relative program path with a `/` is
+    /// taken from the definition file's directory.
+    pub command: Vec<String>,
+    /// What it may do to the world.
+    pub effect: Effect,
+    /// How long one call may take.
+    #[serde(default = "sixty")]
+    pub timeout_seconds: f64,
+    /// The JSON Schema of its input.
+    #[serde(default = "any_object")]
+    pub input_schema: Value,
+    /// How many times a failed call is tried in all (never more than once
+    /// for a `write`).
+    #[serde(default = "one")]
+    pub attempts: u32,
+    /// For `idempotent` tools: the JSON Pointer into the input of the
+    /// idempotency key (`/order_id`).
+    #[serde(default)]
+    pub idempotency_key: Option<String>,
+}
+
+fn sixty() -> f64 {
+    60.0
+}
+
+fn any_object() -> Value {
+    json!({"type": "object"})
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// `[budgets]`. Each is off when absent.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Budgets {
+    /// Model calls in one turn.
+    #[serde(default)]
+    pub steps_per_turn: Option<u64>,
+    /// Input and output tokens of the whole run.
+    #[serde(default)]
+    pub tokens: Option<u64>,
+    /// One turn's time, from its start, in seconds.
+    #[serde(default)]
+    pub wall_seconds: Option<u64>,
+}
+
+/// A definition that does not load.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The file named could not be read.
+    #[error("reading the agent definition {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is not a valid definition; the message names the key.
+    #[error("the agent definition {path} is invalid: {message}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, and where.
+        message: String,
+    },
+}
+
+/// A definition, where it came from, and a note for the operator.
+#[derive(Clone, Debug)]
+pub struct Loaded {
+    /// The definition.
+    pub definition: AgentDefinition,
+    /// The directory relative paths resolve against.
+    pub base: PathBuf,
+    /// Said to the operator, when worth saying (the built-in default in use).
+    pub note: Option<String>,
+}
+
+impl AgentDefinition {
+    /// Loads `path`, or `spool.toml` in the current directory when no path
+    /// is given. A missing default file is not an error: the built-in
+    /// default (the echo engine and the built-in tools) is used, and the
+    /// note says so. A missing named file is an error.
+    ///
+    /// # Errors
+    ///
+    /// [`AgentError::Read`] for a named file that cannot be read;
+    /// [`AgentError::Invalid`] for one that does not parse.
+    pub fn load(path: Option<&Path>) -> Result<Loaded, AgentError> {
+        let (path, named) = match path {
+            Some(path) => (path.to_owned(), true),
+            None => (PathBuf::from(DEFAULT_FILE), false),
+        };
+        let base = path.parent().map(Path::to_owned).unwrap_or_default();
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(source) if !named && source.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(Loaded {
+                    definition: Self::default(),
+                    base,
+                    note: Some(format!(
+                        "no {DEFAULT_FILE} here: using the built-in agent (the echo engine and the built-in tools)"
+                    )),
+                });
+            }
+            Err(source) => return Err(AgentError::Read { path, source }),
+        };
+        let definition = Self::from_toml(&text).map_err(|message| AgentError::Invalid {
+            path: path.clone(),
+            message,
+        })?;
+        Ok(Loaded {
+            definition,
+            base,
+            note: None,
+        })
+    }
+
+    /// Parses a definition.
+    ///
+    /// # Errors
+    ///
+    /// A message naming the key (and line) that is wrong.
+    pub fn from_toml(text: &str) -> Result<Self, String> {
+        let definition: Self = toml::from_str(text).map_err(|e| e.to_string().trim().to_owned())?;
+        definition.check()?;
+        Ok(definition)
+    }
+
+    fn check(&self) -> Result<(), String> {
+        for tool in &self.tools {
+            if tool.command.is_empty() {
+                return Err(format!(
+                    "tool `{}`: `command` needs at least the program",
+                    tool.name
+                ));
+            }
+            if !(tool.timeout_seconds > 0.0 && tool.timeout_seconds.is_finite()) {
+                return Err(format!(
+                    "tool `{}`: `timeout_seconds` must be a positive number",
+                    tool.name
+                ));
+            }
+            if tool.idempotency_key.is_some() && tool.effect != Effect::Idempotent {
+                return Err(format!(
+                    "tool `{}`: `idempotency_key` is for `idempotent` tools",
+                    tool.name
+                ));
+            }
+        }
+        if let Some(enabled) = &self.agent.builtin_tools {
+            let known: Vec<String> = crate::tools::builtin()
+                .iter()
+                .map(|t| t.spec().name)
+                .collect();
+            if let Some(unknown) = enabled.iter().find(|name| !known.contains(name)) {
+                return Err(format!(
+                    "`agent.builtin_tools` names `{unknown}`; the built-in tools are {}",
+                    known.join(", ")
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The agent's tools: the built-ins that are on, and the command tools.
+    ///
+    /// # Errors
+    ///
+    /// When two tools share a name or a schema does not compile.
+    pub fn tools(&self, base: &Path) -> Result<Tools, String> {
+        let mut tools = Tools::new();
+        for tool in crate::tools::builtin() {
+            let on = self
+                .agent
+                .builtin_tools
+                .as_ref()
+                .is_none_or(|enabled| enabled.contains(&tool.spec().name));
+            if on {
+                tools.add(tool).map_err(|e| e.to_string())?;
+            }
+        }
+        for definition in &self.tools {
+            tools
+                .add(Arc::new(CommandTool::new(definition.clone(), base)))
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(tools)
+    }
+
+    /// The engine, when the runtime itself provides it (`echo`,
+    /// `scripted:<file>`); `None` for provider specs, which `spool-engines`
+    /// builds.
+    ///
+    /// # Errors
+    ///
+    /// When a script does not load.
+    pub fn builtin_engine(&self, base: &Path) -> Result<Option<Arc<dyn Engine>>, String> {
+        let spec = self.agent.engine.as_str();
+        if spec == "echo" {
+            return Ok(Some(Arc::new(crate::engines::EchoEngine)));
+        }
+        if let Some(file) = spec.strip_prefix("scripted:") {
+            let engine = crate::engines::ScriptedEngine::from_file(base.join(file))
+                .map_err(|e| e.to_string())?;
+            return Ok(Some(Arc::new(engine)));
+        }
+        Ok(None)
+    }
+}

@@ -1,0 +1,269 @@
+//! The agent definition and command tools.
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+use spool_journal::event::Effect;
+use spool_journal::fold::Status;
+use spool_journal::store::memory::MemoryJournal;
+use spool_journal::{Event, Journal, Seq};
+use spool_runtime::agent::{AgentDefinition, AgentError, CommandToolDefinition};
+use spool_runtime::engines::ScriptedEngine;
+use spool_runtime::tools::command::CommandTool;
+use spool_runtime::{Accepted, Runtime, StartRequest, Tool, ToolOutcome};
+use tokio_util::sync::CancellationToken;
+
+use crate::support::*;
+
+fn shell(name: &str, script: &str, effect: Effect) -> CommandToolDefinition {
+    CommandToolDefinition {
+        name: name.into(),
+        description: "a test tool".into(),
+        command: vec!["sh".into(), "-c".into(), script.into()],
+        effect,
+        timeout_seconds: 10.0,
+        input_schema: json!({"type": "object"}),
+        attempts: 1,
+        idempotency_key: None,
+    }
+}
+
+async fn call(definition: CommandToolDefinition, input: Value) -> ToolOutcome {
+    let tool = CommandTool::new(definition, std::path::Path::new("."));
+    tool.call(input, &CancellationToken::new()).await
+}
+
+fn error_of(outcome: ToolOutcome) -> String {
+    match outcome {
+        ToolOutcome::Error(message) => message,
+        other => panic!("expected a failure, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_missing_default_file_means_the_built_in_agent_and_a_note_says_so() {
+    let loaded = AgentDefinition::load(None).unwrap();
+    assert_eq!(loaded.definition, AgentDefinition::default());
+    assert_eq!(loaded.definition.agent.engine, "echo");
+    assert!(loaded.note.unwrap().contains("built-in agent"));
+}
+
+#[test]
+fn a_missing_named_file_is_an_error_naming_it() {
+    let error =
+        AgentDefinition::load(Some(std::path::Path::new("/nonexistent/agent.toml"))).unwrap_err();
+    assert!(matches!(error, AgentError::Read { .. }));
+    assert!(
+        error.to_string().contains("/nonexistent/agent.toml"),
+        "{error}"
+    );
+}
+
+#[test]
+fn an_unknown_key_is_an_error_that_names_the_key() {
+    let error = AgentDefinition::from_toml("[budgets]\nstep_per_turn = 3\n").unwrap_err();
+    assert!(error.contains("step_per_turn"), "{error}");
+    let error =
+        AgentDefinition::from_toml("[agent]\nengine = \"echo\"\nmodle = \"x\"\n").unwrap_err();
+    assert!(error.contains("modle"), "{error}");
+}
+
+#[test]
+fn a_full_definition_parses_with_its_defaults() {
+    let definition = AgentDefinition::from_toml(
+        r#"
+[agent]
+name = "reviewer"
+system_prompt = "Review plans."
+builtin_tools = ["ask_human"]
+
+[[tool]]
+name = "deploy"
+description = "Deploy."
+command = ["./deploy.sh", "--quiet"]
+effect = "write"
+input_schema = { type = "object", required = ["env"] }
+
+[budgets]
+steps_per_turn = 5
+tokens = 1000
+"#,
+    )
+    .unwrap();
+    assert_eq!(definition.agent.name.as_deref(), Some("reviewer"));
+    assert_eq!(
+        definition.tools[0].timeout_seconds, 60.0,
+        "a timeout by default"
+    );
+    assert_eq!(
+        definition.tools[0].input_schema,
+        json!({"type": "object", "required": ["env"]})
+    );
+    assert_eq!(definition.budgets.steps_per_turn, Some(5));
+    let names: Vec<String> = definition
+        .tools(std::path::Path::new("."))
+        .unwrap()
+        .specs()
+        .into_iter()
+        .map(|s| s.name)
+        .collect();
+    assert_eq!(
+        names,
+        ["ask_human", "deploy"],
+        "only the built-ins that are on, and the command tools"
+    );
+}
+
+#[test]
+fn a_definition_that_breaks_a_rule_is_refused_with_the_rule() {
+    for (text, says) in [
+        ("[agent]\nbuiltin_tools = [\"teleport\"]\n", "teleport"),
+        (
+            "[[tool]]\nname = \"t\"\ndescription = \"d\"\ncommand = []\neffect = \"read\"\n",
+            "command",
+        ),
+        (
+            "[[tool]]\nname = \"t\"\ndescription = \"d\"\ncommand = [\"x\"]\neffect = \"read\"\ntimeout_seconds = 0\n",
+            "timeout_seconds",
+        ),
+        (
+            "[[tool]]\nname = \"t\"\ndescription = \"d\"\ncommand = [\"x\"]\neffect = \"write\"\nidempotency_key = \"/k\"\n",
+            "idempotent",
+        ),
+        (
+            "[[tool]]\nname = \"t\"\ndescription = \"d\"\ncommand = [\"x\"]\neffect = \"sometimes\"\n",
+            "sometimes",
+        ),
+    ] {
+        let error = AgentDefinition::from_toml(text).unwrap_err();
+        assert!(error.contains(says), "{text:?} -> {error}");
+    }
+}
+
+#[tokio::test]
+async fn a_command_tool_gets_its_input_on_stdin_and_its_json_stdout_is_the_output() {
+    let outcome = call(
+        shell("echo_back", "cat", Effect::Read),
+        json!({"x": [1, 2]}),
+    )
+    .await;
+    assert_eq!(outcome, ToolOutcome::Output(json!({"x": [1, 2]})));
+    assert_eq!(
+        call(shell("quiet", "cat > /dev/null", Effect::Read), json!({})).await,
+        ToolOutcome::Output(Value::Null)
+    );
+}
+
+#[tokio::test]
+async fn a_non_zero_exit_is_a_failure_carrying_the_tail_of_stderr() {
+    let message = error_of(
+        call(
+            shell("bad", "echo 'disk full' >&2; exit 3", Effect::Write),
+            json!({}),
+        )
+        .await,
+    );
+    assert!(
+        message.contains("exited with 3") && message.contains("disk full"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn output_that_is_not_json_is_a_failure_that_shows_it() {
+    let message =
+        error_of(call(shell("chatty", "echo hello world", Effect::Read), json!({})).await);
+    assert!(
+        message.contains("not JSON") && message.contains("hello world"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn a_call_past_its_timeout_is_killed_and_is_a_failure() {
+    let mut slow = shell("slow", "sleep 30", Effect::Read);
+    slow.timeout_seconds = 0.2;
+    let message = error_of(call(slow, json!({})).await);
+    assert!(message.contains("timed out after 0.2s"), "{message}");
+}
+
+#[tokio::test]
+async fn output_past_the_cap_is_a_failure_not_an_unbounded_buffer() {
+    let message = error_of(
+        call(
+            shell(
+                "flood",
+                "head -c 1100000 /dev/zero | tr '\\0' a",
+                Effect::Read,
+            ),
+            json!({}),
+        )
+        .await,
+    );
+    assert!(message.contains("printed more than"), "{message}");
+}
+
+#[test]
+fn an_idempotent_command_tool_takes_its_key_from_the_input() {
+    let mut definition = shell("charge", "cat", Effect::Idempotent);
+    definition.idempotency_key = Some("/order/id".into());
+    let tool = CommandTool::new(definition, std::path::Path::new("."));
+    assert_eq!(
+        tool.idempotency_key(&json!({"order": {"id": "o-7"}}))
+            .as_deref(),
+        Some("o-7")
+    );
+    assert_eq!(
+        tool.idempotency_key(&json!({"order": {"id": 7}}))
+            .as_deref(),
+        Some("7")
+    );
+    assert_eq!(tool.idempotency_key(&json!({})), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_calls_a_command_tool_from_the_definition_and_records_its_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("deployed.log");
+    let definition = AgentDefinition::from_toml(&format!(
+        "[[tool]]\nname = \"deploy\"\ndescription = \"Deploy.\"\ncommand = [\"sh\", \"-c\", \"cat >> {}; echo '{{\\\"ok\\\": true}}'\"]\neffect = \"write\"\n",
+        log.display()
+    ))
+    .unwrap();
+    let journal: Arc<dyn Journal> = Arc::new(MemoryJournal::new());
+    let script = r#"{"tool_calls": [{"id": "c1", "name": "deploy", "arguments": {"env": "staging"}}]}
+{"text": "deployed"}"#;
+    let runtime = Runtime::builder(Arc::clone(&journal))
+        .engine(Arc::new(ScriptedEngine::from_jsonl(script).unwrap()))
+        .tools(definition.tools(dir.path()).unwrap())
+        .build();
+    let Accepted::Started { run, turn } = runtime
+        .start(StartRequest {
+            text: "deploy".into(),
+            ..StartRequest::default()
+        })
+        .await
+        .unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(
+        settle(&runtime, &run, &turn).await.status,
+        Status::Completed
+    );
+    assert_eq!(
+        std::fs::read_to_string(&log).unwrap(),
+        r#"{"env":"staging"}"#,
+        "the tool ran once, with its input"
+    );
+    let output = journal
+        .read(&run, Seq(0))
+        .await
+        .unwrap()
+        .into_iter()
+        .find_map(|e| match e.event {
+            Event::ToolCallCompleted(c) => Some(c.output),
+            _ => None,
+        });
+    assert_eq!(output, Some(json!({"ok": true})));
+}

@@ -18,7 +18,7 @@
 //!
 //! [budgets]
 //! steps_per_turn = 20                  # model calls in one turn
-//! tokens = 200000                      # input + output tokens of the run
+//! tokens = 200000                      # input + output tokens of one turn
 //! wall_seconds = 900                   # one turn's time from its start
 //! ```
 //!
@@ -137,7 +137,7 @@ pub struct Budgets {
     /// Model calls in one turn.
     #[serde(default)]
     pub steps_per_turn: Option<u64>,
-    /// Input and output tokens of the whole run.
+    /// Input and output tokens of one turn.
     #[serde(default)]
     pub tokens: Option<u64>,
     /// One turn's time, from its start, in seconds.

@@ -40,6 +40,7 @@ pub(crate) struct Inner {
     pub(crate) engine: Arc<dyn Engine>,
     pub(crate) tools: Tools,
     pub(crate) system_prompt: Option<String>,
+    pub(crate) budgets: crate::agent::Budgets,
     pub(crate) hub: Hub,
     /// Runs with a driver task.
     pub(crate) driving: Mutex<HashMap<RunId, Driving>>,
@@ -65,6 +66,7 @@ pub struct RuntimeBuilder {
     engine: Arc<dyn Engine>,
     tools: Tools,
     system_prompt: Option<String>,
+    budgets: crate::agent::Budgets,
 }
 
 impl std::fmt::Debug for RuntimeBuilder {
@@ -95,6 +97,13 @@ impl RuntimeBuilder {
         self
     }
 
+    /// The budgets checked before each model call (none by default).
+    #[must_use]
+    pub fn budgets(mut self, budgets: crate::agent::Budgets) -> Self {
+        self.budgets = budgets;
+        self
+    }
+
     /// The runtime, with nothing running yet: call [`Runtime::recover`].
     #[must_use]
     pub fn build(self) -> Runtime {
@@ -104,6 +113,7 @@ impl RuntimeBuilder {
                 engine: self.engine,
                 tools: self.tools,
                 system_prompt: self.system_prompt,
+                budgets: self.budgets,
                 hub: Hub::default(),
                 driving: Mutex::new(HashMap::new()),
                 locks: Mutex::new(HashMap::new()),
@@ -210,6 +220,7 @@ impl Runtime {
             engine: Arc::new(crate::engines::EchoEngine),
             tools: Tools::builtin(),
             system_prompt: None,
+            budgets: crate::agent::Budgets::default(),
         }
     }
 
@@ -435,6 +446,33 @@ impl Runtime {
             run: run.clone(),
             turn: turn.cloned(),
         };
+        if let (Status::Waiting(SuspendKind::Budget), Some(current)) = (&state.status, &state.turn)
+        {
+            // A budget is answered with a verdict: approve to extend it,
+            // reject to end the turn.
+            if turn.is_some_and(|t| t != current) {
+                return Err(not_waiting());
+            }
+            if answers.iter().any(|a| a.approved.is_none()) {
+                return Err(RuntimeError::InvalidAnswer {
+                    run: run.clone(),
+                    reason:
+                        "a budget is answered with `approved`: true extends it, false ends the turn"
+                            .into(),
+                });
+            }
+            let resumed = Event::Resumed(Resumed {
+                turn_id: current.clone(),
+                answers,
+            });
+            self.inner
+                .journal
+                .append(run, Seq(log.len() as u64), vec![resumed])
+                .await?;
+            drop(_guard);
+            self.inner.clone().ensure_driver(run);
+            return Ok(());
+        }
         let Some(suspension) = &state.suspension else {
             return Err(if state.status == Status::Retired {
                 RuntimeError::RunRetired(run.clone())

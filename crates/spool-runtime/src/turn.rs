@@ -328,6 +328,32 @@ impl Inner {
                     })?
                 }
                 ModelStep::Live(permit) => {
+                    // Budgets are checked from recorded data, and only before
+                    // live work: a replayed call already passed them.
+                    match budget_verdict(&self.budgets, &log[started..], &turn) {
+                        Verdict::Within => {}
+                        Verdict::Exceeded(exceeded) => {
+                            self.journal
+                                .append(
+                                    run,
+                                    Seq(log.len() as u64),
+                                    vec![Event::BudgetExceeded(exceeded)],
+                                )
+                                .await?;
+                            drop(guard);
+                            self.hub.end_turn(run);
+                            return Ok(());
+                        }
+                        Verdict::Refused(message) => {
+                            drop(guard);
+                            let failed = Event::TurnFailed(TurnFailed {
+                                turn_id: turn.clone(),
+                                code: "budget".into(),
+                                message,
+                            });
+                            return self.end_turn(run, &turn, failed).await;
+                        }
+                    }
                     if !permit.intent_recorded() {
                         let new_messages = pending
                             .iter()
@@ -754,4 +780,86 @@ fn render_answers(answers: &[Answer]) -> String {
             sentinel::content_string(&serde_json::to_value(many).expect("answers are plain JSON"))
         }
     }
+}
+
+/// What the budgets say about one more model call.
+enum Verdict {
+    Within,
+    /// A budget is used up: park the run.
+    Exceeded(spool_journal::event::BudgetExceeded),
+    /// An operator refused to extend a used-up budget: end the turn.
+    Refused(String),
+}
+
+/// Checks the budgets against the current turn's recorded events (from its
+/// `turn_started` on). An approving answer to a `budget_exceeded` raises
+/// that budget to what was used plus its limit again; a rejecting one
+/// refuses.
+fn budget_verdict(
+    budgets: &crate::agent::Budgets,
+    turn_log: &[Envelope],
+    turn: &TurnId,
+) -> Verdict {
+    let mut limits = [
+        ("steps_per_turn", budgets.steps_per_turn),
+        ("tokens", budgets.tokens),
+        ("wall_seconds", budgets.wall_seconds),
+    ];
+    let mut last: Option<&spool_journal::event::BudgetExceeded> = None;
+    for envelope in turn_log {
+        match &envelope.event {
+            Event::BudgetExceeded(exceeded) => last = Some(exceeded),
+            Event::Resumed(resumed) if &resumed.turn_id == turn => {
+                if let Some(exceeded) = last.take() {
+                    if resumed.answers.iter().any(|a| a.approved == Some(false)) {
+                        return Verdict::Refused(format!(
+                            "the {} budget ({}) was used up and an operator declined to extend it",
+                            exceeded.budget, exceeded.limit
+                        ));
+                    }
+                    for (name, limit) in &mut limits {
+                        if *name == exceeded.budget {
+                            let base = limit.unwrap_or(exceeded.limit);
+                            *limit = Some(exceeded.used.saturating_add(base));
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    let Some(start) = turn_log.first() else {
+        return Verdict::Within;
+    };
+    let steps = turn_log
+        .iter()
+        .filter(|e| matches!(e.event, Event::ModelCallRequested(_)))
+        .count() as u64;
+    let tokens: u64 = turn_log
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::ModelCallCompleted(done) => done.usage.map(|u| u.input_tokens + u.output_tokens),
+            _ => None,
+        })
+        .sum();
+    let elapsed = (time::OffsetDateTime::now_utc() - start.recorded_at)
+        .whole_seconds()
+        .max(0) as u64;
+    for (name, limit) in limits {
+        let used = match name {
+            "steps_per_turn" => steps,
+            "tokens" => tokens,
+            _ => elapsed,
+        };
+        if let Some(limit) = limit
+            && used >= limit
+        {
+            return Verdict::Exceeded(spool_journal::event::BudgetExceeded {
+                budget: name.to_owned(),
+                limit,
+                used,
+            });
+        }
+    }
+    Verdict::Within
 }

@@ -5,6 +5,7 @@ use serde_json::Value;
 use spool_journal::event::{Suspended, Usage};
 use spool_journal::fold::{ItemContent, State, Status};
 use spool_journal::{Envelope, Event, RunId, Seq, TurnId};
+use spool_wire::http::SuspendKind;
 
 /// A run's state and latest boundary result.
 #[derive(Clone, Debug, PartialEq)]
@@ -50,7 +51,7 @@ impl RunView {
             turn_id: state.turn.clone(),
             cursor: state.last_seq,
             response: state.response.clone(),
-            suspend: state.suspension.clone(),
+            suspend: state.suspension.clone().or_else(|| budget_suspend(state)),
             usage,
             title: state.title().map(str::to_owned),
         }
@@ -88,4 +89,25 @@ impl Snapshot {
             messages,
         }
     }
+}
+
+/// A used-up budget, shown the way every other wait is: what is used up,
+/// and the verdict that answers it.
+fn budget_suspend(state: &State) -> Option<Suspended> {
+    let (Status::Waiting(SuspendKind::Budget), Some(budget), Some(turn)) =
+        (&state.status, &state.budget, &state.turn)
+    else {
+        return None;
+    };
+    Some(Suspended {
+        turn_id: turn.clone(),
+        kind: SuspendKind::Budget,
+        prompt: format!(
+            "the {} budget is used up ({} of {}): approve to extend it, or reject to end the turn",
+            budget.budget, budget.used, budget.limit
+        ),
+        call_id: None,
+        input_schema: Some(serde_json::json!({"type": "object", "required": ["approved"]})),
+        options: Some(vec!["approve".into(), "reject".into()]),
+    })
 }

@@ -760,3 +760,114 @@ async fn compaction_replaces_older_context_with_the_engines_summary_for_the_mode
         });
     assert_eq!(recorded, Some(model_saw.hash()));
 }
+
+fn budgeted(journal: &Arc<dyn Journal>, budgets: spool_runtime::agent::Budgets) -> Runtime {
+    let (tool, _) = Counting::new("count", Effect::Read);
+    let script = r#"{"tool_calls": [{"id": "c1", "name": "count", "arguments": {}}], "usage": {"input_tokens": 10, "output_tokens": 5}}
+{"text": "finished", "usage": {"input_tokens": 20, "output_tokens": 5}}"#;
+    Runtime::builder(Arc::clone(journal))
+        .engine(Arc::new(
+            spool_runtime::engines::ScriptedEngine::from_jsonl(script).unwrap(),
+        ))
+        .tools(tools_with(vec![tool]))
+        .budgets(budgets)
+        .build()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_used_up_budget_parks_the_run_and_an_approval_extends_it() {
+    let journal: Arc<dyn Journal> = Arc::new(MemoryJournal::new());
+    let runtime = budgeted(
+        &journal,
+        spool_runtime::agent::Budgets {
+            steps_per_turn: Some(1),
+            ..Default::default()
+        },
+    );
+    let (run, turn) = started(runtime.start(start("count")).await.unwrap());
+    let view = settle(&runtime, &run, &turn).await;
+    assert_eq!(view.status, Status::Waiting(SuspendKind::Budget));
+    let suspend = view.suspend.unwrap();
+    assert_eq!(suspend.kind, SuspendKind::Budget);
+    assert!(
+        suspend
+            .prompt
+            .contains("steps_per_turn budget is used up (1 of 1)"),
+        "{}",
+        suspend.prompt
+    );
+    let silent = runtime
+        .respond(
+            &run,
+            None,
+            vec![Answer {
+                text: "ok".into(),
+                approved: None,
+            }],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        silent.code(),
+        ErrorCode::BadRequest,
+        "a budget needs a verdict"
+    );
+    runtime
+        .respond(
+            &run,
+            Some(&turn),
+            vec![Answer {
+                text: "go on".into(),
+                approved: Some(true),
+            }],
+        )
+        .await
+        .unwrap();
+    let view = until(&runtime, &run, |v| v.status == Status::Completed).await;
+    assert_eq!(view.response.as_deref(), Some("finished"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn declining_to_extend_a_used_up_budget_fails_the_turn_with_code_budget() {
+    let journal: Arc<dyn Journal> = Arc::new(MemoryJournal::new());
+    let runtime = budgeted(
+        &journal,
+        spool_runtime::agent::Budgets {
+            tokens: Some(15),
+            ..Default::default()
+        },
+    );
+    let (run, turn) = started(runtime.start(start("count")).await.unwrap());
+    assert_eq!(
+        settle(&runtime, &run, &turn).await.status,
+        Status::Waiting(SuspendKind::Budget)
+    );
+    runtime
+        .respond(
+            &run,
+            Some(&turn),
+            vec![Answer {
+                text: "no".into(),
+                approved: Some(false),
+            }],
+        )
+        .await
+        .unwrap();
+    until(&runtime, &run, |v| v.status == Status::Failed).await;
+    let failure = journal
+        .read(&run, Seq(0))
+        .await
+        .unwrap()
+        .into_iter()
+        .find_map(|e| match e.event {
+            Event::TurnFailed(f) => Some(f),
+            _ => None,
+        });
+    let failure = failure.unwrap();
+    assert_eq!(failure.code, "budget");
+    assert!(
+        failure.message.contains("tokens budget (15)"),
+        "{}",
+        failure.message
+    );
+}

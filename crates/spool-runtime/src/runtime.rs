@@ -41,6 +41,7 @@ pub(crate) struct Inner {
     pub(crate) tools: Tools,
     pub(crate) system_prompt: Option<String>,
     pub(crate) budgets: crate::agent::Budgets,
+    pub(crate) ids: Arc<dyn crate::ids::IdSource>,
     pub(crate) hub: Hub,
     /// Runs with a driver task.
     pub(crate) driving: Mutex<HashMap<RunId, Driving>>,
@@ -67,6 +68,7 @@ pub struct RuntimeBuilder {
     tools: Tools,
     system_prompt: Option<String>,
     budgets: crate::agent::Budgets,
+    ids: Arc<dyn crate::ids::IdSource>,
 }
 
 impl std::fmt::Debug for RuntimeBuilder {
@@ -104,6 +106,14 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Where run and turn ids come from (unique, time-ordered ids by
+    /// default).
+    #[must_use]
+    pub fn ids(mut self, ids: Arc<dyn crate::ids::IdSource>) -> Self {
+        self.ids = ids;
+        self
+    }
+
     /// The runtime, with nothing running yet: call [`Runtime::recover`].
     #[must_use]
     pub fn build(self) -> Runtime {
@@ -114,6 +124,7 @@ impl RuntimeBuilder {
                 tools: self.tools,
                 system_prompt: self.system_prompt,
                 budgets: self.budgets,
+                ids: self.ids,
                 hub: Hub::default(),
                 driving: Mutex::new(HashMap::new()),
                 locks: Mutex::new(HashMap::new()),
@@ -221,6 +232,7 @@ impl Runtime {
             tools: Tools::builtin(),
             system_prompt: None,
             budgets: crate::agent::Budgets::default(),
+            ids: Arc::new(crate::ids::UniqueIds),
         }
     }
 
@@ -291,8 +303,8 @@ impl Runtime {
         {
             return self.send(&run, request.into_message()).await;
         }
-        let run = RunId::new(crate::ids::new_id("run")).expect("generated ids are valid");
-        let turn = TurnId::new(crate::ids::new_id("turn")).expect("generated ids are valid");
+        let run = self.inner.ids.run_id();
+        let turn = self.inner.ids.turn_id(&run, 1);
         let created = Event::RunCreated(RunCreated {
             address: request.address.clone(),
             operation_id: request.operation_id.clone(),
@@ -397,8 +409,7 @@ impl Runtime {
                 }
             }
             _ => {
-                let turn =
-                    TurnId::new(crate::ids::new_id("turn")).expect("generated ids are valid");
+                let turn = self.inner.ids.turn_id(run, crate::turn::turns(&log) + 1);
                 (
                     vec![Event::TurnStarted(TurnStarted {
                         turn_id: turn.clone(),
@@ -756,7 +767,7 @@ impl Runtime {
         if let Some(run) = self.inner.journal.find_address(address).await? {
             return self.get(&run).await;
         }
-        let run = RunId::new(crate::ids::new_id("run")).expect("generated ids are valid");
+        let run = self.inner.ids.run_id();
         let created = Event::RunCreated(RunCreated {
             address: Some(address.clone()),
             ..RunCreated::default()

@@ -64,6 +64,13 @@ pub(crate) fn history(log: &[Envelope], system: Option<&str>) -> Vec<Message> {
     messages
 }
 
+/// How many turns a log has started.
+pub(crate) fn turns(log: &[Envelope]) -> u64 {
+    log.iter()
+        .filter(|e| matches!(e.event, Event::TurnStarted(_)))
+        .count() as u64
+}
+
 /// Whether `turn` has reached a boundary: completed, failed, cancelled,
 /// parked, or overtaken by a later turn.
 pub(crate) fn reached_boundary(log: &[Envelope], turn: &TurnId) -> bool {
@@ -184,10 +191,9 @@ impl Inner {
                 Ok(())
             }
             Work::StartQueued => {
-                let (_, state) = self.load(run).await?;
+                let (log, state) = self.load(run).await?;
                 if let Some((seq, queued)) = state.queued.front().cloned() {
-                    let turn =
-                        TurnId::new(crate::ids::new_id("turn")).expect("generated ids are valid");
+                    let turn = self.ids.turn_id(run, turns(&log) + 1);
                     self.append(
                         run,
                         vec![Event::TurnStarted(TurnStarted {
@@ -328,33 +334,35 @@ impl Inner {
                     })?
                 }
                 ModelStep::Live(permit) => {
-                    // Budgets are checked from recorded data, and only before
-                    // live work: a replayed call already passed them.
-                    match budget_verdict(&self.budgets, &log[started..], &turn) {
-                        Verdict::Within => {}
-                        Verdict::Exceeded(exceeded) => {
-                            self.journal
-                                .append(
-                                    run,
-                                    Seq(log.len() as u64),
-                                    vec![Event::BudgetExceeded(exceeded)],
-                                )
-                                .await?;
-                            drop(guard);
-                            self.hub.end_turn(run);
-                            return Ok(());
-                        }
-                        Verdict::Refused(message) => {
-                            drop(guard);
-                            let failed = Event::TurnFailed(TurnFailed {
-                                turn_id: turn.clone(),
-                                code: "budget".into(),
-                                message,
-                            });
-                            return self.end_turn(run, &turn, failed).await;
-                        }
-                    }
                     if !permit.intent_recorded() {
+                        // Budgets are checked from recorded data, and only
+                        // before a new intent: a replayed call, or a dangling
+                        // one being made again, passed them when it was
+                        // recorded.
+                        match budget_verdict(&self.budgets, &log[started..], &turn) {
+                            Verdict::Within => {}
+                            Verdict::Exceeded(exceeded) => {
+                                self.journal
+                                    .append(
+                                        run,
+                                        Seq(log.len() as u64),
+                                        vec![Event::BudgetExceeded(exceeded)],
+                                    )
+                                    .await?;
+                                drop(guard);
+                                self.hub.end_turn(run);
+                                return Ok(());
+                            }
+                            Verdict::Refused(message) => {
+                                drop(guard);
+                                let failed = Event::TurnFailed(TurnFailed {
+                                    turn_id: turn.clone(),
+                                    code: "budget".into(),
+                                    message,
+                                });
+                                return self.end_turn(run, &turn, failed).await;
+                            }
+                        }
                         let new_messages = pending
                             .iter()
                             .map(|m| serde_json::to_value(m).expect("messages are plain JSON"))

@@ -8,6 +8,7 @@
 mod agent;
 mod channels;
 mod concurrency;
+mod gate;
 mod hub;
 mod recovery;
 mod support;

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod agent;
 mod runs;
 mod wire;
 
@@ -24,6 +25,11 @@ enum Command {
         #[command(subcommand)]
         command: wire::WireCommand,
     },
+    /// Work with agent definitions (spool.toml).
+    Agent {
+        #[command(subcommand)]
+        command: agent::AgentCommand,
+    },
     /// Read runs from a journal (read-only; safe beside a running server).
     Runs {
         #[command(subcommand)]
@@ -36,6 +42,7 @@ fn main() -> ExitCode {
     let outcome = match cli.command {
         Command::Wire { command } => wire::run(command),
         Command::Runs { command } => runs::run(command),
+        Command::Agent { command } => agent::run(command),
     };
     match outcome {
         Ok(code) => code,

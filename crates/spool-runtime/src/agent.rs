@@ -20,6 +20,11 @@
 //! steps_per_turn = 20                  # model calls in one turn
 //! tokens = 200000                      # input + output tokens of one turn
 //! wall_seconds = 900                   # one turn's time from its start
+//! cost_usd = 0.50                      # one turn's cost, priced below
+//!
+//! [pricing]                            # USD per million tokens of the engine's model
+//! input_per_million = 3.0
+//! output_per_million = 15.0
 //! ```
 //!
 //! Unknown keys are errors that name the key: a misspelt budget must not
@@ -52,6 +57,31 @@ pub struct AgentDefinition {
     /// Budgets, checked before each model call.
     #[serde(default)]
     pub budgets: Budgets,
+    /// What the engine's model costs, for the cost budget.
+    #[serde(default)]
+    pub pricing: Option<Pricing>,
+}
+
+/// `[pricing]`: USD per million tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Pricing {
+    /// Per million input tokens.
+    pub input_per_million: f64,
+    /// Per million output tokens.
+    pub output_per_million: f64,
+}
+
+impl Pricing {
+    /// The cost of `usage` in micro-dollars, rounded up: budgets compare
+    /// integers, so a recorded crossing is exact.
+    #[must_use]
+    pub fn micro_usd(&self, input_tokens: u64, output_tokens: u64) -> u64 {
+        // Per million tokens in USD is per token in micro-USD.
+        let cost = input_tokens as f64 * self.input_per_million
+            + output_tokens as f64 * self.output_per_million;
+        cost.ceil().max(0.0) as u64
+    }
 }
 
 /// `[agent]`.
@@ -131,7 +161,7 @@ fn one() -> u32 {
 }
 
 /// `[budgets]`. Each is off when absent.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Budgets {
     /// Model calls in one turn.
@@ -143,6 +173,17 @@ pub struct Budgets {
     /// One turn's time, from its start, in seconds.
     #[serde(default)]
     pub wall_seconds: Option<u64>,
+    /// One turn's cost in USD, priced by `[pricing]`.
+    #[serde(default)]
+    pub cost_usd: Option<f64>,
+}
+
+impl Budgets {
+    /// The cost budget in micro-dollars, as recorded.
+    #[must_use]
+    pub fn cost_micro_usd(&self) -> Option<u64> {
+        self.cost_usd.map(|usd| (usd * 1e6).round().max(0.0) as u64)
+    }
 }
 
 /// A definition that does not load.
@@ -229,6 +270,19 @@ impl AgentDefinition {
     }
 
     fn check(&self) -> Result<(), String> {
+        if let Some(cost) = self.budgets.cost_usd {
+            if !(cost.is_finite() && cost > 0.0) {
+                return Err("`budgets.cost_usd` must be a positive number".into());
+            }
+            if self.pricing.is_none() {
+                return Err("`budgets.cost_usd` needs a `[pricing]` table to price tokens".into());
+            }
+        }
+        if let Some(pricing) = &self.pricing
+            && !(pricing.input_per_million >= 0.0 && pricing.output_per_million >= 0.0)
+        {
+            return Err("`pricing` rates must be zero or more".into());
+        }
         for tool in &self.tools {
             if tool.command.is_empty() {
                 return Err(format!(

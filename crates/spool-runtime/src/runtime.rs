@@ -41,6 +41,7 @@ pub(crate) struct Inner {
     pub(crate) tools: Tools,
     pub(crate) system_prompt: Option<String>,
     pub(crate) budgets: crate::agent::Budgets,
+    pub(crate) pricing: Option<crate::agent::Pricing>,
     pub(crate) ids: Arc<dyn crate::ids::IdSource>,
     pub(crate) hub: Hub,
     /// Runs with a driver task.
@@ -68,6 +69,7 @@ pub struct RuntimeBuilder {
     tools: Tools,
     system_prompt: Option<String>,
     budgets: crate::agent::Budgets,
+    pricing: Option<crate::agent::Pricing>,
     ids: Arc<dyn crate::ids::IdSource>,
 }
 
@@ -106,6 +108,34 @@ impl RuntimeBuilder {
         self
     }
 
+    /// What the engine's model costs, for the cost budget.
+    #[must_use]
+    pub fn pricing(mut self, pricing: crate::agent::Pricing) -> Self {
+        self.pricing = Some(pricing);
+        self
+    }
+
+    /// Everything an agent definition says: system prompt, tools, budgets,
+    /// pricing, and the engine when the runtime provides it (`echo`,
+    /// `scripted:`); other engine specs are set with
+    /// [`RuntimeBuilder::engine`].
+    ///
+    /// # Errors
+    ///
+    /// When the tools or a script do not load.
+    pub fn agent(mut self, loaded: &crate::agent::Loaded) -> Result<Self, String> {
+        let definition = &loaded.definition;
+        self.system_prompt
+            .clone_from(&definition.agent.system_prompt);
+        self.tools = definition.tools(&loaded.base)?;
+        self.budgets = definition.budgets;
+        self.pricing = definition.pricing;
+        if let Some(engine) = definition.builtin_engine(&loaded.base)? {
+            self.engine = engine;
+        }
+        Ok(self)
+    }
+
     /// Where run and turn ids come from (unique, time-ordered ids by
     /// default).
     #[must_use]
@@ -124,6 +154,7 @@ impl RuntimeBuilder {
                 tools: self.tools,
                 system_prompt: self.system_prompt,
                 budgets: self.budgets,
+                pricing: self.pricing,
                 ids: self.ids,
                 hub: Hub::default(),
                 driving: Mutex::new(HashMap::new()),
@@ -232,6 +263,7 @@ impl Runtime {
             tools: Tools::builtin(),
             system_prompt: None,
             budgets: crate::agent::Budgets::default(),
+            pricing: None,
             ids: Arc::new(crate::ids::UniqueIds),
         }
     }

@@ -339,7 +339,12 @@ impl Inner {
                         // before a new intent: a replayed call, or a dangling
                         // one being made again, passed them when it was
                         // recorded.
-                        match budget_verdict(&self.budgets, &log[started..], &turn) {
+                        match budget_verdict(
+                            &self.budgets,
+                            self.pricing.as_ref(),
+                            &log[started..],
+                            &turn,
+                        ) {
                             Verdict::Within => {}
                             Verdict::Exceeded(exceeded) => {
                                 self.journal
@@ -805,6 +810,7 @@ enum Verdict {
 /// refuses.
 fn budget_verdict(
     budgets: &crate::agent::Budgets,
+    pricing: Option<&crate::agent::Pricing>,
     turn_log: &[Envelope],
     turn: &TurnId,
 ) -> Verdict {
@@ -812,6 +818,7 @@ fn budget_verdict(
         ("steps_per_turn", budgets.steps_per_turn),
         ("tokens", budgets.tokens),
         ("wall_seconds", budgets.wall_seconds),
+        ("cost_micro_usd", budgets.cost_micro_usd()),
     ];
     let mut last: Option<&spool_journal::event::BudgetExceeded> = None;
     for envelope in turn_log {
@@ -843,13 +850,16 @@ fn budget_verdict(
         .iter()
         .filter(|e| matches!(e.event, Event::ModelCallRequested(_)))
         .count() as u64;
-    let tokens: u64 = turn_log
-        .iter()
-        .filter_map(|e| match &e.event {
-            Event::ModelCallCompleted(done) => done.usage.map(|u| u.input_tokens + u.output_tokens),
-            _ => None,
-        })
-        .sum();
+    let mut spent = Usage::default();
+    for envelope in turn_log {
+        if let Event::ModelCallCompleted(done) = &envelope.event
+            && let Some(usage) = done.usage
+        {
+            spent += usage;
+        }
+    }
+    let tokens = spent.input_tokens + spent.output_tokens;
+    let cost = pricing.map_or(0, |p| p.micro_usd(spent.input_tokens, spent.output_tokens));
     let elapsed = (time::OffsetDateTime::now_utc() - start.recorded_at)
         .whole_seconds()
         .max(0) as u64;
@@ -857,6 +867,7 @@ fn budget_verdict(
         let used = match name {
             "steps_per_turn" => steps,
             "tokens" => tokens,
+            "cost_micro_usd" => cost,
             _ => elapsed,
         };
         if let Some(limit) = limit

@@ -5,5 +5,6 @@
 // test on the line that broke, which is what it is for.
 #![allow(clippy::unwrap_used)]
 
+mod agent;
 mod runs;
 mod wire_validate;

@@ -267,3 +267,74 @@ async fn a_run_calls_a_command_tool_from_the_definition_and_records_its_output()
         });
     assert_eq!(output, Some(json!({"ok": true})));
 }
+
+#[test]
+fn a_cost_budget_needs_pricing_and_sane_numbers() {
+    let error = AgentDefinition::from_toml("[budgets]\ncost_usd = 1.0\n").unwrap_err();
+    assert!(error.contains("[pricing]"), "{error}");
+    let error = AgentDefinition::from_toml("[budgets]\ncost_usd = -1.0\n[pricing]\ninput_per_million = 1.0\noutput_per_million = 1.0\n").unwrap_err();
+    assert!(error.contains("positive"), "{error}");
+    let ok = AgentDefinition::from_toml("[budgets]\ncost_usd = 0.5\n[pricing]\ninput_per_million = 3.0\noutput_per_million = 15.0\n").unwrap();
+    assert_eq!(ok.budgets.cost_micro_usd(), Some(500_000));
+    assert_eq!(ok.pricing.unwrap().micro_usd(1_000, 100), 3_000 + 1_500);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runtime_built_from_a_definition_uses_its_prompt_engine_tools_and_budgets() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("script.jsonl"),
+        "{\"text\": \"scripted hello\"}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("spool.toml"),
+        "[agent]\nsystem_prompt = \"Be brief.\"\nengine = \"scripted:script.jsonl\"\nbuiltin_tools = []\n\n[budgets]\nsteps_per_turn = 4\n",
+    )
+    .unwrap();
+    let loaded = AgentDefinition::load(Some(&dir.path().join("spool.toml"))).unwrap();
+    let journal: Arc<dyn Journal> = Arc::new(MemoryJournal::new());
+    let runtime = Runtime::builder(Arc::clone(&journal))
+        .agent(&loaded)
+        .unwrap()
+        .build();
+    let Accepted::Started { run, turn } = runtime
+        .start(StartRequest {
+            text: "hi".into(),
+            ..StartRequest::default()
+        })
+        .await
+        .unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(
+        settle(&runtime, &run, &turn).await.response.as_deref(),
+        Some("scripted hello")
+    );
+    let expected = spool_runtime::ModelRequest {
+        messages: vec![
+            spool_runtime::Message::System {
+                content: "Be brief.".into(),
+            },
+            spool_runtime::Message::User {
+                content: "hi".into(),
+            },
+        ],
+        tools: vec![],
+    };
+    let recorded = journal
+        .read(&run, Seq(0))
+        .await
+        .unwrap()
+        .into_iter()
+        .find_map(|e| match e.event {
+            Event::ModelCallRequested(r) => Some(r.request_hash),
+            _ => None,
+        });
+    assert_eq!(
+        recorded,
+        Some(expected.hash()),
+        "the system prompt and no tools reached the model"
+    );
+}

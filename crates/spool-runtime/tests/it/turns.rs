@@ -871,3 +871,44 @@ async fn declining_to_extend_a_used_up_budget_fails_the_turn_with_code_budget() 
         failure.message
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cost_budget_prices_recorded_usage_and_parks_the_run_when_crossed() {
+    let journal: Arc<dyn Journal> = Arc::new(MemoryJournal::new());
+    // The first call uses 10 in + 5 out: at $100 per million input tokens
+    // and $200 per million output, that is 1000 + 1000 micro-dollars.
+    let (tool, _) = Counting::new("count", Effect::Read);
+    let script = r#"{"tool_calls": [{"id": "c1", "name": "count", "arguments": {}}], "usage": {"input_tokens": 10, "output_tokens": 5}}
+{"text": "finished"}"#;
+    let runtime = Runtime::builder(Arc::clone(&journal))
+        .engine(Arc::new(
+            spool_runtime::engines::ScriptedEngine::from_jsonl(script).unwrap(),
+        ))
+        .tools(tools_with(vec![tool]))
+        .budgets(spool_runtime::agent::Budgets {
+            cost_usd: Some(0.002),
+            ..Default::default()
+        })
+        .pricing(spool_runtime::agent::Pricing {
+            input_per_million: 100.0,
+            output_per_million: 200.0,
+        })
+        .build();
+    let (run, turn) = started(runtime.start(start("spend")).await.unwrap());
+    let view = settle(&runtime, &run, &turn).await;
+    assert_eq!(view.status, Status::Waiting(SuspendKind::Budget));
+    let exceeded = journal
+        .read(&run, Seq(0))
+        .await
+        .unwrap()
+        .into_iter()
+        .find_map(|e| match e.event {
+            Event::BudgetExceeded(b) => Some(b),
+            _ => None,
+        });
+    let exceeded = exceeded.unwrap();
+    assert_eq!(
+        (exceeded.budget.as_str(), exceeded.limit, exceeded.used),
+        ("cost_micro_usd", 2000, 2000)
+    );
+}

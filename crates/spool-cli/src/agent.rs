@@ -1,0 +1,61 @@
+//! `spool agent …`: check an agent definition before running it.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Subcommand;
+use spool_runtime::agent::AgentDefinition;
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum AgentCommand {
+    /// Load an agent definition and print what it resolves to: engine,
+    /// tools and budgets. Exits 1 with the error (naming the key) when it
+    /// does not load.
+    Check {
+        /// The definition; `spool.toml` in this directory by default.
+        path: Option<PathBuf>,
+    },
+}
+
+pub(crate) fn run(command: AgentCommand) -> anyhow::Result<ExitCode> {
+    let AgentCommand::Check { path } = command;
+    let loaded = AgentDefinition::load(path.as_deref())?;
+    let definition = &loaded.definition;
+    let tools = definition.tools(&loaded.base).map_err(anyhow::Error::msg)?;
+    definition
+        .builtin_engine(&loaded.base)
+        .map_err(anyhow::Error::msg)?;
+    let mut out = std::io::stdout().lock();
+    if let Some(note) = &loaded.note {
+        writeln!(out, "note     {note}")?;
+    }
+    writeln!(
+        out,
+        "agent    {}",
+        definition.agent.name.as_deref().unwrap_or("(unnamed)")
+    )?;
+    writeln!(out, "engine   {}", definition.agent.engine)?;
+    for spec in tools.specs() {
+        let effect = tools
+            .get(&spec.name)
+            .map(|t| format!("{:?}", t.effect()).to_lowercase())
+            .unwrap_or_default();
+        writeln!(out, "tool     {} ({effect})", spec.name)?;
+    }
+    let budgets = &definition.budgets;
+    for (name, value) in [
+        (
+            "steps_per_turn",
+            budgets.steps_per_turn.map(|v| v.to_string()),
+        ),
+        ("tokens", budgets.tokens.map(|v| v.to_string())),
+        ("wall_seconds", budgets.wall_seconds.map(|v| v.to_string())),
+        ("cost_usd", budgets.cost_usd.map(|v| v.to_string())),
+    ] {
+        if let Some(value) = value {
+            writeln!(out, "budget   {name} = {value}")?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

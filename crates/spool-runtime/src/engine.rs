@@ -105,6 +105,15 @@ pub enum Delta {
         /// The fragment.
         fragment: String,
     },
+    /// A tool call's arguments are complete.
+    ToolCallDone {
+        /// The call id.
+        id: String,
+        /// The tool.
+        name: String,
+        /// The complete arguments (JSON text).
+        arguments: String,
+    },
 }
 
 /// The model's complete answer.

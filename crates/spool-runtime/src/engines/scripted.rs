@@ -151,9 +151,15 @@ impl Engine for ScriptedEngine {
                         id: call.id.clone(),
                         name: call.name.clone(),
                     });
+                    let arguments = call.arguments.to_string();
                     deltas(Delta::ToolCallArguments {
                         id: call.id.clone(),
-                        fragment: call.arguments.to_string(),
+                        fragment: arguments.clone(),
+                    });
+                    deltas(Delta::ToolCallDone {
+                        id: call.id.clone(),
+                        name: call.name.clone(),
+                        arguments,
                     });
                     ToolCall {
                         id: call.id.clone(),

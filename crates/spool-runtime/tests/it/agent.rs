@@ -10,7 +10,7 @@ use spool_journal::{Event, Journal, Seq};
 use spool_runtime::agent::{AgentDefinition, AgentError, CommandToolDefinition};
 use spool_runtime::engines::ScriptedEngine;
 use spool_runtime::tools::command::CommandTool;
-use spool_runtime::{Accepted, Runtime, StartRequest, Tool, ToolOutcome};
+use spool_runtime::{Runtime, Tool, ToolOutcome};
 use tokio_util::sync::CancellationToken;
 
 use crate::support::*;
@@ -237,16 +237,7 @@ async fn a_run_calls_a_command_tool_from_the_definition_and_records_its_output()
         .engine(Arc::new(ScriptedEngine::from_jsonl(script).unwrap()))
         .tools(definition.tools(dir.path()).unwrap())
         .build();
-    let Accepted::Started { run, turn } = runtime
-        .start(StartRequest {
-            text: "deploy".into(),
-            ..StartRequest::default()
-        })
-        .await
-        .unwrap()
-    else {
-        panic!()
-    };
+    let (run, turn) = begin(&runtime, "deploy").await;
     assert_eq!(
         settle(&runtime, &run, &turn).await.status,
         Status::Completed
@@ -298,16 +289,7 @@ async fn a_runtime_built_from_a_definition_uses_its_prompt_engine_tools_and_budg
         .agent(&loaded)
         .unwrap()
         .build();
-    let Accepted::Started { run, turn } = runtime
-        .start(StartRequest {
-            text: "hi".into(),
-            ..StartRequest::default()
-        })
-        .await
-        .unwrap()
-    else {
-        panic!()
-    };
+    let (run, turn) = begin(&runtime, "hi").await;
     assert_eq!(
         settle(&runtime, &run, &turn).await.response.as_deref(),
         Some("scripted hello")

@@ -7,23 +7,14 @@ use spool_journal::store::memory::MemoryJournal;
 use spool_journal::{Event, Seq};
 use spool_runtime::engine::Delta;
 use spool_runtime::hub::StreamItem;
-use spool_runtime::{Accepted, MessageRequest, Runtime, StartRequest};
+use spool_runtime::{Accepted, MessageRequest, Runtime};
 
 use crate::support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cursor_gets_the_journal_after_it_then_live_events_with_no_gap_or_duplicate() {
     let runtime = Runtime::builder(Arc::new(MemoryJournal::new())).build();
-    let Accepted::Started { run, turn } = runtime
-        .start(StartRequest {
-            text: "one".into(),
-            ..StartRequest::default()
-        })
-        .await
-        .unwrap()
-    else {
-        panic!()
-    };
+    let (run, turn) = begin(&runtime, "one").await;
     settle(&runtime, &run, &turn).await;
     let mut stream = runtime.subscribe(&run, Some(Seq(1))).await.unwrap();
     let Accepted::Started { turn: second, .. } = runtime
@@ -189,5 +180,60 @@ async fn a_subscriber_that_falls_behind_is_told_it_lagged_and_resumes_from_its_c
         seqs,
         (from..total).collect::<Vec<_>>(),
         "resumes right after the last event delivered, with no gap"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_call_streams_start_arguments_and_done_deltas() {
+    let runtime = scripted(
+        r#"{"tool_calls": [{"id": "c1", "name": "ask_human", "arguments": {"prompt": "Region?"}}]}"#,
+    );
+    let pending = runtime
+        .ensure(&spool_journal::Address::new("http", "tool-deltas"))
+        .await
+        .unwrap();
+    let mut stream = runtime
+        .subscribe(&pending.run_id, pending.cursor)
+        .await
+        .unwrap();
+    runtime
+        .send(
+            &pending.run_id,
+            MessageRequest {
+                text: "ask".into(),
+                ..MessageRequest::default()
+            },
+        )
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    tokio::time::timeout(PATIENCE, async {
+        while let Some(item) = stream.next().await {
+            match item {
+                StreamItem::Delta(delta) => seen.push(delta.delta),
+                StreamItem::Event(envelope) if envelope.event.kind() == "suspended" => break,
+                _ => {}
+            }
+        }
+    })
+    .await
+    .expect("the tool call streams and the run parks");
+    assert_eq!(
+        seen,
+        [
+            Delta::ToolCallStart {
+                id: "c1".into(),
+                name: "ask_human".into()
+            },
+            Delta::ToolCallArguments {
+                id: "c1".into(),
+                fragment: r#"{"prompt":"Region?"}"#.into()
+            },
+            Delta::ToolCallDone {
+                id: "c1".into(),
+                name: "ask_human".into(),
+                arguments: r#"{"prompt":"Region?"}"#.into()
+            },
+        ]
     );
 }

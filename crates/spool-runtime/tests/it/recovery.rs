@@ -230,16 +230,7 @@ async fn a_sleeping_run_wakes_after_a_restart() {
             spool_runtime::Tools::builtin(),
         );
         let (run, turn) = tokio.block_on(async {
-            let Accepted::Started { run, turn } = first
-                .start(StartRequest {
-                    text: "nap".into(),
-                    ..StartRequest::default()
-                })
-                .await
-                .unwrap()
-            else {
-                panic!("a new run starts a turn")
-            };
+            let (run, turn) = begin(&first, "nap").await;
             assert_eq!(
                 settle(&first, &run, &turn).await.status,
                 Status::Waiting(SuspendKind::Sleep)

@@ -168,3 +168,15 @@ pub(crate) async fn until(
     .await
     .expect("the run reaches the expected state in time")
 }
+
+/// Starts a run with `text` and returns its run and first turn.
+pub(crate) async fn begin(runtime: &Runtime, text: &str) -> (RunId, TurnId) {
+    let request = spool_runtime::StartRequest {
+        text: text.into(),
+        ..spool_runtime::StartRequest::default()
+    };
+    match runtime.start(request).await.unwrap() {
+        spool_runtime::Accepted::Started { run, turn } => (run, turn),
+        other => panic!("a new run starts a turn, got {other:?}"),
+    }
+}

@@ -912,3 +912,53 @@ async fn the_cost_budget_prices_recorded_usage_and_parks_the_run_when_crossed() 
         ("cost_micro_usd", 2000, 2000)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_mid_stream_stops_the_model_at_once_and_records_no_answer() {
+    let journal: Arc<dyn Journal> = Arc::new(MemoryJournal::new());
+    // Ten minutes of streaming if nothing stopped it.
+    let words = vec!["word"; 600].join(" ");
+    let script = format!(r#"{{"text": "{words}", "delay_ms": 1000}}"#);
+    let runtime = runtime_with(
+        Arc::clone(&journal),
+        &script,
+        spool_runtime::Tools::builtin(),
+    );
+    let pending = runtime
+        .ensure(&Address::new("http", "cancel-stream"))
+        .await
+        .unwrap();
+    let mut stream = runtime
+        .subscribe(&pending.run_id, pending.cursor)
+        .await
+        .unwrap();
+    let (_, turn) = started(
+        runtime
+            .send(&pending.run_id, message("talk", TurnPolicy::Steer))
+            .await
+            .unwrap(),
+    );
+    // Wait for the first streamed word: the model call is under way.
+    tokio::time::timeout(PATIENCE, async {
+        while let Some(item) = stream.next().await {
+            if matches!(item, spool_runtime::hub::StreamItem::Delta(_)) {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("the answer starts streaming");
+    assert_eq!(
+        runtime.cancel(&pending.run_id, Some(&turn)).await.unwrap(),
+        CancelOutcome::Requested(turn.clone())
+    );
+    assert_eq!(
+        settle(&runtime, &pending.run_id, &turn).await.status,
+        Status::Cancelled
+    );
+    let kinds = kinds(&journal, &pending.run_id).await;
+    assert!(
+        !kinds.contains(&"model_call_completed"),
+        "the interrupted answer is not recorded: {kinds:?}"
+    );
+}

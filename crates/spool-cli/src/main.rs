@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 
 mod agent;
 mod runs;
+mod serve;
 mod wire;
 
 /// Spool: durable LLM agent runs and the wire protocols to drive them.
@@ -24,6 +25,14 @@ enum Command {
     Wire {
         #[command(subcommand)]
         command: wire::WireCommand,
+    },
+    /// Serve the HTTP channel on the embedded defaults: ./.spool, ./spool.toml
+    /// (or the built-in echo agent), 127.0.0.1:8080.
+    Serve(serve::ServeArgs),
+    /// Manage bearer tokens.
+    Token {
+        #[command(subcommand)]
+        command: serve::TokenCommand,
     },
     /// Work with agent definitions (spool.toml).
     Agent {
@@ -43,6 +52,8 @@ fn main() -> ExitCode {
         Command::Wire { command } => wire::run(command),
         Command::Runs { command } => runs::run(command),
         Command::Agent { command } => agent::run(command),
+        Command::Serve(args) => serve::run(args),
+        Command::Token { command } => serve::token(command),
     };
     match outcome {
         Ok(code) => code,

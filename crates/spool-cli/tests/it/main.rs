@@ -7,4 +7,5 @@
 
 mod agent;
 mod runs;
+mod serve;
 mod wire_validate;

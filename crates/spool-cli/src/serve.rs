@@ -1,0 +1,156 @@
+//! `spool serve` and `spool token`: build the layers from flags and config,
+//! and start them. No protocol or run logic lives here.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use clap::{Args, Subcommand};
+use spool_http::{HttpChannel, Listener, TokenFile};
+use spool_journal::store::sqlite::{Options, SqliteJournal};
+use spool_runtime::Runtime;
+use spool_runtime::agent::AgentDefinition;
+
+#[derive(Debug, Args)]
+pub(crate) struct ServeArgs {
+    /// The TCP address to listen on. Anything but loopback needs
+    /// `--token-file`.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    addr: String,
+    /// Listen on a Unix socket (created 0600) instead of TCP.
+    #[arg(long)]
+    unix: Option<PathBuf>,
+    /// The journal directory.
+    #[arg(long, env = "SPOOL_JOURNAL", default_value = ".spool")]
+    journal: PathBuf,
+    /// The agent definition; `./spool.toml`, or the built-in echo agent.
+    #[arg(long)]
+    agent: Option<PathBuf>,
+    /// Require bearer tokens from this file (see `spool token new`).
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum TokenCommand {
+    /// Make a token named NAME, add its hash to the token file, and print
+    /// the token (the only time it is shown).
+    New {
+        /// The token's name (the principal's id).
+        name: String,
+        /// The token file.
+        #[arg(long, default_value = ".spool/tokens")]
+        token_file: PathBuf,
+    },
+}
+
+pub(crate) fn token(command: TokenCommand) -> anyhow::Result<ExitCode> {
+    let TokenCommand::New { name, token_file } = command;
+    if let Some(dir) = token_file.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let token = TokenFile::issue(&token_file, &name)?;
+    writeln!(std::io::stdout(), "{token}")?;
+    Ok(ExitCode::SUCCESS)
+}
+
+pub(crate) fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(serve(args))
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    let loaded = AgentDefinition::load(args.agent.as_deref())?;
+    if let Some(note) = &loaded.note {
+        say(&format!("spool: {note}"));
+    }
+    if loaded
+        .definition
+        .builtin_engine(&loaded.base)
+        .map_err(anyhow::Error::msg)?
+        .is_none()
+    {
+        bail!(
+            "the engine `{}` is not available in this build yet; use `echo` or `scripted:<file>`",
+            loaded.definition.agent.engine
+        );
+    }
+    let tokens = match &args.token_file {
+        Some(path) => Some(Arc::new(TokenFile::load(path)?)),
+        None => None,
+    };
+    let listener = match &args.unix {
+        Some(path) => {
+            Listener::unix(path).with_context(|| format!("binding {}", path.display()))?
+        }
+        None => {
+            let addr: SocketAddr = args
+                .addr
+                .parse()
+                .with_context(|| format!("`{}` is not an address", args.addr))?;
+            if !addr.ip().is_loopback() && tokens.is_none() {
+                bail!(
+                    "refusing to listen on {addr} without an authenticator: pass --token-file, or bind to loopback"
+                );
+            }
+            Listener::tcp(&args.addr)
+                .await
+                .with_context(|| format!("binding {}", args.addr))?
+        }
+    };
+    let journal = SqliteJournal::open(&args.journal, Options::default())
+        .with_context(|| format!("opening the journal in {}", args.journal.display()))?;
+    let runtime = Runtime::builder(Arc::new(journal))
+        .agent(&loaded)
+        .map_err(anyhow::Error::msg)?
+        .build();
+    let resumed = runtime.recover().await?;
+    let (stop, closing) = tokio::sync::watch::channel(false);
+    let mut channel =
+        HttpChannel::new(runtime, closing).with_agent(loaded.definition.agent.name.clone());
+    if let Some(tokens) = tokens {
+        channel = channel.with_authenticator(tokens);
+    }
+    say(&format!(
+        "spool: listening on {} (journal {}, {resumed} runs resumed)",
+        listener.describe(),
+        args.journal.display()
+    ));
+    let shutdown = async move {
+        shutdown_signal().await;
+        say("spool: shutting down; runs stay durable in the journal");
+        stop.send_replace(true);
+    };
+    spool_http::serve(listener, channel.handler(), shutdown).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut interrupt), Ok(mut terminate)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        // Without signal handlers the server still serves; it stops when
+        // killed.
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = interrupt.recv() => {}
+        _ = terminate.recv() => {}
+    }
+}
+
+#[allow(
+    clippy::print_stderr,
+    reason = "the server's progress lines for its operator"
+)]
+fn say(line: &str) {
+    eprintln!("{line}");
+}

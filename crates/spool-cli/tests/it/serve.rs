@@ -1,0 +1,143 @@
+//! `spool serve` and `spool token new`: the real binary on a real socket.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+struct Running {
+    child: Child,
+    addr: String,
+}
+
+fn serve(dir: &std::path::Path, extra: &[&str]) -> Running {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_spool"))
+        .args(["serve", "--addr", "127.0.0.1:0", "--journal"])
+        .arg(dir.join("journal"))
+        .args(extra)
+        .current_dir(dir)
+        .env_remove("SPOOL_JOURNAL")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut addr = None;
+    for _ in 0..5 {
+        let mut line = String::new();
+        stderr.read_line(&mut line).unwrap();
+        if let Some(rest) = line.strip_prefix("spool: listening on ") {
+            addr = rest.split(' ').next().map(str::to_owned);
+            break;
+        }
+    }
+    // Keep draining stderr so the server never blocks on a full pipe.
+    std::thread::spawn(move || {
+        let mut sink = String::new();
+        let _ = stderr.read_to_string(&mut sink);
+    });
+    Running {
+        child,
+        addr: addr.expect("the server says where it listens"),
+    }
+}
+
+fn post(addr: &str, path: &str, body: &str, token: Option<&str>) -> (u16, String) {
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    write!(stream, "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{auth}Content-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).unwrap();
+    let status = reply.split(' ').nth(1).unwrap().parse().unwrap();
+    (status, reply)
+}
+
+fn terminate(running: Running) -> std::process::ExitStatus {
+    let Running { mut child, .. } = running;
+    let pid = child.id().to_string();
+    Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    let (sender, exited) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = sender.send(child.wait());
+    });
+    match exited.recv_timeout(Duration::from_secs(20)) {
+        Ok(status) => status.unwrap(),
+        Err(_) => {
+            let _ = Command::new("kill").args(["-9", &pid]).status();
+            panic!("the server did not stop within 20 s of SIGTERM");
+        }
+    }
+}
+
+#[test]
+fn serve_runs_the_echo_agent_by_default_keeps_runs_across_a_restart_and_stops_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let running = serve(dir.path(), &[]);
+    let (status, reply) = post(
+        &running.addr,
+        "/spool/v1/runs",
+        r#"{"text": "hello", "address": "desk"}"#,
+        None,
+    );
+    assert_eq!(status, 200, "{reply}");
+    assert!(reply.contains(r#""response":"echo: hello""#), "{reply}");
+    assert!(terminate(running).success(), "a graceful stop exits 0");
+    let again = serve(dir.path(), &[]);
+    let (status, reply) = post(
+        &again.addr,
+        "/spool/v1/runs",
+        r#"{"text": "again", "address": "desk"}"#,
+        None,
+    );
+    assert_eq!(status, 200);
+    assert!(
+        reply.contains(r#""response":"echo: again""#),
+        "the same run took another turn: {reply}"
+    );
+    assert!(terminate(again).success());
+}
+
+#[test]
+fn serve_refuses_a_non_loopback_address_without_a_token_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_spool"))
+        .args(["serve", "--addr", "0.0.0.0:0", "--journal"])
+        .arg(dir.path().join("journal"))
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("without an authenticator"));
+}
+
+#[test]
+fn a_token_made_by_spool_token_new_admits_requests_to_a_server_that_requires_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    let output = Command::new(env!("CARGO_BIN_EXE_spool"))
+        .args(["token", "new", "ops", "--token-file"])
+        .arg(&tokens)
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let token = String::from_utf8(output.stdout).unwrap().trim().to_owned();
+    let running = serve(dir.path(), &["--token-file", tokens.to_str().unwrap()]);
+    assert_eq!(
+        post(&running.addr, "/spool/v1/runs", r#"{"text": "hi"}"#, None).0,
+        401
+    );
+    assert_eq!(
+        post(
+            &running.addr,
+            "/spool/v1/runs",
+            r#"{"text": "hi"}"#,
+            Some(&token)
+        )
+        .0,
+        200
+    );
+    assert!(terminate(running).success());
+}

@@ -1,0 +1,682 @@
+//! The HTTP channel under `/spool/v1`, clause by clause as the channel's
+//! document describes it (`docs/protocol/http.md`).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use hyper::body::Incoming;
+use serde_json::{Value, json};
+use spool_journal::event::Answer;
+use spool_journal::fold::{Status, transition};
+use spool_journal::{Address, Envelope, Event, Principal, RunId, Seq};
+use spool_runtime::engine::Delta;
+use spool_runtime::hub::StreamItem;
+use spool_runtime::{
+    Accepted, Authenticator, Credentials, MessageRequest, RunView, Runtime, RuntimeError,
+    StartRequest,
+};
+use spool_wire::http::{
+    self as wire, AddressReply, CancelReply, CancelStatus, ErrorCode, Info, MessageRun, Respond,
+    RunReply, SnapshotReply, StartRun, StreamEvent, StreamEventType, Usage,
+};
+use tokio::sync::watch;
+
+use crate::body::{self, Body, ChannelBody};
+
+/// The namespace HTTP addresses live in.
+pub const NAMESPACE: &str = "http";
+/// How many stream lines may wait for a slow reader before it is dropped.
+pub const STREAM_QUEUE: usize = 256;
+
+/// The HTTP channel: a runtime, an optional authenticator, and what
+/// `/info` says.
+#[derive(Clone)]
+pub struct HttpChannel {
+    runtime: Runtime,
+    authenticator: Option<Arc<dyn Authenticator>>,
+    agent: Option<String>,
+    closing: watch::Receiver<bool>,
+}
+
+impl std::fmt::Debug for HttpChannel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpChannel")
+            .field("agent", &self.agent)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a route needs to know about the caller.
+struct Caller {
+    principal: Option<Principal>,
+    verified: bool,
+}
+
+impl HttpChannel {
+    /// A channel over `runtime`. `closing` turning true ends open streams
+    /// (a server's graceful shutdown).
+    #[must_use]
+    pub fn new(runtime: Runtime, closing: watch::Receiver<bool>) -> Self {
+        Self {
+            runtime,
+            authenticator: None,
+            agent: None,
+            closing,
+        }
+    }
+
+    /// Requires every route but `/health` to pass `authenticator`; body
+    /// `auth` is then ignored.
+    #[must_use]
+    pub fn with_authenticator(mut self, authenticator: Arc<dyn Authenticator>) -> Self {
+        self.authenticator = Some(authenticator);
+        self
+    }
+
+    /// The agent's name, for `/info`.
+    #[must_use]
+    pub fn with_agent(mut self, agent: Option<String>) -> Self {
+        self.agent = agent;
+        self
+    }
+
+    /// The channel as a server handler.
+    #[must_use]
+    pub fn handler(self) -> crate::server::Handler {
+        let channel = Arc::new(self);
+        Arc::new(move |request| {
+            let channel = Arc::clone(&channel);
+            Box::pin(async move { channel.handle(request).await })
+        })
+    }
+
+    /// Answers one request.
+    pub async fn handle(&self, request: Request<Incoming>) -> Response<Body> {
+        let path = request.uri().path().to_owned();
+        let Some(rest) = path.strip_prefix(wire::BASE_PATH) else {
+            return body::error(ErrorCode::RunNotFound, format!("no route {path}"));
+        };
+        let segments: Vec<&str> = rest.trim_start_matches('/').split('/').collect();
+        let method = request.method().clone();
+        let route: (&[Method], Route) = match segments.as_slice() {
+            ["health"] => (&[Method::GET], Route::Health),
+            ["info"] => (&[Method::GET], Route::Info),
+            ["runs"] => (&[Method::GET, Method::POST], Route::Runs),
+            ["addresses", address] => (
+                &[Method::GET, Method::POST],
+                Route::Address((*address).to_owned()),
+            ),
+            ["runs", id] => (&[Method::GET, Method::POST], Route::Run((*id).to_owned())),
+            ["runs", id, action] => {
+                let allowed: &[Method] = match *action {
+                    "snapshot" | "stream" => &[Method::GET],
+                    "respond" | "cancel" | "reset" | "clear" | "compact" => &[Method::POST],
+                    _ => return body::error(ErrorCode::RunNotFound, format!("no route {path}")),
+                };
+                (
+                    allowed,
+                    Route::RunAction((*id).to_owned(), (*action).to_owned()),
+                )
+            }
+            _ => return body::error(ErrorCode::RunNotFound, format!("no route {path}")),
+        };
+        let (allowed, route) = route;
+        if !allowed.contains(&method) {
+            let mut reply = body::error(
+                ErrorCode::MethodNotAllowed,
+                format!("{method} is not allowed on {path}"),
+            );
+            let allow = allowed
+                .iter()
+                .map(Method::as_str)
+                .collect::<Vec<_>>()
+                .join(", ");
+            if let Ok(value) = HeaderValue::from_str(&allow) {
+                reply.headers_mut().insert(header::ALLOW, value);
+            }
+            return reply;
+        }
+        if matches!(route, Route::Health) {
+            return body::json(StatusCode::OK, &wire::Health::ready());
+        }
+        let caller = match self.authenticate(&request).await {
+            Ok(caller) => caller,
+            Err(reply) => return *reply,
+        };
+        let query = request.uri().query().map(str::to_owned);
+        let bytes = if method == Method::POST {
+            match body::read_capped(request.into_body(), wire::MAX_BODY_BYTES).await {
+                Ok(bytes) => bytes,
+                Err(reply) => return *reply,
+            }
+        } else {
+            Bytes::new()
+        };
+        let text = String::from_utf8_lossy(&bytes);
+        let result = match (route, method) {
+            (Route::Info, _) => Ok(body::json(
+                StatusCode::OK,
+                &Info {
+                    agent: self.agent.clone(),
+                    version: env!("CARGO_PKG_VERSION").to_owned(),
+                    channels: vec![NAMESPACE.into()],
+                },
+            )),
+            (Route::Runs, Method::GET) => self.list().await,
+            (Route::Runs, _) => self.start(&text, caller).await,
+            (Route::Address(address), Method::GET) => self.address(&address, false).await,
+            (Route::Address(address), _) => self.address(&address, true).await,
+            (Route::Run(id), Method::GET) => match run_id(&id) {
+                Ok(run) => self
+                    .runtime
+                    .get(&run)
+                    .await
+                    .map(|view| body::json(StatusCode::OK, &reply(&view))),
+                Err(message) => return body::error(ErrorCode::InvalidRunId, message),
+            },
+            (Route::Run(id), _) => match run_id(&id) {
+                Ok(run) => self.message(&run, &text, caller).await,
+                Err(message) => return body::error(ErrorCode::InvalidRunId, message),
+            },
+            (Route::RunAction(id, action), _) => match run_id(&id) {
+                Ok(run) => self.action(&run, &action, &text, query.as_deref()).await,
+                Err(message) => return body::error(ErrorCode::InvalidRunId, message),
+            },
+            (Route::Health, _) => unreachable!("health is answered above"),
+        };
+        result.unwrap_or_else(|error| runtime_error(&error))
+    }
+
+    async fn authenticate(
+        &self,
+        request: &Request<Incoming>,
+    ) -> Result<Caller, Box<Response<Body>>> {
+        let Some(authenticator) = &self.authenticator else {
+            return Ok(Caller {
+                principal: None,
+                verified: false,
+            });
+        };
+        let credentials = Credentials {
+            headers: request
+                .headers()
+                .iter()
+                .filter_map(|(name, value)| {
+                    Some((name.as_str().to_owned(), value.to_str().ok()?.to_owned()))
+                })
+                .collect(),
+            peer: None,
+        };
+        match authenticator.authenticate(&credentials).await {
+            Ok(principal) => Ok(Caller {
+                principal,
+                verified: true,
+            }),
+            Err(spool_runtime::AuthError::Unauthenticated) => {
+                let mut reply =
+                    body::error(ErrorCode::Unauthenticated, "valid credentials are required");
+                reply
+                    .headers_mut()
+                    .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+                Err(Box::new(reply))
+            }
+            // Internal details go to the log, not the reply.
+            Err(spool_runtime::AuthError::Failed(_)) => {
+                Err(Box::new(body::error(ErrorCode::Internal, "internal error")))
+            }
+        }
+    }
+
+    async fn list(&self) -> Result<Response<Body>, RuntimeError> {
+        let runs: Vec<Value> = self
+            .runtime
+            .list()
+            .await?
+            .into_iter()
+            .map(|run| {
+                json!({
+                    "id": run.run_id,
+                    "state": run.status.as_wire(),
+                    "title": run.title,
+                    "updated": run.updated_at.format(&time::format_description::well_known::Rfc3339).ok(),
+                })
+            })
+            .collect();
+        Ok(body::json(StatusCode::OK, &json!({ "runs": runs })))
+    }
+
+    async fn start(&self, text: &str, caller: Caller) -> Result<Response<Body>, RuntimeError> {
+        let start = match StartRun::decode(text) {
+            Ok(start) => start,
+            Err(rejection) => return Ok(body::error(rejection.code, rejection.message)),
+        };
+        // With an authenticator, identity is what it proved; without one a
+        // body principal is self-asserted, and never enough for an
+        // operation id.
+        let (principal, verified) = if caller.verified {
+            let verified = caller.principal.is_some();
+            (caller.principal, verified)
+        } else {
+            (start.auth.clone().map(principal_of), false)
+        };
+        if start.operation_id.is_some() && !verified {
+            return Ok(body::error(
+                ErrorCode::BadRequest,
+                "`operation_id` needs a verified principal",
+            ));
+        }
+        let request = StartRequest {
+            text: start.text.clone(),
+            address: start
+                .address
+                .as_ref()
+                .map(|a| Address::new(NAMESPACE, a.clone())),
+            operation_id: start.operation_id.clone(),
+            principal,
+            title: start.title.clone(),
+            kind: start.kind.clone(),
+            context: start.context.clone().unwrap_or_default(),
+            policy: start.turn_policy.clone(),
+        };
+        let accepted = self.runtime.start(request).await?;
+        self.answer(accepted).await
+    }
+
+    async fn message(
+        &self,
+        run: &RunId,
+        text: &str,
+        _caller: Caller,
+    ) -> Result<Response<Body>, RuntimeError> {
+        let message = match MessageRun::decode(text) {
+            Ok(message) => message,
+            Err(rejection) => return Ok(body::error(rejection.code, rejection.message)),
+        };
+        let request = MessageRequest {
+            text: message.text,
+            context: message.context.unwrap_or_default(),
+            policy: message.turn_policy,
+        };
+        let accepted = self.runtime.send(run, request).await?;
+        self.answer(accepted).await
+    }
+
+    /// Replies once the turn reaches a boundary; the turn itself runs
+    /// detached, so a client that leaves does not stop it.
+    async fn answer(&self, accepted: Accepted) -> Result<Response<Body>, RuntimeError> {
+        let view = match &accepted {
+            Accepted::Started { run, turn } | Accepted::Steered { run, turn } => {
+                self.runtime.wait_for(run, turn).await?
+            }
+            Accepted::Queued { run } => {
+                let view = self.runtime.get(run).await?;
+                return Ok(body::json(StatusCode::ACCEPTED, &reply(&view)));
+            }
+            Accepted::Replayed { run } => self.runtime.get(run).await?,
+        };
+        Ok(body::json(StatusCode::OK, &reply(&view)))
+    }
+
+    async fn address(&self, raw: &str, ensure: bool) -> Result<Response<Body>, RuntimeError> {
+        let name = percent_encoding::percent_decode_str(raw)
+            .decode_utf8_lossy()
+            .into_owned();
+        if name.is_empty() {
+            return Ok(body::error(ErrorCode::BadRequest, "the address is empty"));
+        }
+        let address = Address::new(NAMESPACE, name);
+        let view = if ensure {
+            self.runtime.ensure(&address).await?
+        } else {
+            self.runtime.lookup(&address).await?
+        };
+        Ok(body::json(
+            StatusCode::OK,
+            &AddressReply {
+                run_id: view.run_id.to_string(),
+                cursor: view.cursor.map(|s| s.0),
+            },
+        ))
+    }
+
+    async fn action(
+        &self,
+        run: &RunId,
+        action: &str,
+        text: &str,
+        query: Option<&str>,
+    ) -> Result<Response<Body>, RuntimeError> {
+        match action {
+            "snapshot" => {
+                let snapshot = self.runtime.snapshot(run).await?;
+                let mut reply = body::json(
+                    StatusCode::OK,
+                    &SnapshotReply {
+                        run: reply(&snapshot.view),
+                        messages: snapshot.messages,
+                    },
+                );
+                reply
+                    .headers_mut()
+                    .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+                Ok(reply)
+            }
+            "stream" => self.stream(run, query).await,
+            "respond" => {
+                let respond = match Respond::decode(text) {
+                    Ok(respond) => respond,
+                    Err(rejection) => return Ok(body::error(rejection.code, rejection.message)),
+                };
+                let turn = match respond.responses.iter().find_map(|a| a.turn_id.clone()) {
+                    Some(turn) => match spool_journal::TurnId::new(turn) {
+                        Ok(turn) => Some(turn),
+                        Err(_) => {
+                            return Ok(body::error(
+                                ErrorCode::RunNotWaiting,
+                                "the turn id names no turn of this run",
+                            ));
+                        }
+                    },
+                    None => None,
+                };
+                let answers = respond
+                    .responses
+                    .into_iter()
+                    .map(|a| Answer {
+                        text: a.text,
+                        approved: a.approved,
+                    })
+                    .collect();
+                self.runtime.respond(run, turn.as_ref(), answers).await?;
+                let view = self.runtime.get(run).await?;
+                let turn = view.turn_id.clone();
+                let view = match turn {
+                    Some(turn) => self.runtime.wait_for(run, &turn).await?,
+                    None => view,
+                };
+                Ok(body::json(StatusCode::OK, &reply(&view)))
+            }
+            "cancel" => {
+                let cancel: wire::Cancel = match wire::decode_body(text) {
+                    Ok(cancel) => cancel,
+                    Err(rejection) => return Ok(body::error(rejection.code, rejection.message)),
+                };
+                let turn = cancel
+                    .turn_id
+                    .and_then(|t| spool_journal::TurnId::new(t).ok());
+                let outcome = match self.runtime.cancel(run, turn.as_ref()).await {
+                    Ok(outcome) => outcome,
+                    // Cancel on an unknown run is a harmless no-op.
+                    Err(RuntimeError::RunNotFound(_)) => spool_runtime::CancelOutcome::NotActive,
+                    Err(other) => return Err(other),
+                };
+                let (status, turn_id) = match outcome {
+                    spool_runtime::CancelOutcome::Requested(turn) => {
+                        (CancelStatus::Requested, Some(turn.to_string()))
+                    }
+                    spool_runtime::CancelOutcome::NotActive => (CancelStatus::NotActive, None),
+                    spool_runtime::CancelOutcome::Stale { current } => {
+                        (CancelStatus::Stale, current.map(|t| t.to_string()))
+                    }
+                };
+                let code = StatusCode::from_u16(status.status()).unwrap_or(StatusCode::OK);
+                Ok(body::json(
+                    code,
+                    &CancelReply {
+                        status,
+                        run_id: Some(run.to_string()),
+                        turn_id,
+                    },
+                ))
+            }
+            "reset" => {
+                let reset: wire::Reset = match wire::decode_body(text) {
+                    Ok(reset) => reset,
+                    Err(rejection) => return Ok(body::error(rejection.code, rejection.message)),
+                };
+                self.runtime.reset(run, reset.reason).await?;
+                Ok(body::empty(StatusCode::NO_CONTENT))
+            }
+            "clear" => {
+                self.runtime.clear(run).await?;
+                Ok(body::empty(StatusCode::NO_CONTENT))
+            }
+            _ => {
+                self.runtime.compact(run).await?;
+                Ok(body::empty(StatusCode::NO_CONTENT))
+            }
+        }
+    }
+
+    /// `application/x-ndjson`, headers at once, the journal after the
+    /// cursor and then live events, open across waiting states.
+    async fn stream(
+        &self,
+        run: &RunId,
+        query: Option<&str>,
+    ) -> Result<Response<Body>, RuntimeError> {
+        let cursor = match cursor(query) {
+            Ok(cursor) => cursor,
+            Err(message) => return Ok(body::error(ErrorCode::BadRequest, message)),
+        };
+        let mut subscription = self.runtime.subscribe(run, cursor).await?;
+        let (sender, channel_body) = ChannelBody::new(STREAM_QUEUE);
+        let mut closing = self.closing.clone();
+        let run = run.clone();
+        tokio::spawn(async move {
+            let mut last = cursor;
+            loop {
+                let item = tokio::select! {
+                    item = subscription.next() => item,
+                    _ = closing.wait_for(|closing| *closing) => None,
+                };
+                let Some(item) = item else { break };
+                let line = match &item {
+                    StreamItem::Event(envelope) => {
+                        last = Some(envelope.seq);
+                        serde_json::to_value(stream_event(envelope))
+                            .expect("stream events are plain JSON")
+                    }
+                    StreamItem::Delta(delta) => delta_event(&run, last, &delta.turn, &delta.delta),
+                    StreamItem::Lagged { last } => {
+                        json!({"run_id": run, "seq": last.map(|s| s.0), "type": "lagged", "time": now()})
+                    }
+                };
+                let mut bytes = serde_json::to_vec(&line).expect("stream lines are plain JSON");
+                bytes.push(b'\n');
+                // A reader that stopped reading: drop it rather than buffer
+                // for it; it resumes from its cursor.
+                if sender.try_send(Bytes::from(bytes)).is_err() {
+                    break;
+                }
+                if matches!(item, StreamItem::Lagged { .. }) {
+                    break;
+                }
+            }
+        });
+        let mut response = Response::new(http_body_util::BodyExt::boxed(channel_body));
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(wire::NDJSON_CONTENT_TYPE),
+        );
+        response
+            .headers_mut()
+            .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        Ok(response)
+    }
+}
+
+enum Route {
+    Health,
+    Info,
+    Runs,
+    Address(String),
+    Run(String),
+    RunAction(String, String),
+}
+
+fn run_id(raw: &str) -> Result<RunId, String> {
+    RunId::new(raw).map_err(|e| e.to_string())
+}
+
+fn cursor(query: Option<&str>) -> Result<Option<Seq>, String> {
+    let Some(query) = query else { return Ok(None) };
+    for pair in query.split('&') {
+        if let Some(value) = pair.strip_prefix("cursor=") {
+            return value
+                .parse::<u64>()
+                .map(|n| Some(Seq(n)))
+                .map_err(|_| format!("`cursor` must be a non-negative integer, not `{value}`"));
+        }
+    }
+    Ok(None)
+}
+
+fn principal_of(auth: wire::Principal) -> Principal {
+    Principal {
+        authenticator: auth.authenticator,
+        kind: auth.kind,
+        id: auth.id,
+        attributes: auth.attributes,
+    }
+}
+
+/// A run view as the channel's reply.
+#[must_use]
+pub fn reply(view: &RunView) -> RunReply {
+    RunReply {
+        run_id: view.run_id.to_string(),
+        state: view.status.as_wire(),
+        turn_id: view.turn_id.as_ref().map(ToString::to_string),
+        cursor: view.cursor.map(|s| s.0),
+        response: view.response.clone(),
+        suspend: view.suspend.as_ref().map(|s| wire::Suspend {
+            kind: s.kind.clone(),
+            prompt: s.prompt.clone(),
+            options: s.options.clone(),
+            tool_call_id: s.call_id.clone(),
+            turn_id: Some(s.turn_id.to_string()),
+        }),
+        usage: view.usage.map(|u| Usage {
+            input_tokens: u.input_tokens,
+            output_tokens: u.output_tokens,
+        }),
+    }
+}
+
+fn runtime_error(error: &RuntimeError) -> Response<Body> {
+    let code = error.code();
+    if code == ErrorCode::Internal {
+        // Details go to the server's log, never the reply.
+        return body::error(code, "internal error");
+    }
+    body::error(code, error.to_string())
+}
+
+/// A journal event as a stream line: the runtime's own types for the
+/// events a client acts on, the journal's kind for the rest.
+fn stream_event(envelope: &Envelope) -> StreamEvent {
+    let event = &envelope.event;
+    let kind = match event {
+        Event::TurnStarted(_) => StreamEventType::RunTurn,
+        Event::CancelRequested(_) => StreamEventType::RunCancelRequested,
+        Event::Suspended(_) | Event::BudgetExceeded(_) => StreamEventType::RunSuspend,
+        Event::Resumed(_) => StreamEventType::RunResume,
+        Event::TurnCompleted(_) => StreamEventType::RunResponse,
+        Event::TurnFailed(_)
+        | Event::TurnCancelled(_)
+        | Event::RunRetired(_)
+        | Event::SleepStarted(_) => StreamEventType::RunState,
+        other => StreamEventType::Unknown(other.kind().to_owned()),
+    };
+    let changes_state = matches!(
+        event,
+        Event::TurnStarted(_)
+            | Event::Suspended(_)
+            | Event::Resumed(_)
+            | Event::SleepStarted(_)
+            | Event::SleepCompleted(_)
+            | Event::BudgetExceeded(_)
+            | Event::TurnCompleted(_)
+            | Event::TurnFailed(_)
+            | Event::TurnCancelled(_)
+            | Event::RunRetired(_)
+    );
+    let (turn_id, text) = match event {
+        Event::TurnStarted(s) => (Some(s.turn_id.to_string()), Some(s.input.clone())),
+        Event::TurnCompleted(c) => (Some(c.turn_id.to_string()), c.response.clone()),
+        Event::TurnFailed(f) => (Some(f.turn_id.to_string()), Some(f.message.clone())),
+        Event::TurnCancelled(c) => (Some(c.turn_id.to_string()), None),
+        Event::Suspended(s) => (Some(s.turn_id.to_string()), Some(s.prompt.clone())),
+        Event::Resumed(r) => (Some(r.turn_id.to_string()), None),
+        Event::InputSteered(s) => (Some(s.turn_id.to_string()), Some(s.input.clone())),
+        Event::CancelRequested(c) => (c.turn_id.as_ref().map(ToString::to_string), None),
+        _ => (None, None),
+    };
+    StreamEvent {
+        run_id: envelope.run_id.to_string(),
+        seq: envelope.seq.0,
+        kind,
+        time: envelope.recorded_at,
+        turn_id,
+        text,
+        state: changes_state.then(|| transition(&Status::Running, event).as_wire()),
+        data: serde_json::to_value(event)
+            .ok()
+            .and_then(|v| v.get("payload").cloned()),
+    }
+}
+
+/// A live delta as a stream line. Its `seq` is the last journal position
+/// before it: a delta is not a position of its own.
+fn delta_event(
+    run: &RunId,
+    last: Option<Seq>,
+    turn: &spool_journal::TurnId,
+    delta: &Delta,
+) -> Value {
+    let (kind, text, data) = match delta {
+        Delta::Text(text) => ("text_delta", Some(text.clone()), None),
+        Delta::Thinking(text) => ("thinking_delta", Some(text.clone()), None),
+        Delta::ToolCallStart { id, name } => (
+            "tool_call_start",
+            None,
+            Some(json!({"id": id, "name": name})),
+        ),
+        Delta::ToolCallArguments { id, fragment } => (
+            "tool_call_args_delta",
+            None,
+            Some(json!({"id": id, "json": fragment})),
+        ),
+        Delta::ToolCallDone {
+            id,
+            name,
+            arguments,
+        } => (
+            "tool_call_done",
+            None,
+            Some(json!({"id": id, "name": name, "arguments": arguments})),
+        ),
+    };
+    let mut line = json!({
+        "run_id": run,
+        "seq": last.map(|s| s.0),
+        "type": kind,
+        "time": now(),
+        "turn_id": turn,
+    });
+    if let Some(text) = text {
+        line["text"] = Value::String(text);
+    }
+    if let Some(data) = data {
+        line["data"] = data;
+    }
+    line
+}
+
+fn now() -> String {
+    time::OffsetDateTime::now_utc()
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
+}

@@ -1,0 +1,16 @@
+//! Spool's HTTP channel, `/spool/v1`, and the hyper server plumbing other
+//! transports reuse (listeners, capped bodies, JSON errors, graceful
+//! shutdown, streaming bodies).
+//!
+//! What this crate deliberately does not do: touch a store. It calls the
+//! runtime's API and subscribes to its event hub, as every transport does.
+#![warn(missing_docs)]
+
+pub mod body;
+pub mod channel;
+pub mod server;
+pub mod token;
+
+pub use channel::HttpChannel;
+pub use server::{Listener, serve};
+pub use token::TokenFile;

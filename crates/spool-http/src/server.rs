@@ -1,0 +1,159 @@
+//! The server plumbing: listeners (TCP, and a Unix socket created 0600),
+//! HTTP/1.1 with keep-alive and a header-read timeout against slow
+//! clients, and graceful shutdown: stop accepting, let open requests and
+//! streams close (streams are told to end), then return. Runs stay durable
+//! in the journal whatever happens here.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, UnixListener};
+
+use crate::body::Body;
+
+/// How long a client may take to send a request's headers.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long shutdown waits for open connections before it returns anyway.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// A request handler: every request gets a reply (errors are replies too).
+pub type Handler = Arc<
+    dyn Fn(Request<Incoming>) -> spool_runtime::BoxFuture<'static, Response<Body>> + Send + Sync,
+>;
+
+/// Where the server listens.
+#[derive(Debug)]
+pub enum Listener {
+    /// A TCP socket.
+    Tcp(TcpListener),
+    /// A Unix socket, and its path (removed on shutdown).
+    Unix(UnixListener, PathBuf),
+}
+
+impl Listener {
+    /// Binds a TCP address.
+    ///
+    /// # Errors
+    ///
+    /// When the address cannot be bound.
+    pub async fn tcp(addr: &str) -> std::io::Result<Self> {
+        Ok(Self::Tcp(TcpListener::bind(addr).await?))
+    }
+
+    /// Binds a Unix socket at `path`, readable and writable by its owner
+    /// only. A stale socket left by a dead server is replaced; any other
+    /// file at the path is an error.
+    ///
+    /// # Errors
+    ///
+    /// When the path holds something else, or cannot be bound.
+    pub fn unix(path: &Path) -> std::io::Result<Self> {
+        use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+        if let Ok(meta) = std::fs::symlink_metadata(path) {
+            if !meta.file_type().is_socket() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::AlreadyExists,
+                    format!("{} exists and is not a socket", path.display()),
+                ));
+            }
+            std::fs::remove_file(path)?;
+        }
+        let listener = UnixListener::bind(path)?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+        Ok(Self::Unix(listener, path.to_owned()))
+    }
+
+    /// The local address, for logs (`127.0.0.1:8080`, `unix:/run/spool.sock`).
+    #[must_use]
+    pub fn describe(&self) -> String {
+        match self {
+            Self::Tcp(listener) => listener
+                .local_addr()
+                .map_or_else(|_| "tcp".into(), |a| a.to_string()),
+            Self::Unix(_, path) => format!("unix:{}", path.display()),
+        }
+    }
+}
+
+/// Serves `handler` on `listener` until `shutdown` completes, then shuts
+/// down gracefully.
+///
+/// # Errors
+///
+/// Only for errors of the listener itself; a failed connection is dropped
+/// and serving goes on.
+pub async fn serve(
+    listener: Listener,
+    handler: Handler,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    let graceful = GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            accepted = accept(&listener) => match accepted {
+                Ok(Accepted::Tcp(stream)) => spawn(stream, &handler, &graceful),
+                Ok(Accepted::Unix(stream)) => spawn(stream, &handler, &graceful),
+                // A client that failed mid-handshake is its own problem;
+                // the listener goes on.
+                Err(_) => tokio::task::yield_now().await,
+            },
+        }
+    }
+    let path = match &listener {
+        Listener::Unix(_, path) => Some(path.clone()),
+        Listener::Tcp(_) => None,
+    };
+    drop(listener);
+    tokio::select! {
+        () = graceful.shutdown() => {}
+        () = tokio::time::sleep(SHUTDOWN_GRACE) => {}
+    }
+    if let Some(path) = path {
+        let _ = std::fs::remove_file(path);
+    }
+    Ok(())
+}
+
+enum Accepted {
+    Tcp(tokio::net::TcpStream),
+    Unix(tokio::net::UnixStream),
+}
+
+async fn accept(listener: &Listener) -> std::io::Result<Accepted> {
+    match listener {
+        Listener::Tcp(listener) => listener.accept().await.map(|(s, _)| Accepted::Tcp(s)),
+        Listener::Unix(listener, _) => listener.accept().await.map(|(s, _)| Accepted::Unix(s)),
+    }
+}
+
+fn spawn<I>(io: I, handler: &Handler, graceful: &GracefulShutdown)
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let handler = Arc::clone(handler);
+    let service = service_fn(move |request| {
+        let reply = handler(request);
+        async move { Ok::<_, Infallible>(reply.await) }
+    });
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .keep_alive(true);
+    let connection = graceful.watch(builder.serve_connection(TokioIo::new(io), service));
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+}

@@ -1,0 +1,207 @@
+//! The built-in authenticator: a file of named bearer tokens, stored as
+//! SHA-256 hashes, one `name sha256:<hex>` per line. The file must not be
+//! readable by others. A presented token is hashed and compared with every
+//! entry in constant time, so neither timing nor the file reveals a token.
+//!
+//! `spool token new NAME` prints a fresh token once and appends its hash.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+use spool_journal::Principal;
+use spool_runtime::{AuthError, Authenticator, BoxFuture, Credentials};
+
+/// A token file, loaded.
+#[derive(Clone)]
+pub struct TokenFile {
+    path: PathBuf,
+    entries: Vec<(String, [u8; 32])>,
+}
+
+impl std::fmt::Debug for TokenFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Names only: hashes stay out of logs too.
+        let names: Vec<&str> = self.entries.iter().map(|(n, _)| n.as_str()).collect();
+        f.debug_struct("TokenFile")
+            .field("path", &self.path)
+            .field("names", &names)
+            .finish()
+    }
+}
+
+/// A token file that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenFileError {
+    /// It could not be read or written.
+    #[error("token file {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Others can read it.
+    #[error("token file {0} is readable by others; run `chmod 600` on it")]
+    TooOpen(PathBuf),
+    /// A line is not `name sha256:<64 hex>`.
+    #[error("token file {path}, line {line}: expected `name sha256:<64 hex digits>`")]
+    Malformed {
+        /// The file.
+        path: PathBuf,
+        /// The line, from 1.
+        line: usize,
+    },
+    /// A name is taken, or not a plain name.
+    #[error("token name `{0}` is taken or invalid (use letters, digits, `.`, `_`, `-`)")]
+    BadName(String),
+}
+
+impl TokenFile {
+    /// Loads a token file.
+    ///
+    /// # Errors
+    ///
+    /// When it cannot be read, is readable by others, or a line is
+    /// malformed.
+    pub fn load(path: &Path) -> Result<Self, TokenFileError> {
+        use std::os::unix::fs::PermissionsExt;
+        let io = |source| TokenFileError::Io {
+            path: path.to_owned(),
+            source,
+        };
+        let meta = std::fs::metadata(path).map_err(io)?;
+        if meta.permissions().mode() & 0o077 != 0 {
+            return Err(TokenFileError::TooOpen(path.to_owned()));
+        }
+        let text = std::fs::read_to_string(path).map_err(io)?;
+        let mut entries = Vec::new();
+        for (index, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let malformed = || TokenFileError::Malformed {
+                path: path.to_owned(),
+                line: index + 1,
+            };
+            let (name, hash) = line.split_once(' ').ok_or_else(malformed)?;
+            let hex = hash.trim().strip_prefix("sha256:").ok_or_else(malformed)?;
+            entries.push((name.to_owned(), parse_hex(hex).ok_or_else(malformed)?));
+        }
+        Ok(Self {
+            path: path.to_owned(),
+            entries,
+        })
+    }
+
+    /// Makes a fresh token named `name`, appends its hash to the file at
+    /// `path` (created 0600 when missing), and returns the token: the only
+    /// time it is ever shown.
+    ///
+    /// # Errors
+    ///
+    /// When the name is taken or invalid, or the file cannot be written.
+    pub fn issue(path: &Path, name: &str) -> Result<String, TokenFileError> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let valid = !name.is_empty()
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+        let existing = if path.exists() {
+            Self::load(path)?.entries
+        } else {
+            Vec::new()
+        };
+        if !valid || existing.iter().any(|(n, _)| n == name) {
+            return Err(TokenFileError::BadName(name.to_owned()));
+        }
+        let token = fresh_token().map_err(|source| TokenFileError::Io {
+            path: path.to_owned(),
+            source,
+        })?;
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .open(path)
+            .map_err(|source| TokenFileError::Io {
+                path: path.to_owned(),
+                source,
+            })?;
+        writeln!(
+            file,
+            "{name} sha256:{}",
+            to_hex(&Sha256::digest(token.as_bytes()).into())
+        )
+        .map_err(|source| TokenFileError::Io {
+            path: path.to_owned(),
+            source,
+        })?;
+        Ok(token)
+    }
+
+    /// The name whose token this is.
+    fn find(&self, token: &str) -> Option<&str> {
+        let presented: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        let mut found = None;
+        // Every entry is compared, matched or not, so the time taken does not
+        // say which entry (or how much of one) matched.
+        for (name, hash) in &self.entries {
+            if constant_time_eq(&presented, hash) {
+                found = Some(name.as_str());
+            }
+        }
+        found
+    }
+}
+
+impl Authenticator for TokenFile {
+    fn authenticate<'a>(
+        &'a self,
+        credentials: &'a Credentials,
+    ) -> BoxFuture<'a, Result<Option<Principal>, AuthError>> {
+        Box::pin(async move {
+            let token = credentials.bearer().ok_or(AuthError::Unauthenticated)?;
+            let name = self.find(token).ok_or(AuthError::Unauthenticated)?;
+            Ok(Some(Principal {
+                authenticator: "token".into(),
+                kind: "token".into(),
+                id: name.to_owned(),
+                ..Principal::default()
+            }))
+        })
+    }
+}
+
+fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// 32 random bytes from the OS, as 64 hex digits.
+fn fresh_token() -> std::io::Result<String> {
+    use std::io::Read;
+    let mut bytes = [0u8; 32];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    Ok(to_hex(&bytes))
+}
+
+fn to_hex(bytes: &[u8; 32]) -> String {
+    let mut out = String::with_capacity(64);
+    for byte in bytes {
+        let _ = write!(out, "{byte:02x}");
+    }
+    out
+}
+
+fn parse_hex(hex: &str) -> Option<[u8; 32]> {
+    if hex.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(hex.get(i * 2..i * 2 + 2)?, 16).ok()?;
+    }
+    Some(out)
+}

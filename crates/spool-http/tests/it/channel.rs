@@ -1,0 +1,420 @@
+//! The channel's routes, each clause of its document.
+
+use serde_json::{Value, json};
+
+use crate::client::*;
+
+fn ask() -> &'static str {
+    r#"{"tool_calls": [{"id": "c1", "name": "request_approval", "arguments": {"prompt": "Deploy to staging?"}}]}
+{"text": "Deployed to staging."}"#
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn post_runs_answers_at_the_turns_boundary_with_response_and_usage() {
+    let server = Server::start(echo_runtime()).await;
+    let reply = server
+        .post(
+            "/spool/v1/runs",
+            r#"{"text": "Summarize the plan.", "title": "Plan"}"#,
+        )
+        .await;
+    assert_eq!(reply.status, 200);
+    let body = reply.json();
+    assert_eq!(body["state"], "completed");
+    assert_eq!(body["response"], "echo: Summarize the plan.");
+    assert!(body["usage"]["output_tokens"].as_u64().unwrap() > 0);
+    assert!(body["turn_id"].is_string() && body["cursor"].is_u64());
+    let run = body["run_id"].as_str().unwrap();
+    let got = server.get(&format!("/spool/v1/runs/{run}")).await;
+    assert_eq!(got.json()["response"], "echo: Summarize the plan.");
+    let listed = server.get("/spool/v1/runs").await.json();
+    assert_eq!(listed["runs"][0]["id"], run);
+    assert_eq!(listed["runs"][0]["title"], "Plan");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_run_replies_with_its_suspend_and_is_answered_through_respond() {
+    let server = Server::start(scripted_runtime(ask())).await;
+    let waiting = server
+        .post("/spool/v1/runs", r#"{"text": "deploy"}"#)
+        .await
+        .json();
+    assert_eq!(waiting["state"], "waiting");
+    assert_eq!(waiting["suspend"]["kind"], "approval");
+    assert_eq!(waiting["suspend"]["prompt"], "Deploy to staging?");
+    assert_eq!(waiting["suspend"]["tool_call_id"], "c1");
+    let run = waiting["run_id"].as_str().unwrap();
+    let turn = waiting["suspend"]["turn_id"].as_str().unwrap();
+    let message = server
+        .post(&format!("/spool/v1/runs/{run}"), r#"{"text": "hello?"}"#)
+        .await;
+    assert_eq!(
+        (message.status, message.json()["code"].clone()),
+        (409, json!("run_waiting"))
+    );
+    let silent = server
+        .post(
+            &format!("/spool/v1/runs/{run}/respond"),
+            &format!(r#"{{"responses":[{{"turn_id":"{turn}","text":"ok"}}]}}"#),
+        )
+        .await;
+    assert_eq!(silent.status, 400, "an approval needs an explicit verdict");
+    let stale = server
+        .post(
+            &format!("/spool/v1/runs/{run}/respond"),
+            r#"{"responses":[{"turn_id":"turn_old","text":"ok","approved":true}]}"#,
+        )
+        .await;
+    assert_eq!(
+        (stale.status, stale.json()["code"].clone()),
+        (409, json!("run_not_waiting"))
+    );
+    let done = server
+        .post(
+            &format!("/spool/v1/runs/{run}/respond"),
+            &format!(r#"{{"responses":[{{"turn_id":"{turn}","text":"yes","approved":true}}]}}"#),
+        )
+        .await;
+    assert_eq!(done.status, 200);
+    assert_eq!(done.json()["state"], "completed");
+    assert_eq!(done.json()["response"], "Deployed to staging.");
+    let again = server
+        .post(
+            &format!("/spool/v1/runs/{run}/respond"),
+            r#"{"responses":[{"text":"more"}]}"#,
+        )
+        .await;
+    assert_eq!(
+        (again.status, again.json()["code"].clone()),
+        (409, json!("run_not_waiting"))
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_run_id_is_400_invalid_run_id_and_an_unknown_one_is_404() {
+    let server = Server::start(echo_runtime()).await;
+    let bad = server.get("/spool/v1/runs/not%20valid").await;
+    assert_eq!(
+        (bad.status, bad.json()["code"].clone()),
+        (400, json!("invalid_run_id"))
+    );
+    let unknown = server.get("/spool/v1/runs/run-404").await;
+    assert_eq!(
+        (unknown.status, unknown.json()["code"].clone()),
+        (404, json!("run_not_found"))
+    );
+    let message = server
+        .post("/spool/v1/runs/run-404", r#"{"text": "hi"}"#)
+        .await;
+    assert_eq!(
+        message.status, 404,
+        "id-addressed routes never create a run"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_errors_use_the_channels_codes() {
+    let server = Server::start(echo_runtime()).await;
+    let cases: [(&str, u16, &str); 4] = [
+        (
+            r#"{"text": "x", "turn_policy": "interrupt"}"#,
+            400,
+            "unknown_turn_policy",
+        ),
+        (
+            r#"{"text": "x", "operation_id": "op-1"}"#,
+            400,
+            "bad_request",
+        ),
+        (
+            r#"{"text": "x", "address": "a", "operation_id": "op-1"}"#,
+            400,
+            "bad_request",
+        ),
+        ("{not json", 400, "bad_request"),
+    ];
+    for (body, status, code) in cases {
+        let reply = server.post("/spool/v1/runs", body).await;
+        assert_eq!(
+            (
+                reply.status,
+                reply.json()["code"].as_str().unwrap().to_owned()
+            ),
+            (status, code.to_owned()),
+            "{body}"
+        );
+        assert!(reply.json()["error"].is_string());
+    }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_address_is_ensured_without_a_turn_and_looked_up_with_slashes_encoded() {
+    let server = Server::start(echo_runtime()).await;
+    let missing = server.get("/spool/v1/addresses/browser%2F42").await;
+    assert_eq!(missing.status, 404);
+    let ensured = server
+        .post("/spool/v1/addresses/browser%2F42", "")
+        .await
+        .json();
+    assert_eq!(ensured["cursor"], 0);
+    let run = ensured["run_id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        server.get(&format!("/spool/v1/runs/{run}")).await.json()["state"],
+        "pending"
+    );
+    let found = server.get("/spool/v1/addresses/browser%2F42").await.json();
+    assert_eq!(found["run_id"], run);
+    let through = server
+        .post(
+            "/spool/v1/runs",
+            r#"{"address": "browser/42", "text": "hi"}"#,
+        )
+        .await
+        .json();
+    assert_eq!(
+        through["run_id"], run,
+        "a message through the address goes to its run"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_from_a_cursor_replays_then_goes_live_across_turns() {
+    let server = Server::start(echo_runtime()).await;
+    let ensured = server.post("/spool/v1/addresses/live", "").await.json();
+    let run = ensured["run_id"].as_str().unwrap().to_owned();
+    let mut stream = Stream::open(
+        &server.addr,
+        &format!("/spool/v1/runs/{run}/stream?cursor=0"),
+    )
+    .await;
+    assert_eq!(stream.status, 200);
+    let content_type = stream
+        .headers
+        .iter()
+        .find(|(n, _)| n == "content-type")
+        .map(|(_, v)| v.clone());
+    assert_eq!(content_type.as_deref(), Some("application/x-ndjson"));
+    assert!(
+        stream
+            .headers
+            .iter()
+            .any(|(n, v)| n == "cache-control" && v == "no-store")
+    );
+    let reply = server
+        .post(
+            &format!("/spool/v1/runs/{run}"),
+            r#"{"text": "hello stream"}"#,
+        )
+        .await
+        .json();
+    assert_eq!(reply["state"], "completed");
+    let mut seqs = Vec::new();
+    let mut text = String::new();
+    loop {
+        let line = stream.next().await.unwrap();
+        match line["type"].as_str().unwrap() {
+            "text_delta" => text.push_str(line["text"].as_str().unwrap()),
+            "run_response" => {
+                seqs.push(line["seq"].as_u64().unwrap());
+                assert_eq!(line["text"], "echo: hello stream");
+                assert_eq!(line["state"], "completed");
+                break;
+            }
+            _ => seqs.push(line["seq"].as_u64().unwrap()),
+        }
+    }
+    assert_eq!(seqs.first(), Some(&1), "strictly after the cursor");
+    assert_eq!(
+        seqs,
+        (1..=*seqs.last().unwrap()).collect::<Vec<_>>(),
+        "no gap, no duplicate"
+    );
+    assert_eq!(
+        text, "echo: hello stream",
+        "the answer streamed as it was made"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cursor_that_is_not_a_non_negative_integer_is_400() {
+    let server = Server::start(echo_runtime()).await;
+    let run = server
+        .post("/spool/v1/runs", r#"{"text": "x"}"#)
+        .await
+        .json()["run_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    for cursor in ["-1", "abc", "1.5"] {
+        let reply = server
+            .get(&format!("/spool/v1/runs/{run}/stream?cursor={cursor}"))
+            .await;
+        assert_eq!(
+            (reply.status, reply.json()["code"].clone()),
+            (400, json!("bad_request")),
+            "{cursor}"
+        );
+    }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_answers_not_active_with_200_for_idle_and_unknown_runs() {
+    let server = Server::start(echo_runtime()).await;
+    let run = server
+        .post("/spool/v1/runs", r#"{"text": "x"}"#)
+        .await
+        .json()["run_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    for target in [run.as_str(), "run-unknown"] {
+        let reply = server
+            .post(&format!("/spool/v1/runs/{target}/cancel"), "")
+            .await;
+        assert_eq!(
+            (reply.status, reply.json()["status"].clone()),
+            (200, json!("not_active")),
+            "{target}"
+        );
+    }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_waiting_run_is_202_requested_and_it_ends_cancelled() {
+    let server = Server::start(scripted_runtime(ask())).await;
+    let waiting = server
+        .post("/spool/v1/runs", r#"{"text": "deploy"}"#)
+        .await
+        .json();
+    let run = waiting["run_id"].as_str().unwrap();
+    let turn = waiting["turn_id"].as_str().unwrap();
+    let stale = server
+        .post(
+            &format!("/spool/v1/runs/{run}/cancel"),
+            r#"{"turn_id": "turn_old"}"#,
+        )
+        .await;
+    assert_eq!(
+        (stale.status, stale.json()["status"].clone()),
+        (200, json!("stale"))
+    );
+    let requested = server
+        .post(
+            &format!("/spool/v1/runs/{run}/cancel"),
+            &format!(r#"{{"turn_id": "{turn}"}}"#),
+        )
+        .await;
+    assert_eq!(
+        (requested.status, requested.json()["status"].clone()),
+        (202, json!("requested"))
+    );
+    let mut stream = Stream::open(&server.addr, &format!("/spool/v1/runs/{run}/stream")).await;
+    loop {
+        let line = stream.next().await.unwrap();
+        if line["state"] == "cancelled" {
+            break;
+        }
+    }
+    assert_eq!(
+        server.get(&format!("/spool/v1/runs/{run}")).await.json()["state"],
+        "cancelled"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_and_clear_answer_204_and_compact_without_engine_support_is_501() {
+    let server = Server::start(echo_runtime()).await;
+    let run = server
+        .post("/spool/v1/runs", r#"{"text": "x", "address": "desk"}"#)
+        .await
+        .json()["run_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(
+        server
+            .post(&format!("/spool/v1/runs/{run}/clear"), "")
+            .await
+            .status,
+        204
+    );
+    let compact = server
+        .post(&format!("/spool/v1/runs/{run}/compact"), "")
+        .await;
+    assert_eq!(
+        (compact.status, compact.json()["code"].clone()),
+        (501, json!("compaction_unsupported"))
+    );
+    assert_eq!(
+        server
+            .post(
+                &format!("/spool/v1/runs/{run}/reset"),
+                r#"{"reason": "Start a separate task"}"#
+            )
+            .await
+            .status,
+        204
+    );
+    assert_eq!(
+        server.get(&format!("/spool/v1/runs/{run}")).await.json()["state"],
+        "retired"
+    );
+    let again = server
+        .post(&format!("/spool/v1/runs/{run}"), r#"{"text": "more"}"#)
+        .await;
+    assert_eq!(
+        (again.status, again.json()["code"].clone()),
+        (409, json!("run_retired"))
+    );
+    assert_eq!(
+        server.get("/spool/v1/addresses/desk").await.status,
+        404,
+        "reset frees the address"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_snapshot_has_messages_state_and_cursor_and_is_not_cached() {
+    let server = Server::start(echo_runtime()).await;
+    let run = server
+        .post("/spool/v1/runs", r#"{"text": "remember"}"#)
+        .await
+        .json()["run_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let reply = server.get(&format!("/spool/v1/runs/{run}/snapshot")).await;
+    assert_eq!(reply.header("cache-control"), Some("no-store"));
+    let body = reply.json();
+    assert_eq!(body["state"], "completed");
+    let roles: Vec<Value> = body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["role"].clone())
+        .collect();
+    assert_eq!(roles, [json!("user"), json!("assistant")]);
+    assert!(body["cursor"].is_u64());
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn info_names_the_version_and_the_mounted_channel() {
+    let server =
+        Server::start_with(echo_runtime(), |c| c.with_agent(Some("reviewer".into()))).await;
+    let info = server.get("/spool/v1/info").await.json();
+    assert_eq!(info["agent"], "reviewer");
+    assert_eq!(info["channels"], json!(["http"]));
+    assert!(info["version"].is_string());
+    server.stop().await;
+}

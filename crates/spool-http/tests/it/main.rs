@@ -1,0 +1,11 @@
+//! The HTTP channel over real sockets: one test per clause of the
+//! channel's document.
+
+// Everything in this binary is test code: a helper that unwraps fails the
+// test on the line that broke, which is what it is for.
+#![allow(clippy::unwrap_used)]
+
+mod channel;
+mod client;
+mod server;
+mod token;

@@ -1,0 +1,119 @@
+//! The plumbing: routing errors, caps, the Unix socket, shutdown.
+
+use crate::client::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_is_public_and_answers_ready() {
+    let server = Server::start(echo_runtime()).await;
+    let reply = server.get("/spool/v1/health").await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(
+        reply.json(),
+        serde_json::json!({"ok": true, "status": "ready"})
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_path_is_a_json_404() {
+    let server = Server::start(echo_runtime()).await;
+    for path in [
+        "/",
+        "/spool/v1/nope",
+        "/spool/v1/runs/r1/teleport",
+        "/other",
+    ] {
+        let reply = server.get(path).await;
+        assert_eq!(reply.status, 404, "{path}");
+        assert_eq!(reply.json()["code"], "run_not_found", "{path}");
+    }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_method_is_405_method_not_allowed_with_an_allow_header() {
+    let server = Server::start(echo_runtime()).await;
+    let reply = server.post("/spool/v1/health", "{}").await;
+    assert_eq!(reply.status, 405);
+    assert_eq!(reply.json()["code"], "method_not_allowed");
+    assert_eq!(reply.header("allow"), Some("GET"));
+    let reply = request(&server.addr, "DELETE", "/spool/v1/runs", None, &[]).await;
+    assert_eq!(reply.header("allow"), Some("GET, POST"));
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_over_1_mib_is_413_too_large_and_64_kib_is_accepted() {
+    let server = Server::start(echo_runtime()).await;
+    let big = format!(r#"{{"text": "{}"}}"#, "x".repeat(1024 * 1024 + 1024));
+    let reply = server.post("/spool/v1/runs", &big).await;
+    assert_eq!(reply.status, 413);
+    assert_eq!(reply.json()["code"], "too_large");
+    let fine = format!(r#"{{"text": "{}"}}"#, "y".repeat(64 * 1024));
+    let reply = server.post("/spool/v1/runs", &fine).await;
+    assert_eq!(
+        reply.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&reply.body)
+    );
+    assert_eq!(reply.json()["state"], "completed");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unix_socket_serves_the_channel_and_is_private_to_its_owner() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("spool.sock");
+    let listener = spool_http::Listener::unix(&path).unwrap();
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let (stop, closing) = tokio::sync::watch::channel(false);
+    let channel = spool_http::HttpChannel::new(echo_runtime(), closing.clone());
+    let mut until = closing;
+    let task = tokio::spawn(spool_http::serve(listener, channel.handler(), async move {
+        let _ = until.wait_for(|s| *s).await;
+    }));
+    let mut socket = tokio::net::UnixStream::connect(&path).await.unwrap();
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    socket
+        .write_all(b"GET /spool/v1/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut raw = String::new();
+    socket.read_to_string(&mut raw).await.unwrap();
+    assert!(
+        raw.starts_with("HTTP/1.1 200") && raw.contains("\"ready\""),
+        "{raw}"
+    );
+    stop.send_replace(true);
+    tokio::time::timeout(PATIENCE, task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(!path.exists(), "the socket is removed on shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_ends_open_streams_and_returns() {
+    let server = Server::start(echo_runtime()).await;
+    let ensured = server.post("/spool/v1/addresses/watcher", "").await.json();
+    let run = ensured["run_id"].as_str().unwrap().to_owned();
+    let mut stream = Stream::open(&server.addr, &format!("/spool/v1/runs/{run}/stream")).await;
+    assert_eq!(stream.status, 200);
+    assert_eq!(
+        stream.next().await.unwrap()["seq"],
+        0,
+        "the journal from the start"
+    );
+    server.stop().await;
+    assert_eq!(
+        stream.next().await,
+        None,
+        "the stream ended with the server"
+    );
+}

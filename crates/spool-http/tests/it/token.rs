@@ -1,0 +1,134 @@
+//! Authentication: the token file, and the channel's use of it.
+
+use std::sync::Arc;
+
+use serde_json::json;
+use spool_http::TokenFile;
+
+use crate::client::*;
+
+fn token_file(dir: &std::path::Path) -> (std::path::PathBuf, String) {
+    let path = dir.join("tokens");
+    let token = TokenFile::issue(&path, "ops").unwrap();
+    (path, token)
+}
+
+#[test]
+fn an_issued_token_is_stored_only_as_its_hash_in_a_private_file() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (path, token) = token_file(dir.path());
+    assert_eq!(token.len(), 64);
+    let stored = std::fs::read_to_string(&path).unwrap();
+    assert!(
+        !stored.contains(&token),
+        "the token itself is never written"
+    );
+    assert!(stored.starts_with("ops sha256:"));
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    assert!(
+        TokenFile::issue(&path, "ops").is_err(),
+        "a name is issued once"
+    );
+    assert!(TokenFile::issue(&path, "bad name").is_err());
+}
+
+#[test]
+fn a_token_file_readable_by_others_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (path, _) = token_file(dir.path());
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    assert!(
+        TokenFile::load(&path)
+            .unwrap_err()
+            .to_string()
+            .contains("chmod 600")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_an_authenticator_every_route_but_health_needs_a_valid_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, token) = token_file(dir.path());
+    let tokens = Arc::new(TokenFile::load(&path).unwrap());
+    let server = Server::start_with(echo_runtime(), move |c| c.with_authenticator(tokens)).await;
+    assert_eq!(
+        server.get("/spool/v1/health").await.status,
+        200,
+        "health is public"
+    );
+    for (path, headers) in [
+        ("/spool/v1/info", vec![]),
+        ("/spool/v1/runs", vec![("Authorization", "Bearer wrong")]),
+        ("/spool/v1/runs", vec![("Authorization", "Basic b3BzOng=")]),
+    ] {
+        let reply = request(&server.addr, "GET", path, None, &headers).await;
+        assert_eq!(
+            (reply.status, reply.json()["code"].clone()),
+            (401, json!("unauthenticated")),
+            "{path} {headers:?}"
+        );
+        assert_eq!(reply.header("www-authenticate"), Some("Bearer"));
+    }
+    let bearer = format!("Bearer {token}");
+    let ok = request(
+        &server.addr,
+        "GET",
+        "/spool/v1/info",
+        None,
+        &[("Authorization", &bearer)],
+    )
+    .await;
+    assert_eq!(ok.status, 200);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operation_id_works_under_a_verified_principal_and_ignores_a_body_auth() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, token) = token_file(dir.path());
+    let tokens = Arc::new(TokenFile::load(&path).unwrap());
+    let server = Server::start_with(echo_runtime(), move |c| c.with_authenticator(tokens)).await;
+    let bearer = format!("Bearer {token}");
+    let body = r#"{"operation_id": "deploy-42", "text": "Prepare a staging deployment.", "auth": {"Authenticator": "x", "Kind": "x", "ID": "mallory"}}"#;
+    let first = request(
+        &server.addr,
+        "POST",
+        "/spool/v1/runs",
+        Some(body.as_bytes()),
+        &[("Authorization", &bearer)],
+    )
+    .await
+    .json();
+    let again = request(
+        &server.addr,
+        "POST",
+        "/spool/v1/runs",
+        Some(body.as_bytes()),
+        &[("Authorization", &bearer)],
+    )
+    .await
+    .json();
+    assert_eq!(
+        first["run_id"], again["run_id"],
+        "the same key under the same principal returns the saved run"
+    );
+    let changed = r#"{"operation_id": "deploy-42", "text": "Deploy to production."}"#;
+    let conflict = request(
+        &server.addr,
+        "POST",
+        "/spool/v1/runs",
+        Some(changed.as_bytes()),
+        &[("Authorization", &bearer)],
+    )
+    .await;
+    assert_eq!(
+        (conflict.status, conflict.json()["code"].clone()),
+        (409, json!("operation_conflict"))
+    );
+    server.stop().await;
+}

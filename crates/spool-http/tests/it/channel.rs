@@ -244,13 +244,7 @@ async fn a_stream_from_a_cursor_replays_then_goes_live_across_turns() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cursor_that_is_not_a_non_negative_integer_is_400() {
     let server = Server::start(echo_runtime()).await;
-    let run = server
-        .post("/spool/v1/runs", r#"{"text": "x"}"#)
-        .await
-        .json()["run_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let run = server.new_run(r#"{"text": "x"}"#).await;
     for cursor in ["-1", "abc", "1.5"] {
         let reply = server
             .get(&format!("/spool/v1/runs/{run}/stream?cursor={cursor}"))
@@ -267,13 +261,7 @@ async fn a_cursor_that_is_not_a_non_negative_integer_is_400() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_answers_not_active_with_200_for_idle_and_unknown_runs() {
     let server = Server::start(echo_runtime()).await;
-    let run = server
-        .post("/spool/v1/runs", r#"{"text": "x"}"#)
-        .await
-        .json()["run_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let run = server.new_run(r#"{"text": "x"}"#).await;
     for target in [run.as_str(), "run-unknown"] {
         let reply = server
             .post(&format!("/spool/v1/runs/{target}/cancel"), "")
@@ -333,13 +321,7 @@ async fn cancelling_a_waiting_run_is_202_requested_and_it_ends_cancelled() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reset_and_clear_answer_204_and_compact_without_engine_support_is_501() {
     let server = Server::start(echo_runtime()).await;
-    let run = server
-        .post("/spool/v1/runs", r#"{"text": "x", "address": "desk"}"#)
-        .await
-        .json()["run_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let run = server.new_run(r#"{"text": "x", "address": "desk"}"#).await;
     assert_eq!(
         server
             .post(&format!("/spool/v1/runs/{run}/clear"), "")
@@ -386,13 +368,7 @@ async fn reset_and_clear_answer_204_and_compact_without_engine_support_is_501() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_snapshot_has_messages_state_and_cursor_and_is_not_cached() {
     let server = Server::start(echo_runtime()).await;
-    let run = server
-        .post("/spool/v1/runs", r#"{"text": "remember"}"#)
-        .await
-        .json()["run_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let run = server.new_run(r#"{"text": "remember"}"#).await;
     let reply = server.get(&format!("/spool/v1/runs/{run}/snapshot")).await;
     assert_eq!(reply.header("cache-control"), Some("no-store"));
     let body = reply.json();

@@ -79,6 +79,27 @@ impl Server {
     pub(crate) async fn post(&self, path: &str, body: &str) -> Reply {
         request(&self.addr, "POST", path, Some(body.as_bytes()), &[]).await
     }
+
+    /// Starts a run with `POST /runs` and returns its id.
+    pub(crate) async fn new_run(&self, body: &str) -> String {
+        self.post("/spool/v1/runs", body).await.json()["run_id"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    /// A POST with `Authorization: Bearer <token>`.
+    pub(crate) async fn post_as(&self, token: &str, path: &str, body: &str) -> Reply {
+        let bearer = format!("Bearer {token}");
+        request(
+            &self.addr,
+            "POST",
+            path,
+            Some(body.as_bytes()),
+            &[("Authorization", &bearer)],
+        )
+        .await
+    }
 }
 
 pub(crate) fn echo_runtime() -> Runtime {

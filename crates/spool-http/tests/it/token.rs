@@ -93,39 +93,15 @@ async fn an_operation_id_works_under_a_verified_principal_and_ignores_a_body_aut
     let (path, token) = token_file(dir.path());
     let tokens = Arc::new(TokenFile::load(&path).unwrap());
     let server = Server::start_with(echo_runtime(), move |c| c.with_authenticator(tokens)).await;
-    let bearer = format!("Bearer {token}");
     let body = r#"{"operation_id": "deploy-42", "text": "Prepare a staging deployment.", "auth": {"Authenticator": "x", "Kind": "x", "ID": "mallory"}}"#;
-    let first = request(
-        &server.addr,
-        "POST",
-        "/spool/v1/runs",
-        Some(body.as_bytes()),
-        &[("Authorization", &bearer)],
-    )
-    .await
-    .json();
-    let again = request(
-        &server.addr,
-        "POST",
-        "/spool/v1/runs",
-        Some(body.as_bytes()),
-        &[("Authorization", &bearer)],
-    )
-    .await
-    .json();
+    let first = server.post_as(&token, "/spool/v1/runs", body).await.json();
+    let again = server.post_as(&token, "/spool/v1/runs", body).await.json();
     assert_eq!(
         first["run_id"], again["run_id"],
         "the same key under the same principal returns the saved run"
     );
     let changed = r#"{"operation_id": "deploy-42", "text": "Deploy to production."}"#;
-    let conflict = request(
-        &server.addr,
-        "POST",
-        "/spool/v1/runs",
-        Some(changed.as_bytes()),
-        &[("Authorization", &bearer)],
-    )
-    .await;
+    let conflict = server.post_as(&token, "/spool/v1/runs", changed).await;
     assert_eq!(
         (conflict.status, conflict.json()["code"].clone()),
         (409, json!("operation_conflict"))

@@ -32,6 +32,10 @@ pub(crate) struct ServeArgs {
     /// Require bearer tokens from this file (see `spool token new`).
     #[arg(long)]
     token_file: Option<PathBuf>,
+    /// The engine, instead of the agent definition's: `echo` or
+    /// `scripted:<file>`.
+    #[arg(long)]
+    model: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -66,7 +70,15 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    let loaded = AgentDefinition::load(args.agent.as_deref())?;
+    let mut loaded = AgentDefinition::load(args.agent.as_deref())?;
+    if let Some(model) = &args.model {
+        loaded.definition.agent.engine.clone_from(model);
+        // A script named on the command line is found from here, not from
+        // the definition's directory.
+        if model.starts_with("scripted:") {
+            loaded.base = std::env::current_dir().context("reading the current directory")?;
+        }
+    }
     if let Some(note) = &loaded.note {
         say(&format!("spool: {note}"));
     }
@@ -122,6 +134,17 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         listener.describe(),
         args.journal.display()
     ));
+    if let Listener::Tcp(_) = &listener {
+        let auth = if args.token_file.is_some() {
+            " -H 'Authorization: Bearer <token>'"
+        } else {
+            ""
+        };
+        say(&format!(
+            "spool: try: curl -s http://{}/spool/v1/runs{auth} -H 'Content-Type: application/json' -d '{{\"text\": \"hello\"}}'",
+            listener.describe()
+        ));
+    }
     let shutdown = async move {
         shutdown_signal().await;
         say("spool: shutting down; runs stay durable in the journal");

@@ -37,7 +37,35 @@ pub struct HttpChannel {
     authenticator: Option<Arc<dyn Authenticator>>,
     agent: Option<String>,
     closing: watch::Receiver<bool>,
+    mounted: Vec<(String, crate::server::Handler)>,
 }
+
+/// Every route the channel serves, as `(method, path)` under
+/// [`wire::BASE_PATH`]: what `docs/openapi.json` must list.
+pub const ROUTES: &[(&str, &str)] = &[
+    ("GET", "/health"),
+    ("GET", "/info"),
+    ("GET", "/runs"),
+    ("POST", "/runs"),
+    ("GET", "/addresses/{address}"),
+    ("POST", "/addresses/{address}"),
+    ("GET", "/runs/{id}"),
+    ("POST", "/runs/{id}"),
+    ("GET", "/runs/{id}/snapshot"),
+    ("GET", "/runs/{id}/stream"),
+    ("POST", "/runs/{id}/respond"),
+    ("POST", "/runs/{id}/cancel"),
+    ("POST", "/runs/{id}/reset"),
+    ("POST", "/runs/{id}/clear"),
+    ("POST", "/runs/{id}/compact"),
+];
+
+/// A host route that cannot be mounted.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "cannot mount `{0}`: a host route starts with `/` and stays outside the reserved `/spool/` namespace"
+)]
+pub struct MountError(pub String);
 
 impl std::fmt::Debug for HttpChannel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -63,6 +91,7 @@ impl HttpChannel {
             authenticator: None,
             agent: None,
             closing,
+            mounted: Vec::new(),
         }
     }
 
@@ -81,6 +110,30 @@ impl HttpChannel {
         self
     }
 
+    /// Mounts a host's own routes (a Slack webhook, a web app) under
+    /// `prefix`, beside Spool's. The channel's authenticator covers them too.
+    ///
+    /// # Errors
+    ///
+    /// [`MountError`] for a prefix that does not start with `/` or lies
+    /// under `/spool/`.
+    pub fn mount(
+        mut self,
+        prefix: &str,
+        handler: crate::server::Handler,
+    ) -> Result<Self, MountError> {
+        if !prefix.starts_with('/')
+            || prefix == "/"
+            || prefix.starts_with("/spool/")
+            || prefix == "/spool"
+        {
+            return Err(MountError(prefix.to_owned()));
+        }
+        self.mounted
+            .push((prefix.trim_end_matches('/').to_owned(), handler));
+        Ok(self)
+    }
+
     /// The channel as a server handler.
     #[must_use]
     pub fn handler(self) -> crate::server::Handler {
@@ -95,6 +148,17 @@ impl HttpChannel {
     pub async fn handle(&self, request: Request<Incoming>) -> Response<Body> {
         let path = request.uri().path().to_owned();
         let Some(rest) = path.strip_prefix(wire::BASE_PATH) else {
+            let mounted = self
+                .mounted
+                .iter()
+                .filter(|(prefix, _)| path == *prefix || path.starts_with(&format!("{prefix}/")))
+                .max_by_key(|(prefix, _)| prefix.len());
+            if let Some((_, handler)) = mounted {
+                if let Err(reply) = self.authenticate(&request).await {
+                    return *reply;
+                }
+                return handler(request).await;
+            }
             return body::error(ErrorCode::RunNotFound, format!("no route {path}"));
         };
         let segments: Vec<&str> = rest.trim_start_matches('/').split('/').collect();

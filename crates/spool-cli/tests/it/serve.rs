@@ -141,3 +141,97 @@ fn a_token_made_by_spool_token_new_admits_requests_to_a_server_that_requires_one
     );
     assert!(terminate(running).success());
 }
+
+/// Reads NDJSON lines of a raw HTTP stream (chunked framing skipped).
+fn stream_lines(addr: &str, path: &str) -> std::sync::mpsc::Receiver<serde_json::Value> {
+    let mut socket = std::net::TcpStream::connect(addr).unwrap();
+    write!(socket, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let (sender, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(socket).lines() {
+            let Ok(line) = line else { return };
+            if let Ok(value) = serde_json::from_str::<serde_json::Value>(line.trim())
+                && value.is_object()
+                && sender.send(value).is_err()
+            {
+                return;
+            }
+        }
+    });
+    lines
+}
+
+#[test]
+fn a_server_killed_mid_run_resumes_it_on_restart_with_nothing_repeated() {
+    let dir = tempfile::tempdir().unwrap();
+    let writes = dir.path().join("writes.log");
+    std::fs::write(
+        dir.path().join("script.jsonl"),
+        "{\"tool_calls\": [{\"id\": \"c1\", \"name\": \"write\", \"arguments\": {\"id\": \"w1\"}}]}\n{\"text\": \"one two three four five six seven eight nine ten\", \"delay_ms\": 150}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("spool.toml"),
+        format!(
+            "[agent]\nengine = \"scripted:script.jsonl\"\n\n[[tool]]\nname = \"write\"\ndescription = \"Writes.\"\ncommand = [\"sh\", \"-c\", \"cat >> {}; echo; echo '{{\\\"ok\\\": true}}'\"]\neffect = \"write\"\n",
+            writes.display()
+        ),
+    )
+    .unwrap();
+    let first = serve(dir.path(), &[]);
+    let (_, ensured) = post(&first.addr, "/spool/v1/addresses/job", "", None);
+    let run = ensured
+        .split("\"run_id\":\"")
+        .nth(1)
+        .unwrap()
+        .split('"')
+        .next()
+        .unwrap()
+        .to_owned();
+    let lines = stream_lines(&first.addr, &format!("/spool/v1/runs/{run}/stream"));
+    let addr = first.addr.clone();
+    let run_path = format!("/spool/v1/runs/{run}");
+    // The request waits for the turn's end, which this server will not see.
+    std::thread::spawn(move || {
+        let _ = std::net::TcpStream::connect(&addr).map(|mut s| {
+            let body = r#"{"text": "do it"}"#;
+            let _ = write!(
+                s,
+                "POST {run_path} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = s.read_to_end(&mut Vec::new());
+        });
+    });
+    // Kill it while the second answer streams: the write is done and
+    // recorded, the model call after it is under way.
+    loop {
+        let line = lines
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the run streams");
+        if line["type"] == "text_delta" {
+            break;
+        }
+    }
+    let Running { mut child, .. } = first;
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let second = serve(dir.path(), &[]);
+    let lines = stream_lines(&second.addr, &format!("/spool/v1/runs/{run}/stream"));
+    let response = loop {
+        let line = lines
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the resumed run streams to its end");
+        if line["type"] == "run_response" {
+            break line["text"].clone();
+        }
+    };
+    assert_eq!(response, "one two three four five six seven eight nine ten");
+    let written = std::fs::read_to_string(&writes).unwrap();
+    assert_eq!(
+        written.lines().filter(|l| !l.is_empty()).count(),
+        1,
+        "the write ran once: {written:?}"
+    );
+    assert!(terminate(second).success());
+}

@@ -394,3 +394,73 @@ async fn info_names_the_version_and_the_mounted_channel() {
     assert!(info["version"].is_string());
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_disconnects_mid_turn_does_not_stop_the_turn() {
+    let server = Server::start(scripted_runtime(
+        r#"{"text": "a slow and steady answer", "delay_ms": 50}"#,
+    ))
+    .await;
+    let run = server.post("/spool/v1/addresses/leaver", "").await.json()["run_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let mut stream = Stream::open(&server.addr, &format!("/spool/v1/runs/{run}/stream")).await;
+    use tokio::io::AsyncWriteExt;
+    let mut socket = tokio::net::TcpStream::connect(&server.addr).await.unwrap();
+    let body = r#"{"text": "go"}"#;
+    let head = format!(
+        "POST /spool/v1/runs/{run} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    socket.write_all(head.as_bytes()).await.unwrap();
+    // Once the answer is streaming, the client goes away.
+    loop {
+        let line = stream.next().await.expect("the stream stays open");
+        if line["type"] == "text_delta" {
+            break;
+        }
+    }
+    drop(socket);
+    loop {
+        let line = stream.next().await.expect("the stream stays open");
+        if line["type"] == "run_response" {
+            assert_eq!(line["text"], "a slow and steady answer");
+            break;
+        }
+    }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_resumes_from_its_cursor_on_a_restarted_server_with_no_gap() {
+    let journal: std::sync::Arc<dyn spool_journal::Journal> =
+        std::sync::Arc::new(spool_journal::store::memory::MemoryJournal::new());
+    let first =
+        Server::start(spool_runtime::Runtime::builder(std::sync::Arc::clone(&journal)).build())
+            .await;
+    let run = first.new_run(r#"{"text": "one"}"#).await;
+    let seen = first.get(&format!("/spool/v1/runs/{run}")).await.json()["cursor"]
+        .as_u64()
+        .unwrap();
+    first
+        .post(&format!("/spool/v1/runs/{run}"), r#"{"text": "two"}"#)
+        .await;
+    first.stop().await;
+    let second = Server::start(spool_runtime::Runtime::builder(journal).build()).await;
+    let mut stream = Stream::open(
+        &second.addr,
+        &format!("/spool/v1/runs/{run}/stream?cursor={seen}"),
+    )
+    .await;
+    let mut seqs = Vec::new();
+    loop {
+        let line = stream.next().await.unwrap();
+        seqs.push(line["seq"].as_u64().unwrap());
+        if line["type"] == "run_response" && line["text"] == "echo: two" {
+            break;
+        }
+    }
+    assert_eq!(seqs, (seen + 1..=*seqs.last().unwrap()).collect::<Vec<_>>());
+    second.stop().await;
+}

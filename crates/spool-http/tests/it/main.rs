@@ -7,5 +7,6 @@
 
 mod channel;
 mod client;
+mod openapi;
 mod server;
 mod token;

@@ -539,13 +539,19 @@ impl HttpChannel {
                 let line = match &item {
                     StreamItem::Event(envelope) => {
                         last = Some(envelope.seq);
-                        serde_json::to_value(stream_event(envelope))
-                            .expect("stream events are plain JSON")
+                        stream_event(envelope)
                     }
                     StreamItem::Delta(delta) => delta_event(&run, last, &delta.turn, &delta.delta),
-                    StreamItem::Lagged { last } => {
-                        json!({"run_id": run, "seq": last.map(|s| s.0), "type": "lagged", "time": now()})
-                    }
+                    StreamItem::Lagged { last } => StreamEvent {
+                        run_id: run.to_string(),
+                        seq: last.map_or(0, |s| s.0),
+                        kind: StreamEventType::Unknown("lagged".into()),
+                        time: time::OffsetDateTime::now_utc(),
+                        turn_id: None,
+                        text: None,
+                        state: None,
+                        data: None,
+                    },
                 };
                 let mut bytes = serde_json::to_vec(&line).expect("stream lines are plain JSON");
                 bytes.push(b'\n');
@@ -699,7 +705,7 @@ fn delta_event(
     last: Option<Seq>,
     turn: &spool_journal::TurnId,
     delta: &Delta,
-) -> Value {
+) -> StreamEvent {
     let (kind, text, data) = match delta {
         Delta::Text(text) => ("text_delta", Some(text.clone()), None),
         Delta::Thinking(text) => ("thinking_delta", Some(text.clone()), None),
@@ -723,24 +729,14 @@ fn delta_event(
             Some(json!({"id": id, "name": name, "arguments": arguments})),
         ),
     };
-    let mut line = json!({
-        "run_id": run,
-        "seq": last.map(|s| s.0),
-        "type": kind,
-        "time": now(),
-        "turn_id": turn,
-    });
-    if let Some(text) = text {
-        line["text"] = Value::String(text);
+    StreamEvent {
+        run_id: run.to_string(),
+        seq: last.map_or(0, |s| s.0),
+        kind: StreamEventType::Unknown(kind.into()),
+        time: time::OffsetDateTime::now_utc(),
+        turn_id: Some(turn.to_string()),
+        text,
+        state: None,
+        data,
     }
-    if let Some(data) = data {
-        line["data"] = data;
-    }
-    line
-}
-
-fn now() -> String {
-    time::OffsetDateTime::now_utc()
-        .format(&time::format_description::well_known::Rfc3339)
-        .unwrap_or_default()
 }

@@ -464,3 +464,48 @@ async fn a_stream_resumes_from_its_cursor_on_a_restarted_server_with_no_gap() {
     assert_eq!(seqs, (seen + 1..=*seqs.last().unwrap()).collect::<Vec<_>>());
     second.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_lines_keep_the_channels_field_order() {
+    let server = Server::start(echo_runtime()).await;
+    let run = server.post("/spool/v1/addresses/ordered", "").await.json()["run_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let mut stream = Stream::open(&server.addr, &format!("/spool/v1/runs/{run}/stream")).await;
+    server
+        .post(&format!("/spool/v1/runs/{run}"), r#"{"text": "hi"}"#)
+        .await;
+    let mut kinds = Vec::new();
+    loop {
+        let line = stream.next_text().await.unwrap();
+        assert!(
+            line.starts_with(&format!(r#"{{"run_id":"{run}","seq":"#)),
+            "{line}"
+        );
+        let after_seq = line
+            .split_once(r#","type":""#)
+            .map(|(head, _)| head)
+            .unwrap();
+        assert!(
+            !after_seq.contains(r#""time""#),
+            "type comes before time: {line}"
+        );
+        let kind = line
+            .split(r#""type":""#)
+            .nth(1)
+            .unwrap()
+            .split('"')
+            .next()
+            .unwrap()
+            .to_owned();
+        kinds.push(kind.clone());
+        if kind == "run_response" {
+            break;
+        }
+    }
+    assert!(
+        kinds.contains(&"text_delta".to_owned()),
+        "deltas keep the order too: {kinds:?}"
+    );
+}

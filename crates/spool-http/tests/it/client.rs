@@ -232,8 +232,16 @@ impl Stream {
         }
     }
 
-    /// The next NDJSON line (chunked framing read through); `None` at the end.
+    /// The next NDJSON line, parsed; `None` at the end.
     pub(crate) async fn next(&mut self) -> Option<Value> {
+        self.next_text()
+            .await
+            .map(|text| serde_json::from_str(&text).unwrap())
+    }
+
+    /// The next NDJSON line as sent (chunked framing read through); `None`
+    /// at the end.
+    pub(crate) async fn next_text(&mut self) -> Option<String> {
         tokio::time::timeout(PATIENCE, async {
             loop {
                 let mut size = String::new();
@@ -248,7 +256,7 @@ impl Stream {
                 self.reader.read_exact(&mut chunk).await.unwrap();
                 let text = String::from_utf8_lossy(&chunk[..size]).trim().to_owned();
                 if !text.is_empty() {
-                    return Some(serde_json::from_str(&text).unwrap());
+                    return Some(text);
                 }
             }
         })

@@ -48,6 +48,13 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Logs go to stderr; RUST_LOG filters them (`info` by default).
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
     let outcome = match cli.command {
         Command::Wire { command } => wire::run(command),
         Command::Runs { command } => runs::run(command),

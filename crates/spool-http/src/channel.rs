@@ -134,13 +134,28 @@ impl HttpChannel {
         Ok(self)
     }
 
-    /// The channel as a server handler.
+    /// The channel as a server handler, logging each request (method,
+    /// path, status, time taken) through `tracing`.
     #[must_use]
     pub fn handler(self) -> crate::server::Handler {
         let channel = Arc::new(self);
         Arc::new(move |request| {
             let channel = Arc::clone(&channel);
-            Box::pin(async move { channel.handle(request).await })
+            Box::pin(async move {
+                let method = request.method().clone();
+                let path = request.uri().path().to_owned();
+                let started = std::time::Instant::now();
+                let reply = channel.handle(request).await;
+                tracing::info!(
+                    target: "spool::http",
+                    %method,
+                    path,
+                    status = reply.status().as_u16(),
+                    millis = started.elapsed().as_millis() as u64,
+                    "request"
+                );
+                reply
+            })
         })
     }
 
@@ -286,7 +301,8 @@ impl HttpChannel {
                 Err(Box::new(reply))
             }
             // Internal details go to the log, not the reply.
-            Err(spool_runtime::AuthError::Failed(_)) => {
+            Err(spool_runtime::AuthError::Failed(reason)) => {
+                tracing::error!(target: "spool::http", reason, "the authenticator failed");
                 Err(Box::new(body::error(ErrorCode::Internal, "internal error")))
             }
         }
@@ -639,6 +655,7 @@ fn runtime_error(error: &RuntimeError) -> Response<Body> {
     let code = error.code();
     if code == ErrorCode::Internal {
         // Details go to the server's log, never the reply.
+        tracing::error!(target: "spool::http", error = %error, "internal error");
         return body::error(code, "internal error");
     }
     body::error(code, error.to_string())

@@ -210,6 +210,15 @@ pub enum JournalError {
     /// The store was opened read-only.
     #[error("the journal is open read-only")]
     ReadOnly,
+    /// Another process owns the journal's runs (see
+    /// [`sqlite::Owner::claim`]).
+    #[error("the journal in {} is in use by another process{}", .dir.display(), .holder.map(|pid| format!(" (pid {pid})")).unwrap_or_default())]
+    InUse {
+        /// The journal's directory.
+        dir: std::path::PathBuf,
+        /// The owner's process id, when it could be read.
+        holder: Option<u32>,
+    },
     /// The store has shut down.
     #[error("the journal is closed")]
     Closed,

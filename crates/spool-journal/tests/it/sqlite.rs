@@ -214,3 +214,19 @@ async fn a_second_writer_on_the_same_file_does_not_fork_a_runs_chain() {
         "both writers' events are in one verified chain"
     );
 }
+
+#[test]
+fn an_owner_claim_refuses_a_second_claim_naming_the_holder_until_dropped() {
+    use spool_journal::store::sqlite::Owner;
+    let dir = tempfile::tempdir().unwrap();
+    let first = Owner::claim(dir.path()).unwrap();
+    match Owner::claim(dir.path()) {
+        Err(JournalError::InUse { dir: held, holder }) => {
+            assert_eq!(held, dir.path());
+            assert_eq!(holder, Some(std::process::id()));
+        }
+        other => panic!("a second claim was not refused: {other:?}"),
+    }
+    drop(first);
+    Owner::claim(dir.path()).expect("the claim is free once dropped");
+}

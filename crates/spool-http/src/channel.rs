@@ -242,7 +242,7 @@ impl HttpChannel {
                     channels: vec![NAMESPACE.into()],
                 },
             )),
-            (Route::Runs, Method::GET) => self.list().await,
+            (Route::Runs, Method::GET) => self.list(query.as_deref()).await,
             (Route::Runs, _) => self.start(&text, caller).await,
             (Route::Address(address), Method::GET) => self.address(&address, false).await,
             (Route::Address(address), _) => self.address(&address, true).await,
@@ -308,11 +308,40 @@ impl HttpChannel {
         }
     }
 
-    async fn list(&self) -> Result<Response<Body>, RuntimeError> {
-        let runs: Vec<Value> = self
-            .runtime
-            .list()
-            .await?
+    /// `GET /runs?limit=N&after=NEXT`: a page of runs, most recently
+    /// updated first. `next` names where the following page starts; it is
+    /// a position in the order (updated time, then id), so a walk neither
+    /// repeats nor skips a run that stays unchanged during it, and a run
+    /// updated meanwhile moves to the front.
+    async fn list(&self, query: Option<&str>) -> Result<Response<Body>, RuntimeError> {
+        let page = match Page::parse(query) {
+            Ok(page) => page,
+            Err(message) => return Ok(body::error(ErrorCode::BadRequest, message)),
+        };
+        let mut all = self.runtime.list().await?;
+        // The journals list in this order already; sorting again keeps
+        // paging right over a journal an embedder wrote.
+        all.sort_by(|a, b| {
+            b.updated_at
+                .cmp(&a.updated_at)
+                .then_with(|| a.run_id.cmp(&b.run_id))
+        });
+        let mut runs = all.into_iter().filter(|run| {
+            page.after.as_ref().is_none_or(|(updated, id)| {
+                let at = run.updated_at.unix_timestamp_nanos();
+                at < *updated || (at == *updated && run.run_id.as_str() > id.as_str())
+            })
+        });
+        let listed: Vec<_> = runs.by_ref().take(page.limit).collect();
+        let next = match (runs.next(), listed.last()) {
+            (Some(_), Some(last)) => Some(format!(
+                "{}.{}",
+                last.updated_at.unix_timestamp_nanos(),
+                last.run_id
+            )),
+            _ => None,
+        };
+        let runs: Vec<Value> = listed
             .into_iter()
             .map(|run| {
                 json!({
@@ -323,7 +352,11 @@ impl HttpChannel {
                 })
             })
             .collect();
-        Ok(body::json(StatusCode::OK, &json!({ "runs": runs })))
+        let mut reply = json!({ "runs": runs });
+        if let Some(next) = next {
+            reply["next"] = Value::String(next);
+        }
+        Ok(body::json(StatusCode::OK, &reply))
     }
 
     async fn start(&self, text: &str, caller: Caller) -> Result<Response<Body>, RuntimeError> {
@@ -552,23 +585,7 @@ impl HttpChannel {
                     _ = closing.wait_for(|closing| *closing) => None,
                 };
                 let Some(item) = item else { break };
-                let line = match &item {
-                    StreamItem::Event(envelope) => {
-                        last = Some(envelope.seq);
-                        stream_event(envelope)
-                    }
-                    StreamItem::Delta(delta) => delta_event(&run, last, &delta.turn, &delta.delta),
-                    StreamItem::Lagged { last } => StreamEvent {
-                        run_id: run.to_string(),
-                        seq: last.map_or(0, |s| s.0),
-                        kind: StreamEventType::Unknown("lagged".into()),
-                        time: time::OffsetDateTime::now_utc(),
-                        turn_id: None,
-                        text: None,
-                        state: None,
-                        data: None,
-                    },
-                };
+                let line = stream_line(&run, &mut last, &item);
                 let mut bytes = serde_json::to_vec(&line).expect("stream lines are plain JSON");
                 bytes.push(b'\n');
                 // A reader that stopped reading: drop it rather than buffer
@@ -602,21 +619,72 @@ enum Route {
     RunAction(String, String),
 }
 
+/// A run id from its path segment, percent-decoded as any segment is (a
+/// client may encode every byte that is not alphanumeric).
 fn run_id(raw: &str) -> Result<RunId, String> {
-    RunId::new(raw).map_err(|e| e.to_string())
+    let decoded = percent_encoding::percent_decode_str(raw).decode_utf8_lossy();
+    RunId::new(decoded.as_ref()).map_err(|e| e.to_string())
+}
+
+/// The value of `name` in a query string, when it is there.
+fn query_value<'q>(query: Option<&'q str>, name: &str) -> Option<&'q str> {
+    query?
+        .split('&')
+        .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))
 }
 
 fn cursor(query: Option<&str>) -> Result<Option<Seq>, String> {
-    let Some(query) = query else { return Ok(None) };
-    for pair in query.split('&') {
-        if let Some(value) = pair.strip_prefix("cursor=") {
-            return value
+    query_value(query, "cursor")
+        .map(|value| {
+            value
                 .parse::<u64>()
-                .map(|n| Some(Seq(n)))
-                .map_err(|_| format!("`cursor` must be a non-negative integer, not `{value}`"));
-        }
+                .map(Seq)
+                .map_err(|_| format!("`cursor` must be a non-negative integer, not `{value}`"))
+        })
+        .transpose()
+}
+
+/// A page of `GET /runs`.
+struct Page {
+    limit: usize,
+    /// The last run of the previous page: its update time (Unix
+    /// nanoseconds) and id.
+    after: Option<(i128, String)>,
+}
+
+impl Page {
+    const DEFAULT: usize = 100;
+    const MAX: usize = 1000;
+
+    fn parse(query: Option<&str>) -> Result<Self, String> {
+        let limit = match query_value(query, "limit") {
+            None => Self::DEFAULT,
+            Some(value) => value
+                .parse::<usize>()
+                .ok()
+                .filter(|n| (1..=Self::MAX).contains(n))
+                .ok_or_else(|| {
+                    format!(
+                        "`limit` must be an integer from 1 to {}, not `{value}`",
+                        Self::MAX
+                    )
+                })?,
+        };
+        let after = query_value(query, "after")
+            .map(|value| {
+                let decoded = percent_encoding::percent_decode_str(value).decode_utf8_lossy();
+                decoded
+                    .split_once('.')
+                    .and_then(|(at, id)| Some((at.parse::<i128>().ok()?, id.to_owned())))
+                    .ok_or_else(|| {
+                        format!(
+                            "`after` must be a `next` value from an earlier page, not `{value}`"
+                        )
+                    })
+            })
+            .transpose()?;
+        Ok(Self { limit, after })
     }
-    Ok(None)
 }
 
 fn principal_of(auth: wire::Principal) -> Principal {
@@ -663,6 +731,33 @@ fn runtime_error(error: &RuntimeError) -> Response<Body> {
 
 /// A journal event as a stream line: the runtime's own types for the
 /// events a client acts on, the journal's kind for the rest.
+/// One item of a run's subscription as the channel's stream line. `last`
+/// is the last journal position written so far (the cursor a reader
+/// resumes after); journal events move it, live deltas carry it.
+///
+/// Public so an in-process client shows a run exactly as the stream does.
+pub fn stream_line(run: &RunId, last: &mut Option<Seq>, item: &StreamItem) -> StreamEvent {
+    match item {
+        StreamItem::Event(envelope) => {
+            *last = Some(envelope.seq);
+            stream_event(envelope)
+        }
+        StreamItem::Delta(delta) => delta_event(run, *last, &delta.turn, &delta.delta),
+        // The reader fell behind the live hub: the line tells it where to
+        // resume, and the stream ends.
+        StreamItem::Lagged { last } => StreamEvent {
+            run_id: run.to_string(),
+            seq: last.map_or(0, |s| s.0),
+            kind: StreamEventType::Unknown("lagged".into()),
+            time: time::OffsetDateTime::now_utc(),
+            turn_id: None,
+            text: None,
+            state: None,
+            data: None,
+        },
+    }
+}
+
 fn stream_event(envelope: &Envelope) -> StreamEvent {
     let event = &envelope.event;
     let kind = match event {

@@ -8,9 +8,11 @@
 
 pub mod body;
 pub mod channel;
+pub mod client;
 pub mod server;
 pub mod token;
 
-pub use channel::HttpChannel;
+pub use channel::{HttpChannel, stream_line};
+pub use client::{Client, ClientError};
 pub use server::{Listener, serve};
 pub use token::TokenFile;

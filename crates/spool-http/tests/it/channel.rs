@@ -509,3 +509,46 @@ async fn stream_lines_keep_the_channels_field_order() {
         "deltas keep the order too: {kinds:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_runs_pages_through_every_run_once_newest_first() {
+    let server = Server::start(echo_runtime()).await;
+    let mut started = Vec::new();
+    for n in 0..7 {
+        started.push(server.new_run(&format!(r#"{{"text": "run {n}"}}"#)).await);
+    }
+    let mut seen = Vec::new();
+    let mut path = "/spool/v1/runs?limit=3".to_owned();
+    let mut pages = 0;
+    loop {
+        let page = server.get(&path).await;
+        assert_eq!(page.status, 200);
+        let page = page.json();
+        let runs = page["runs"].as_array().unwrap();
+        assert!(runs.len() <= 3);
+        seen.extend(runs.iter().map(|r| r["id"].as_str().unwrap().to_owned()));
+        pages += 1;
+        match page["next"].as_str() {
+            Some(next) => path = format!("/spool/v1/runs?limit=3&after={next}"),
+            None => break,
+        }
+    }
+    assert_eq!(pages, 3, "7 runs in pages of 3");
+    started.reverse();
+    assert_eq!(seen, started, "every run once, the last started first");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_runs_refuses_a_bad_limit_or_after_with_bad_request() {
+    let server = Server::start(echo_runtime()).await;
+    for query in ["limit=0", "limit=1001", "limit=ten", "after=nonsense"] {
+        let reply = server.get(&format!("/spool/v1/runs?{query}")).await;
+        assert_eq!(
+            (reply.status, reply.json()["code"].clone()),
+            (400, json!("bad_request")),
+            "{query}"
+        );
+    }
+    server.stop().await;
+}

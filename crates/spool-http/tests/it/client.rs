@@ -53,6 +53,20 @@ impl Server {
         configure: impl FnOnce(HttpChannel) -> HttpChannel,
     ) -> Self {
         let listener = Listener::tcp("127.0.0.1:0").await.unwrap();
+        Self::start_on(listener, runtime, configure)
+    }
+
+    /// The echo channel on a Unix socket at `path`; `addr` is the path.
+    pub(crate) fn start_unix(path: &std::path::Path) -> Self {
+        let listener = Listener::unix(path).unwrap();
+        Self::start_on(listener, echo_runtime(), |channel| channel)
+    }
+
+    fn start_on(
+        listener: Listener,
+        runtime: Runtime,
+        configure: impl FnOnce(HttpChannel) -> HttpChannel,
+    ) -> Self {
         let addr = listener.describe();
         let (stop, closing) = watch::channel(false);
         let channel = configure(HttpChannel::new(runtime, closing.clone()));

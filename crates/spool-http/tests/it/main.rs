@@ -8,5 +8,6 @@
 mod channel;
 mod client;
 mod openapi;
+mod remote;
 mod server;
 mod token;

@@ -66,17 +66,11 @@ async fn a_unix_socket_serves_the_channel_and_is_private_to_its_owner() {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("spool.sock");
-    let listener = spool_http::Listener::unix(&path).unwrap();
+    let server = Server::start_unix(&path);
     assert_eq!(
         std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
         0o600
     );
-    let (stop, closing) = tokio::sync::watch::channel(false);
-    let channel = spool_http::HttpChannel::new(echo_runtime(), closing.clone());
-    let mut until = closing;
-    let task = tokio::spawn(spool_http::serve(listener, channel.handler(), async move {
-        let _ = until.wait_for(|s| *s).await;
-    }));
     let mut socket = tokio::net::UnixStream::connect(&path).await.unwrap();
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     socket
@@ -89,12 +83,7 @@ async fn a_unix_socket_serves_the_channel_and_is_private_to_its_owner() {
         raw.starts_with("HTTP/1.1 200") && raw.contains("\"ready\""),
         "{raw}"
     );
-    stop.send_replace(true);
-    tokio::time::timeout(PATIENCE, task)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    server.stop().await;
     assert!(!path.exists(), "the socket is removed on shutdown");
 }
 

@@ -1,0 +1,273 @@
+//! A small client for the HTTP channel, over TCP or a Unix socket: what
+//! `spool run --url` and `spool chat --url` speak, and what a Rust program
+//! can use to drive a remote Spool without a client stack of its own.
+//!
+//! One HTTP/1.1 connection per request: a CLI and a stream reader do not
+//! need pooling, and a stream holds its connection for as long as it reads.
+
+use std::path::PathBuf;
+
+use bytes::Bytes;
+use http::header::{AUTHORIZATION, CONTENT_TYPE, HOST};
+use http::{Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use spool_wire::http::{ErrorBody, StreamEvent};
+use spool_wire::line::{DEFAULT_MAX_LINE_BYTES, LineCodec};
+
+use spool_wire::http::BASE_PATH;
+
+/// Why a call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The URL is neither `http://host:port` nor `unix:/path`.
+    #[error("`{0}` is not a Spool URL: use http://HOST:PORT or unix:/PATH")]
+    Url(String),
+    /// The server could not be reached.
+    #[error("connecting to {target}")]
+    Connect {
+        /// Where.
+        target: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The connection broke.
+    #[error("HTTP: {0}")]
+    Http(#[from] hyper::Error),
+    /// The server answered with an error reply.
+    #[error("{message} ({status} {code})")]
+    Reply {
+        /// The HTTP status.
+        status: u16,
+        /// The stable code from the reply, or `unknown`.
+        code: String,
+        /// The reply's text.
+        message: String,
+    },
+    /// A reply or stream line did not have the expected shape.
+    #[error("unexpected reply: {0}")]
+    Decode(String),
+}
+
+#[derive(Clone, Debug)]
+enum Target {
+    Tcp(String),
+    Unix(PathBuf),
+}
+
+/// A client for one Spool server.
+#[derive(Clone, Debug)]
+pub struct Client {
+    target: Target,
+    token: Option<String>,
+}
+
+impl Client {
+    /// A client for `url`: `http://HOST:PORT` (a path after it is ignored)
+    /// or `unix:/PATH` for a server on a Unix socket.
+    ///
+    /// # Errors
+    ///
+    /// [`ClientError::Url`] for anything else.
+    pub fn new(url: &str) -> Result<Self, ClientError> {
+        let target = if let Some(path) = url.strip_prefix("unix:") {
+            Target::Unix(PathBuf::from(path))
+        } else if let Some(rest) = url.strip_prefix("http://") {
+            let authority = rest.split('/').next().unwrap_or_default();
+            if authority.is_empty() {
+                return Err(ClientError::Url(url.to_owned()));
+            }
+            Target::Tcp(authority.to_owned())
+        } else {
+            return Err(ClientError::Url(url.to_owned()));
+        };
+        Ok(Self {
+            target,
+            token: None,
+        })
+    }
+
+    /// Sends `Authorization: Bearer TOKEN` with every request.
+    #[must_use]
+    pub fn with_token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+
+    /// `GET /spool/v1{path}`, decoded from JSON.
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::post`].
+    pub async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
+        let response = self.send(Method::GET, path, None).await?;
+        decode(response).await
+    }
+
+    /// `POST /spool/v1{path}` with a JSON body; the reply decoded from JSON
+    /// (a 204 decodes as `null`).
+    ///
+    /// # Errors
+    ///
+    /// [`ClientError::Reply`] for a non-2xx reply, with its stable code;
+    /// connection and decoding errors otherwise.
+    pub async fn post<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &impl Serialize,
+    ) -> Result<T, ClientError> {
+        let bytes = serde_json::to_vec(body).map_err(|e| ClientError::Decode(e.to_string()))?;
+        let response = self.send(Method::POST, path, Some(bytes)).await?;
+        decode(response).await
+    }
+
+    /// Opens a run's NDJSON stream after `cursor`.
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::post`].
+    pub async fn stream(&self, run: &str, cursor: Option<u64>) -> Result<Lines, ClientError> {
+        // One path segment whatever the caller passed; the server judges
+        // whether it is a run id.
+        let run = percent_encoding::utf8_percent_encode(run, percent_encoding::NON_ALPHANUMERIC);
+        let path = match cursor {
+            Some(cursor) => format!("/runs/{run}/stream?cursor={cursor}"),
+            None => format!("/runs/{run}/stream"),
+        };
+        let response = self.send(Method::GET, &path, None).await?;
+        if !response.status().is_success() {
+            return Err(decode::<serde_json::Value>(response)
+                .await
+                .err()
+                .unwrap_or_else(|| {
+                    ClientError::Decode("a stream refused without a reason".into())
+                }));
+        }
+        Ok(Lines {
+            body: response.into_body(),
+            codec: LineCodec::new(DEFAULT_MAX_LINE_BYTES),
+            ready: std::collections::VecDeque::new(),
+        })
+    }
+
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<http::Response<Incoming>, ClientError> {
+        let (mut sender, host) = match &self.target {
+            Target::Tcp(authority) => {
+                let stream = tokio::net::TcpStream::connect(authority.as_str())
+                    .await
+                    .map_err(|source| ClientError::Connect {
+                        target: authority.clone(),
+                        source,
+                    })?;
+                (handshake(stream).await?, authority.clone())
+            }
+            Target::Unix(path) => {
+                let stream = tokio::net::UnixStream::connect(path)
+                    .await
+                    .map_err(|source| ClientError::Connect {
+                        target: path.display().to_string(),
+                        source,
+                    })?;
+                (handshake(stream).await?, "localhost".to_owned())
+            }
+        };
+        let mut request = Request::builder()
+            .method(method)
+            .uri(format!("{BASE_PATH}{path}"))
+            .header(HOST, host);
+        if let Some(token) = &self.token {
+            request = request.header(AUTHORIZATION, format!("Bearer {token}"));
+        }
+        if body.is_some() {
+            request = request.header(CONTENT_TYPE, "application/json");
+        }
+        let request = request
+            .body(Full::new(Bytes::from(body.unwrap_or_default())))
+            .map_err(|e| ClientError::Decode(e.to_string()))?;
+        Ok(sender.send_request(request).await?)
+    }
+}
+
+async fn handshake<S>(
+    stream: S,
+) -> Result<hyper::client::conn::http1::SendRequest<Full<Bytes>>, ClientError>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+{
+    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    // The connection task ends with the request (or the stream) it serves.
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(sender)
+}
+
+async fn decode<T: DeserializeOwned>(response: http::Response<Incoming>) -> Result<T, ClientError> {
+    let status = response.status();
+    let bytes = response.into_body().collect().await?.to_bytes();
+    if !status.is_success() {
+        let (code, message) = match serde_json::from_slice::<ErrorBody>(&bytes) {
+            Ok(error) => (error.code.as_str().to_owned(), error.error),
+            Err(_) => (
+                "unknown".to_owned(),
+                String::from_utf8_lossy(&bytes).into_owned(),
+            ),
+        };
+        return Err(ClientError::Reply {
+            status: status.as_u16(),
+            code,
+            message,
+        });
+    }
+    let bytes: &[u8] = if status == StatusCode::NO_CONTENT || bytes.is_empty() {
+        b"null"
+    } else {
+        &bytes
+    };
+    serde_json::from_slice(bytes).map_err(|e| ClientError::Decode(e.to_string()))
+}
+
+/// A run's stream, line by line.
+#[derive(Debug)]
+pub struct Lines {
+    body: Incoming,
+    codec: LineCodec,
+    ready: std::collections::VecDeque<spool_wire::line::Line>,
+}
+
+impl Lines {
+    /// The next event; `None` when the server ends the stream.
+    ///
+    /// # Errors
+    ///
+    /// A broken connection, or a line that is not a stream event.
+    pub async fn next(&mut self) -> Result<Option<StreamEvent>, ClientError> {
+        loop {
+            if let Some(line) = self.ready.pop_front() {
+                let text = line.text.map_err(|e| ClientError::Decode(e.to_string()))?;
+                return serde_json::from_str(&text)
+                    .map(Some)
+                    .map_err(|e| ClientError::Decode(format!("stream line {}: {e}", line.number)));
+            }
+            match self.body.frame().await {
+                Some(frame) => {
+                    if let Ok(data) = frame?.into_data() {
+                        self.ready.extend(self.codec.push(&data));
+                    }
+                }
+                None => match self.codec.finish() {
+                    Some(line) => self.ready.push_back(line),
+                    None => return Ok(None),
+                },
+            }
+        }
+    }
+}

@@ -1,0 +1,119 @@
+//! `spool_http::Client`, the channel's own client (a hyper client), against
+//! the real server: JSON calls, stable error codes, streams, tokens and
+//! Unix sockets.
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+use spool_http::{Client, ClientError, TokenFile};
+use spool_wire::http::{AddressReply, StreamEventType};
+
+use crate::client::{PATIENCE, Server, echo_runtime};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_streams_a_run_subscribed_before_its_first_turn() {
+    let server = Server::start(echo_runtime()).await;
+    let client = Client::new(&format!("http://{}", server.addr)).unwrap();
+    let ensured: AddressReply = client
+        .post("/addresses/team%2Fone", &json!({}))
+        .await
+        .unwrap();
+    let mut lines = client
+        .stream(&ensured.run_id, ensured.cursor)
+        .await
+        .unwrap();
+    let reply: Value = client
+        .post(&format!("/runs/{}", ensured.run_id), &json!({"text": "hi"}))
+        .await
+        .unwrap();
+    assert_eq!(reply["response"], "echo: hi");
+    let response = tokio::time::timeout(PATIENCE, async {
+        loop {
+            let event = lines.next().await.unwrap().expect("the stream stays open");
+            if event.kind == StreamEventType::RunResponse {
+                return event;
+            }
+        }
+    })
+    .await
+    .expect("the response arrives on the stream");
+    assert_eq!(response.text.as_deref(), Some("echo: hi"));
+    assert_eq!(response.run_id, ensured.run_id);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_reports_an_error_reply_with_its_status_and_stable_code() {
+    let server = Server::start(echo_runtime()).await;
+    let client = Client::new(&format!("http://{}/spool/v1", server.addr)).unwrap();
+    let missing = client
+        .get::<Value>("/runs/run_01aaaaaaaaaaaaaaaaaaaaaaaa")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&missing, ClientError::Reply { status: 404, code, .. } if code == "run_not_found"),
+        "{missing:?}"
+    );
+    let stream = client.stream("not a run id", None).await.unwrap_err();
+    assert!(
+        matches!(&stream, ClientError::Reply { status: 400, code, .. } if code == "invalid_run_id"),
+        "{stream:?}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_sends_its_token_and_is_refused_without_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tokens");
+    let token = TokenFile::issue(&path, "ops").unwrap();
+    let tokens = Arc::new(TokenFile::load(&path).unwrap());
+    let server = Server::start_with(echo_runtime(), move |c| c.with_authenticator(tokens)).await;
+    let url = format!("http://{}", server.addr);
+    let refused = Client::new(&url)
+        .unwrap()
+        .get::<Value>("/info")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&refused, ClientError::Reply { status: 401, code, .. } if code == "unauthenticated"),
+        "{refused:?}"
+    );
+    let info: Value = Client::new(&url)
+        .unwrap()
+        .with_token(token)
+        .get("/info")
+        .await
+        .unwrap();
+    assert!(info["version"].is_string(), "{info}");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_reaches_a_server_on_a_unix_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("spool.sock");
+    let server = Server::start_unix(&path);
+    let client = Client::new(&format!("unix:{}", path.display())).unwrap();
+    let reply: Value = client
+        .post("/runs", &json!({"text": "over a socket"}))
+        .await
+        .unwrap();
+    assert_eq!(reply["response"], "echo: over a socket");
+    server.stop().await;
+}
+
+#[test]
+fn a_url_that_is_not_http_or_unix_is_refused() {
+    for url in [
+        "ftp://host",
+        "https://host:443",
+        "http://",
+        "localhost:8080",
+    ] {
+        assert!(
+            matches!(Client::new(url), Err(ClientError::Url(_))),
+            "{url} is accepted"
+        );
+    }
+}

@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 mod agent;
 mod runs;
 mod serve;
+mod talk;
 mod wire;
 
 /// Spool: durable LLM agent runs and the wire protocols to drive them.
@@ -29,6 +30,13 @@ enum Command {
     /// Serve the HTTP channel on the embedded defaults: ./.spool, ./spool.toml
     /// (or the built-in echo agent), 127.0.0.1:8080.
     Serve(serve::ServeArgs),
+    /// Send one message and stream the answer; a question from the run is
+    /// asked here and answered from the terminal. In-process on the local
+    /// journal, or against a server with --url.
+    Run(talk::RunArgs),
+    /// A line-oriented chat with a run: streamed answers, questions
+    /// answered inline, and /cancel, /clear, /new, /quit.
+    Chat(talk::ChatArgs),
     /// Manage bearer tokens.
     Token {
         #[command(subcommand)]
@@ -60,6 +68,8 @@ fn main() -> ExitCode {
         Command::Runs { command } => runs::run(command),
         Command::Agent { command } => agent::run(command),
         Command::Serve(args) => serve::run(args),
+        Command::Run(args) => talk::run(args),
+        Command::Chat(args) => talk::chat(args),
         Command::Token { command } => serve::token(command),
     };
     match outcome {

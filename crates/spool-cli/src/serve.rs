@@ -3,16 +3,17 @@
 
 use std::io::Write;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 use spool_http::{HttpChannel, Listener, TokenFile};
-use spool_journal::store::sqlite::{Options, SqliteJournal};
+use spool_journal::JournalError;
+use spool_journal::store::sqlite::{Options, Owner, SqliteJournal};
 use spool_runtime::Runtime;
-use spool_runtime::agent::AgentDefinition;
+use spool_runtime::agent::{AgentDefinition, Loaded};
 
 #[derive(Debug, Args)]
 pub(crate) struct ServeArgs {
@@ -70,29 +71,7 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    let mut loaded = AgentDefinition::load(args.agent.as_deref())?;
-    if let Some(model) = &args.model {
-        loaded.definition.agent.engine.clone_from(model);
-        // A script named on the command line is found from here, not from
-        // the definition's directory.
-        if model.starts_with("scripted:") {
-            loaded.base = std::env::current_dir().context("reading the current directory")?;
-        }
-    }
-    if let Some(note) = &loaded.note {
-        say(&format!("spool: {note}"));
-    }
-    if loaded
-        .definition
-        .builtin_engine(&loaded.base)
-        .map_err(anyhow::Error::msg)?
-        .is_none()
-    {
-        bail!(
-            "the engine `{}` is not available in this build yet; use `echo` or `scripted:<file>`",
-            loaded.definition.agent.engine
-        );
-    }
+    let loaded = load_agent(args.agent.as_deref(), args.model.as_deref())?;
     let tokens = match &args.token_file {
         Some(path) => Some(Arc::new(TokenFile::load(path)?)),
         None => None,
@@ -116,12 +95,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 .with_context(|| format!("binding {}", args.addr))?
         }
     };
-    let journal = SqliteJournal::open(&args.journal, Options::default())
-        .with_context(|| format!("opening the journal in {}", args.journal.display()))?;
-    let runtime = Runtime::builder(Arc::new(journal))
-        .agent(&loaded)
-        .map_err(anyhow::Error::msg)?
-        .build();
+    let (runtime, _owner) = open_runtime(&args.journal, &loaded)?;
     let resumed = runtime.recover().await?;
     let (stop, closing) = tokio::sync::watch::channel(false);
     let mut channel =
@@ -154,6 +128,55 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The agent definition (`path`, `./spool.toml`, or the built-in echo
+/// agent) with `--model` in place of its engine, refused early when this
+/// build cannot run its engine.
+pub(crate) fn load_agent(path: Option<&Path>, model: Option<&str>) -> anyhow::Result<Loaded> {
+    let mut loaded = AgentDefinition::load(path)?;
+    if let Some(model) = model {
+        model.clone_into(&mut loaded.definition.agent.engine);
+        // A script named on the command line is found from here, not from
+        // the definition's directory.
+        if model.starts_with("scripted:") {
+            loaded.base = std::env::current_dir().context("reading the current directory")?;
+        }
+    }
+    if let Some(note) = &loaded.note {
+        say(&format!("spool: {note}"));
+    }
+    if loaded
+        .definition
+        .builtin_engine(&loaded.base)
+        .map_err(anyhow::Error::msg)?
+        .is_none()
+    {
+        bail!(
+            "the engine `{}` is not available in this build yet; use `echo` or `scripted:<file>`",
+            loaded.definition.agent.engine
+        );
+    }
+    Ok(loaded)
+}
+
+/// The runtime on the SQLite journal in `journal`, running `loaded`, and
+/// this process's claim on the journal: hold it as long as the runtime
+/// runs, so no second process resumes the same turns.
+pub(crate) fn open_runtime(journal: &Path, loaded: &Loaded) -> anyhow::Result<(Runtime, Owner)> {
+    let owner = Owner::claim(journal).map_err(|error| match error {
+        JournalError::InUse { .. } => anyhow::anyhow!(
+            "{error}: a server has it? talk to it with `--url`, or give this process its own `--journal`"
+        ),
+        other => anyhow::Error::new(other),
+    })?;
+    let store = SqliteJournal::open(journal, Options::default())
+        .with_context(|| format!("opening the journal in {}", journal.display()))?;
+    let runtime = Runtime::builder(Arc::new(store))
+        .agent(loaded)
+        .map_err(anyhow::Error::msg)?
+        .build();
+    Ok((runtime, owner))
+}
+
 async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut interrupt), Ok(mut terminate)) = (
@@ -174,6 +197,6 @@ async fn shutdown_signal() {
     clippy::print_stderr,
     reason = "the server's progress lines for its operator"
 )]
-fn say(line: &str) {
+pub(crate) fn say(line: &str) {
     eprintln!("{line}");
 }

@@ -8,4 +8,5 @@
 mod agent;
 mod runs;
 mod serve;
+mod talk;
 mod wire_validate;

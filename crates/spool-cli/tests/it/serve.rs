@@ -4,12 +4,12 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-struct Running {
+pub(crate) struct Running {
     child: Child,
-    addr: String,
+    pub(crate) addr: String,
 }
 
-fn serve(dir: &std::path::Path, extra: &[&str]) -> Running {
+pub(crate) fn serve(dir: &std::path::Path, extra: &[&str]) -> Running {
     let mut child = Command::new(env!("CARGO_BIN_EXE_spool"))
         .args(["serve", "--addr", "127.0.0.1:0", "--journal"])
         .arg(dir.join("journal"))
@@ -55,7 +55,7 @@ fn post(addr: &str, path: &str, body: &str, token: Option<&str>) -> (u16, String
     (status, reply)
 }
 
-fn terminate(running: Running) -> std::process::ExitStatus {
+pub(crate) fn terminate(running: Running) -> std::process::ExitStatus {
     let Running { mut child, .. } = running;
     let pid = child.id().to_string();
     Command::new("kill").args(["-TERM", &pid]).status().unwrap();

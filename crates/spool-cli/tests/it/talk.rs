@@ -1,0 +1,249 @@
+//! `spool run` and `spool chat`: the real binary, in-process on a local
+//! journal and against a real server, its stdin scripted.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use crate::serve::{serve, terminate};
+
+const APPROVAL_AGENT: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../examples/approval/spool.toml"
+);
+
+struct Finished {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs `spool ARGS` in `dir` with `input` on stdin (then closed), and
+/// fails the test if it has not exited within 30 s.
+fn spool(dir: &Path, args: &[&str], input: &str) -> Finished {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_spool"))
+        .args(args)
+        .current_dir(dir)
+        .env_remove("SPOOL_JOURNAL")
+        .env_remove("SPOOL_URL")
+        .env_remove("SPOOL_TOKEN")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let pid = child.id().to_string();
+    let (sender, exited) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = sender.send(child.wait_with_output());
+    });
+    match exited.recv_timeout(Duration::from_secs(30)) {
+        Ok(output) => {
+            let output = output.unwrap();
+            Finished {
+                code: output.status.code(),
+                stdout: String::from_utf8(output.stdout).unwrap(),
+                stderr: String::from_utf8(output.stderr).unwrap(),
+            }
+        }
+        Err(_) => {
+            let _ = Command::new("kill").args(["-9", &pid]).status();
+            panic!("`spool {}` did not exit within 30 s", args.join(" "));
+        }
+    }
+}
+
+#[test]
+fn run_in_process_prints_only_the_answer_on_stdout_and_exits_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let done = spool(dir.path(), &["run", "hello there"], "");
+    assert_eq!(done.code, Some(0), "stderr: {}", done.stderr);
+    assert_eq!(done.stdout, "echo: hello there\n");
+    assert!(done.stderr.contains("spool: run run_"), "{}", done.stderr);
+    assert!(
+        dir.path().join(".spool").exists(),
+        "the run is kept in the default journal"
+    );
+}
+
+#[test]
+fn run_asks_an_approval_on_the_terminal_and_records_the_verdict_typed() {
+    let dir = tempfile::tempdir().unwrap();
+    let done = spool(
+        dir.path(),
+        &[
+            "run",
+            "--agent",
+            APPROVAL_AGENT,
+            "--address",
+            "deploy",
+            "deploy it",
+        ],
+        "no\n",
+    );
+    assert_eq!(done.code, Some(0), "stderr: {}", done.stderr);
+    assert!(
+        done.stderr
+            .contains("? Deploy the plan to staging? [approve / reject] (yes/no)"),
+        "{}",
+        done.stderr
+    );
+    assert_eq!(
+        done.stdout,
+        "I will ask before deploying.\nApproved, so the plan is deployed to staging.\n"
+    );
+    // The journal holds the answer as typed: "no" is a rejection.
+    let shown = spool(dir.path(), &["runs", "list", "--journal", ".spool"], "");
+    let run = shown
+        .stdout
+        .split_whitespace()
+        .find(|word| word.starts_with("run_"))
+        .unwrap()
+        .to_owned();
+    let log = spool(
+        dir.path(),
+        &["runs", "show", "--journal", ".spool", &run],
+        "",
+    );
+    assert!(
+        log.stdout
+            .contains(r#"{"answers":[{"approved":false,"text":"no"}]"#),
+        "{}",
+        log.stdout
+    );
+}
+
+#[test]
+fn run_with_input_closed_leaves_the_run_waiting_and_chat_on_its_address_finishes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = ["--agent", APPROVAL_AGENT, "--address", "later"];
+    let left = spool(
+        dir.path(),
+        &[&["run"], &agent[..], &["deploy it"]].concat(),
+        "",
+    );
+    assert_eq!(left.code, Some(2), "stderr: {}", left.stderr);
+    assert!(
+        left.stderr
+            .contains("the run waits for an answer; continue with `spool chat --address later`"),
+        "{}",
+        left.stderr
+    );
+    assert_eq!(left.stdout, "I will ask before deploying.\n");
+
+    // A new process on the same journal finds the question from the
+    // journal alone, and the next line answers it.
+    let chat = spool(dir.path(), &[&["chat"], &agent[..]].concat(), "yes\n");
+    assert_eq!(chat.code, Some(0), "stderr: {}", chat.stderr);
+    assert_eq!(
+        chat.stderr.matches("? Deploy the plan to staging?").count(),
+        1,
+        "{}",
+        chat.stderr
+    );
+    assert_eq!(
+        chat.stdout,
+        "Approved, so the plan is deployed to staging.\n"
+    );
+}
+
+#[test]
+fn chat_takes_turns_in_order_and_new_starts_a_fresh_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let done = spool(
+        dir.path(),
+        &["chat", "--address", "room"],
+        "first\nsecond\n/new\nthird\n/quit\nnever sent\n",
+    );
+    assert_eq!(done.code, Some(0), "stderr: {}", done.stderr);
+    assert_eq!(done.stdout, "echo: first\necho: second\necho: third\n");
+    let runs: Vec<&str> = done
+        .stderr
+        .lines()
+        .filter(|line| line.starts_with("spool: run run_"))
+        .collect();
+    assert_eq!(runs.len(), 2, "{}", done.stderr);
+    assert!(runs[0].ends_with("(address room)"), "{}", runs[0]);
+    assert_ne!(runs[0], runs[1]);
+}
+
+#[test]
+fn run_and_chat_against_a_server_stream_the_same_answers_as_in_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let running = serve(dir.path(), &["--agent", APPROVAL_AGENT]);
+    let url = format!("http://{}", running.addr);
+    let run = spool(
+        dir.path(),
+        &["run", "--url", &url, "--address", "team/one", "deploy it"],
+        "yes\n",
+    );
+    let chat = spool(
+        dir.path(),
+        &["chat", "--url", &url, "--address", "team/two"],
+        "deploy it\nyes\n/quit\n",
+    );
+    let status = terminate(running);
+    assert!(status.success());
+    for done in [&run, &chat] {
+        assert_eq!(done.code, Some(0), "stderr: {}", done.stderr);
+        assert_eq!(
+            done.stdout,
+            "I will ask before deploying.\nApproved, so the plan is deployed to staging.\n"
+        );
+    }
+    // The address with a slash travelled as one path segment.
+    assert!(run.stderr.contains("(address team/one)"), "{}", run.stderr);
+}
+
+#[test]
+fn run_against_an_unreachable_server_fails_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    // Port 1 on loopback: nothing listens there.
+    let done = spool(
+        dir.path(),
+        &["run", "--url", "http://127.0.0.1:1", "hi"],
+        "",
+    );
+    assert_eq!(done.code, Some(1));
+    assert!(
+        done.stderr.contains("spool: connecting to 127.0.0.1:1: "),
+        "{}",
+        done.stderr
+    );
+    let done = spool(dir.path(), &["run", "--url", "ftp://example", "hi"], "");
+    assert_eq!(done.code, Some(1));
+    assert!(
+        done.stderr.contains("is not a Spool URL"),
+        "{}",
+        done.stderr
+    );
+}
+
+#[test]
+fn run_refuses_a_journal_a_server_owns_and_points_to_url() {
+    let dir = tempfile::tempdir().unwrap();
+    let running = serve(dir.path(), &[]);
+    let journal = dir.path().join("journal");
+    let done = spool(
+        dir.path(),
+        &["run", "--journal", journal.to_str().unwrap(), "hi"],
+        "",
+    );
+    let status = terminate(running);
+    assert!(status.success());
+    assert_eq!(done.code, Some(1));
+    assert!(
+        done.stderr.contains("is in use by another process (pid ")
+            && done.stderr.contains("talk to it with `--url`"),
+        "{}",
+        done.stderr
+    );
+    assert_eq!(done.stdout, "", "no run was made");
+}

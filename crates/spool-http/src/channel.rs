@@ -142,18 +142,14 @@ impl HttpChannel {
         Arc::new(move |request| {
             let channel = Arc::clone(&channel);
             Box::pin(async move {
-                let method = request.method().clone();
-                let path = request.uri().path().to_owned();
-                let started = std::time::Instant::now();
+                let mut log = RequestLog {
+                    method: request.method().clone(),
+                    path: request.uri().path().to_owned(),
+                    started: std::time::Instant::now(),
+                    status: None,
+                };
                 let reply = channel.handle(request).await;
-                tracing::info!(
-                    target: "spool::http",
-                    %method,
-                    path,
-                    status = reply.status().as_u16(),
-                    millis = started.elapsed().as_millis() as u64,
-                    "request"
-                );
+                log.status = Some(reply.status().as_u16());
                 reply
             })
         })
@@ -607,6 +603,38 @@ impl HttpChannel {
             .headers_mut()
             .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         Ok(response)
+    }
+}
+
+/// One request's log line, written when the request ends. A request whose
+/// future is dropped before it has a reply lost its client (the server
+/// drops it when the connection closes): that is logged as 499
+/// `client_closed`, the seed's code for it. Its turn, detached, goes on.
+struct RequestLog {
+    method: Method,
+    path: String,
+    started: std::time::Instant,
+    status: Option<u16>,
+}
+
+impl Drop for RequestLog {
+    fn drop(&mut self) {
+        let millis = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let (method, path) = (&self.method, &self.path);
+        match self.status {
+            Some(status) => {
+                tracing::info!(target: "spool::http", %method, path, status, millis, "request");
+            }
+            None => tracing::info!(
+                target: "spool::http",
+                %method,
+                path,
+                status = 499,
+                code = ErrorCode::ClientClosed.as_str(),
+                millis,
+                "request: the client left before the reply"
+            ),
+        }
     }
 }
 

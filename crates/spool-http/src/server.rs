@@ -23,6 +23,8 @@ use crate::body::Body;
 
 /// How long a client may take to send a request's headers.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// The pause after a failed accept.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// How long shutdown waits for open connections before it returns anyway.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
@@ -106,8 +108,13 @@ pub async fn serve(
                 Ok(Accepted::Tcp(stream)) => spawn(stream, &handler, &graceful),
                 Ok(Accepted::Unix(stream)) => spawn(stream, &handler, &graceful),
                 // A client that failed mid-handshake is its own problem;
-                // the listener goes on.
-                Err(_) => tokio::task::yield_now().await,
+                // the listener goes on. Out of file descriptors, accept
+                // fails at once every time: a short pause keeps that from
+                // spinning a core while connections close.
+                Err(error) => {
+                    tracing::warn!(target: "spool::http", %error, "accepting a connection failed");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                }
             },
         }
     }

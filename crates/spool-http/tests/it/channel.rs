@@ -396,7 +396,8 @@ async fn info_names_the_version_and_the_mounted_channel() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_that_disconnects_mid_turn_does_not_stop_the_turn() {
+async fn a_client_that_disconnects_mid_turn_does_not_stop_the_turn_and_is_logged_499() {
+    let logs = logs();
     let server = Server::start(scripted_runtime(
         r#"{"text": "a slow and steady answer", "delay_ms": 50}"#,
     ))
@@ -429,6 +430,16 @@ async fn a_client_that_disconnects_mid_turn_does_not_stop_the_turn() {
             break;
         }
     }
+    let logged = logs
+        .line_with(&[&format!("path=\"/spool/v1/runs/{run}\""), "status=499"])
+        .await;
+    assert!(logged.contains("code=\"client_closed\""), "{logged}");
+    // Every request gets its line: the stream's too.
+    logs.line_with(&[
+        &format!("path=\"/spool/v1/runs/{run}/stream\""),
+        "status=200",
+    ])
+    .await;
     server.stop().await;
 }
 

@@ -278,3 +278,73 @@ impl Stream {
         .expect("the stream sends its next line in time")
     }
 }
+
+/// What the server logged through `tracing` in this process, for tests of
+/// the request log. Installed once per process (nextest runs each test in
+/// its own).
+pub(crate) struct Logs {
+    text: std::sync::Mutex<String>,
+    written: watch::Sender<u64>,
+}
+
+pub(crate) fn logs() -> &'static Logs {
+    static LOGS: std::sync::OnceLock<&'static Logs> = std::sync::OnceLock::new();
+    LOGS.get_or_init(|| {
+        let logs: &'static Logs = Box::leak(Box::new(Logs {
+            text: std::sync::Mutex::default(),
+            written: watch::channel(0).0,
+        }));
+        let _ = tracing_subscriber::fmt()
+            .with_writer(move || LogWriter(logs))
+            .with_ansi(false)
+            .try_init();
+        logs
+    })
+}
+
+impl Logs {
+    /// Waits for a log line containing every one of `needles`.
+    pub(crate) async fn line_with(&self, needles: &[&str]) -> String {
+        let mut written = self.written.subscribe();
+        tokio::time::timeout(PATIENCE, async {
+            loop {
+                let found = self
+                    .text
+                    .lock()
+                    .unwrap()
+                    .lines()
+                    .find(|line| needles.iter().all(|n| line.contains(n)))
+                    .map(str::to_owned);
+                if let Some(line) = found {
+                    return line;
+                }
+                written.changed().await.unwrap();
+            }
+        })
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "no log line with {needles:?} in:\n{}",
+                self.text.lock().unwrap()
+            )
+        })
+    }
+}
+
+struct LogWriter(&'static Logs);
+
+impl std::io::Write for LogWriter {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .text
+            .lock()
+            .unwrap()
+            .push_str(&String::from_utf8_lossy(bytes));
+        self.0.written.send_modify(|n| *n += 1);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}

@@ -106,3 +106,31 @@ async fn shutdown_ends_open_streams_and_returns() {
         "the stream ended with the server"
     );
 }
+
+// Paused time: the runtime jumps the clock forward whenever every task
+// waits, so the server's header timer fires without the test waiting
+// HEADER_READ_TIMEOUT of real time.
+#[tokio::test(start_paused = true)]
+async fn a_client_that_never_finishes_its_headers_is_disconnected_after_the_header_timeout() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = Server::start(echo_runtime()).await;
+    let mut slow = tokio::net::TcpStream::connect(&server.addr).await.unwrap();
+    slow.write_all(b"GET /spool/v1/health HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let started = tokio::time::Instant::now();
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(
+        spool_http::server::HEADER_READ_TIMEOUT * 3,
+        slow.read_to_end(&mut rest),
+    )
+    .await
+    .expect("the server closes the connection");
+    // Closed (or reset): no reply to a request that never arrived whole,
+    // and not before the timeout.
+    assert!(read.is_err() || !String::from_utf8_lossy(&rest).contains("200 OK"));
+    assert!(started.elapsed() >= spool_http::server::HEADER_READ_TIMEOUT);
+    // Other clients are served as usual.
+    assert_eq!(server.get("/spool/v1/health").await.status, 200);
+    server.stop().await;
+}

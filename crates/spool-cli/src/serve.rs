@@ -96,7 +96,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let (runtime, _owner) = open_runtime(&args.journal, &loaded)?;
-    let resumed = runtime.recover().await?;
+    let resumed = recover(&runtime).await?;
     let (stop, closing) = tokio::sync::watch::channel(false);
     let mut channel =
         HttpChannel::new(runtime, closing).with_agent(loaded.definition.agent.name.clone());
@@ -175,6 +175,18 @@ pub(crate) fn open_runtime(journal: &Path, loaded: &Loaded) -> anyhow::Result<(R
         .map_err(anyhow::Error::msg)?
         .build();
     Ok((runtime, owner))
+}
+
+/// Resumes the journal's interrupted runs; says which runs could not be
+/// read (they answer `conversation_corrupt`; `spool runs show` tells why).
+pub(crate) async fn recover(runtime: &Runtime) -> anyhow::Result<usize> {
+    let recovery = runtime.recover().await?;
+    for (run, error) in &recovery.unreadable {
+        say(&format!(
+            "spool: run {run} cannot be read and is left as it is: {error}"
+        ));
+    }
+    Ok(recovery.resumed)
 }
 
 async fn shutdown_signal() {

@@ -26,7 +26,7 @@ use spool_wire::http::{AddressReply, Answer, RunState, StreamEvent, StreamEventT
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
-use crate::serve::{load_agent, open_runtime, say};
+use crate::serve::{load_agent, open_runtime, recover, say};
 
 /// Where the conversation happens.
 #[derive(Debug, Args)]
@@ -170,7 +170,7 @@ impl Backend {
         let loaded = load_agent(target.agent.as_deref(), target.model.as_deref())?;
         let (runtime, owner) = open_runtime(&target.journal, &loaded)?;
         // The journal's promise: runs interrupted earlier finish now.
-        let resumed = runtime.recover().await?;
+        let resumed = recover(&runtime).await?;
         if resumed > 0 {
             say(&format!("spool: resumed {resumed} interrupted runs"));
         }

@@ -220,6 +220,23 @@ impl HttpChannel {
             Err(reply) => return *reply,
         };
         let query = request.uri().query().map(str::to_owned);
+        // Runs take JSON; a form upload is a file the channel cannot keep.
+        if method == Method::POST
+            && request
+                .headers()
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| {
+                    v.trim_start()
+                        .to_ascii_lowercase()
+                        .starts_with("multipart/")
+                })
+        {
+            return body::error(
+                ErrorCode::FilesUnsupported,
+                "file uploads are not supported: send a JSON body",
+            );
+        }
         let bytes = if method == Method::POST {
             match body::read_capped(request.into_body(), wire::MAX_BODY_BYTES).await {
                 Ok(bytes) => bytes,

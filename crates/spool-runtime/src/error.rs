@@ -78,6 +78,11 @@ impl RuntimeError {
             Self::ConversationCorrupt { .. } | Self::Journal(JournalError::TamperEvident(_)) => {
                 ErrorCode::ConversationCorrupt
             }
+            // The run's log moved under this process, or another process
+            // holds the journal: someone else is driving it.
+            Self::Journal(JournalError::Conflict { .. } | JournalError::InUse { .. }) => {
+                ErrorCode::RunOwnedElsewhere
+            }
             Self::Journal(_) => ErrorCode::Internal,
         }
     }

@@ -30,7 +30,9 @@ pub use channel::{AuthError, Authenticator, Channel, Credentials};
 pub use engine::{Engine, Message, ModelRequest, ModelResponse};
 pub use error::RuntimeError;
 pub use ids::{IdSource, SequentialIds, UniqueIds};
-pub use runtime::{Accepted, CancelOutcome, MessageRequest, Runtime, RuntimeBuilder, StartRequest};
+pub use runtime::{
+    Accepted, CancelOutcome, MessageRequest, Recovery, Runtime, RuntimeBuilder, StartRequest,
+};
 pub use spool_journal::store::BoxFuture;
 pub use tool::{Tool, ToolOutcome, Tools};
 pub use view::{RunView, Snapshot};

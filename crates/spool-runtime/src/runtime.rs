@@ -165,6 +165,15 @@ impl RuntimeBuilder {
     }
 }
 
+/// What [`Runtime::recover`] did.
+#[derive(Debug, Default)]
+pub struct Recovery {
+    /// Runs resumed (driven again, or their sleep re-armed).
+    pub resumed: usize,
+    /// Runs whose log could not be read, and why; left as they are.
+    pub unreadable: Vec<(RunId, RuntimeError)>,
+}
+
 /// Starting a run, or a message through an address.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct StartRequest {
@@ -271,33 +280,44 @@ impl Runtime {
     /// Resumes what the journal says was in progress: runs that were
     /// running (their recorded steps are replayed, never re-run), cancels
     /// recorded before a stop, queued input, and sleeps (re-armed). Waiting
-    /// runs stay waiting. Returns how many runs were resumed.
+    /// runs stay waiting.
+    ///
+    /// A run whose log cannot be read (its hash chain does not verify, say)
+    /// is left alone and reported in [`Recovery::unreadable`]: one bad run
+    /// must not keep a server from starting. Requests for it answer
+    /// `conversation_corrupt`.
     ///
     /// # Errors
     ///
     /// When the journal cannot be listed.
-    pub async fn recover(&self) -> Result<usize, RuntimeError> {
-        let mut resumed = 0;
+    pub async fn recover(&self) -> Result<Recovery, RuntimeError> {
+        let mut recovery = Recovery::default();
         for summary in self.inner.journal.runs().await? {
             match summary.status {
                 Status::Running => {
                     self.inner.clone().ensure_driver(&summary.run_id);
-                    resumed += 1;
+                    recovery.resumed += 1;
                 }
                 Status::Retired | Status::Pending => {}
                 _ => {
-                    let state = self.load(&summary.run_id).await?.1;
+                    let state = match self.load(&summary.run_id).await {
+                        Ok((_, state)) => state,
+                        Err(error) => {
+                            recovery.unreadable.push((summary.run_id, error));
+                            continue;
+                        }
+                    };
                     if let Some(sleep) = &state.sleep {
                         self.inner.arm_sleep(&summary.run_id, sleep.clone());
-                        resumed += 1;
+                        recovery.resumed += 1;
                     } else if !state.queued.is_empty() || state.cancel_requested.is_some() {
                         self.inner.clone().ensure_driver(&summary.run_id);
-                        resumed += 1;
+                        recovery.resumed += 1;
                     }
                 }
             }
         }
-        Ok(resumed)
+        Ok(recovery)
     }
 
     /// Starts a run (or messages one through an address, or returns an

@@ -235,3 +235,55 @@ fn a_server_killed_mid_run_resumes_it_on_restart_with_nothing_repeated() {
     );
     assert!(terminate(second).success());
 }
+
+#[test]
+fn a_run_whose_journal_was_altered_is_409_conversation_corrupt_and_the_server_still_serves() {
+    let dir = tempfile::tempdir().unwrap();
+    let running = serve(dir.path(), &[]);
+    let (status, reply) = post(
+        &running.addr,
+        "/spool/v1/runs",
+        r#"{"text": "Deploy it."}"#,
+        None,
+    );
+    assert_eq!(status, 200, "{reply}");
+    let run = reply
+        .split("\"run_id\":\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap()
+        .to_owned();
+    assert!(terminate(running).success());
+
+    let conn = rusqlite::Connection::open(
+        dir.path()
+            .join("journal")
+            .join(spool_journal::store::sqlite::FILE_NAME),
+    )
+    .unwrap();
+    let altered = conn
+        .execute(
+            "UPDATE events SET body = replace(body, 'Deploy it.', 'Delete it.') WHERE run_id = ?1",
+            [&run],
+        )
+        .unwrap();
+    assert!(altered > 0);
+    drop(conn);
+
+    let again = serve(dir.path(), &[]);
+    let (status, reply) = post(
+        &again.addr,
+        &format!("/spool/v1/runs/{run}"),
+        r#"{"text": "and again"}"#,
+        None,
+    );
+    assert_eq!(status, 409, "{reply}");
+    assert!(
+        reply.contains(r#""code":"conversation_corrupt""#),
+        "{reply}"
+    );
+    // Other runs are unaffected.
+    let (status, reply) = post(&again.addr, "/spool/v1/runs", r#"{"text": "new"}"#, None);
+    assert_eq!(status, 200, "{reply}");
+    assert!(terminate(again).success());
+}

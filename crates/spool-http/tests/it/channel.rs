@@ -34,7 +34,8 @@ async fn post_runs_answers_at_the_turns_boundary_with_response_and_usage() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_waiting_run_replies_with_its_suspend_and_is_answered_through_respond() {
+async fn a_waiting_run_replies_with_its_suspend_refuses_messages_and_clear_and_is_answered_through_respond()
+ {
     let server = Server::start(scripted_runtime(ask())).await;
     let waiting = server
         .post("/spool/v1/runs", r#"{"text": "deploy"}"#)
@@ -52,6 +53,13 @@ async fn a_waiting_run_replies_with_its_suspend_and_is_answered_through_respond(
     assert_eq!(
         (message.status, message.json()["code"].clone()),
         (409, json!("run_waiting"))
+    );
+    let clear = server
+        .post(&format!("/spool/v1/runs/{run}/clear"), "")
+        .await;
+    assert_eq!(
+        (clear.status, clear.json()["code"].clone()),
+        (409, json!("run_active"))
     );
     let silent = server
         .post(
@@ -561,5 +569,29 @@ async fn get_runs_refuses_a_bad_limit_or_after_with_bad_request() {
             "{query}"
         );
     }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_upload_is_501_files_unsupported_and_starts_nothing() {
+    let server = Server::start(echo_runtime()).await;
+    // Refused on its Content-Type, before any of the body is read.
+    let reply = request(
+        &server.addr,
+        "POST",
+        "/spool/v1/runs",
+        None,
+        &[
+            ("Content-Type", "multipart/form-data; boundary=x"),
+            ("Content-Length", "0"),
+        ],
+    )
+    .await;
+    assert_eq!(
+        (reply.status, reply.json()["code"].clone()),
+        (501, json!("files_unsupported"))
+    );
+    let listed = server.get("/spool/v1/runs").await.json();
+    assert_eq!(listed["runs"], json!([]), "no run was made");
     server.stop().await;
 }

@@ -202,7 +202,13 @@ async fn drive(journal_dir: PathBuf, work: PathBuf, limit: Option<u64>) -> Resul
         .budgets(definition.budgets)
         .ids(Arc::new(SequentialIds::default()))
         .build();
-    runtime.recover().await.map_err(|e| e.to_string())?;
+    let recovery = runtime.recover().await.map_err(|e| e.to_string())?;
+    // A crash must never leave a log that does not read back.
+    if let Some((run, error)) = recovery.unreadable.first() {
+        return Err(format!(
+            "run {run} does not read back after the crash: {error}"
+        ));
+    }
     let address = Address::new("gate", "main");
     loop {
         let view = match runtime.lookup(&address).await {

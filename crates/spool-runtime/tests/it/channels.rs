@@ -99,3 +99,24 @@ fn credentials_read_a_bearer_token_case_insensitively_and_nothing_else() {
     assert_eq!(with("Bearer").bearer(), None);
     assert_eq!(Credentials::default().bearer(), None);
 }
+
+#[test]
+fn a_journal_moved_by_another_writer_is_run_owned_elsewhere_and_storage_failure_is_internal() {
+    use spool_journal::{JournalError, RunId, Seq};
+    use spool_runtime::RuntimeError;
+    use spool_wire::http::ErrorCode;
+    let moved = RuntimeError::Journal(JournalError::Conflict {
+        run: RunId::new("r").unwrap(),
+        expected: Seq(3),
+        actual: Seq(4),
+    });
+    assert_eq!(moved.code(), ErrorCode::RunOwnedElsewhere);
+    assert_eq!(moved.code().status(), Some(409));
+    let held = RuntimeError::Journal(JournalError::InUse {
+        dir: "j".into(),
+        holder: Some(7),
+    });
+    assert_eq!(held.code(), ErrorCode::RunOwnedElsewhere);
+    let failed = RuntimeError::Journal(JournalError::Storage("disk full".into()));
+    assert_eq!(failed.code(), ErrorCode::Internal);
+}

@@ -90,7 +90,7 @@ async fn a_write_interrupted_mid_call_waits_for_an_operator_and_never_runs_again
     let (run, turn) = tokio::task::block_in_place(|| crash.start_and_crash());
     let runtime = crash.runtime(Arc::new(tokio::sync::Notify::new()));
     assert_eq!(
-        runtime.recover().await.unwrap(),
+        runtime.recover().await.unwrap().resumed,
         1,
         "the running run is resumed"
     );
@@ -245,7 +245,11 @@ async fn a_sleeping_run_wakes_after_a_restart() {
         script,
         spool_runtime::Tools::builtin(),
     );
-    assert_eq!(second.recover().await.unwrap(), 1, "the sleep is re-armed");
+    assert_eq!(
+        second.recover().await.unwrap().resumed,
+        1,
+        "the sleep is re-armed"
+    );
     let view = until(&second, &run, |view| view.status == Status::Completed).await;
     assert_eq!(view.response.as_deref(), Some("woke up"));
     assert_eq!(view.turn_id, Some(turn));

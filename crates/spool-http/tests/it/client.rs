@@ -1,14 +1,17 @@
-//! A minimal HTTP/1.1 client over a raw socket, so the tests exercise the
-//! real server without a client stack of their own; and a server harness.
+//! The test harness: a server on a free port, requests and streams through
+//! hyper's client, and a capture of the server's log.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
 use serde_json::Value;
 use spool_http::{HttpChannel, Listener};
 use spool_journal::store::memory::MemoryJournal;
 use spool_runtime::Runtime;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
@@ -128,7 +131,7 @@ pub(crate) fn scripted_runtime(script: &str) -> Runtime {
         .build()
 }
 
-/// One request on a fresh connection (`Connection: close`).
+/// One request on a fresh connection, sent and read by hyper's client.
 pub(crate) async fn request(
     addr: &str,
     method: &str,
@@ -137,112 +140,91 @@ pub(crate) async fn request(
     headers: &[(&str, &str)],
 ) -> Reply {
     tokio::time::timeout(PATIENCE, async {
-        let mut stream = TcpStream::connect(addr).await.unwrap();
-        let mut head = format!("{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n");
-        for (name, value) in headers {
-            head.push_str(&format!("{name}: {value}\r\n"));
+        let response = send(addr, method, path, body, headers).await;
+        let status = response.status().as_u16();
+        let headers = header_list(response.headers());
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .to_vec();
+        Reply {
+            status,
+            headers,
+            body,
         }
-        if let Some(body) = body {
-            head.push_str(&format!(
-                "Content-Type: application/json\r\nContent-Length: {}\r\n",
-                body.len()
-            ));
-        }
-        head.push_str("\r\n");
-        stream.write_all(head.as_bytes()).await.unwrap();
-        if let Some(body) = body {
-            stream.write_all(body).await.unwrap();
-        }
-        let mut raw = Vec::new();
-        stream.read_to_end(&mut raw).await.unwrap();
-        parse(&raw)
     })
     .await
     .expect("the server answers in time")
 }
 
-fn parse(raw: &[u8]) -> Reply {
-    let split = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .expect("a header block");
-    let head = String::from_utf8_lossy(&raw[..split]);
-    let mut lines = head.split("\r\n");
-    let status = lines
-        .next()
-        .unwrap()
-        .split(' ')
-        .nth(1)
-        .unwrap()
-        .parse()
+async fn send(
+    addr: &str,
+    method: &str,
+    path: &str,
+    body: Option<&[u8]>,
+    headers: &[(&str, &str)],
+) -> http::Response<Incoming> {
+    let stream = TcpStream::connect(addr).await.unwrap();
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
         .unwrap();
-    let headers: Vec<(String, String)> = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
-        .collect();
-    let mut body = raw[split + 4..].to_vec();
-    if headers
-        .iter()
-        .any(|(n, v)| n == "transfer-encoding" && v == "chunked")
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    let mut builder = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("Host", "test");
+    for (name, value) in headers {
+        builder = builder.header(*name, *value);
+    }
+    if body.is_some()
+        && !headers
+            .iter()
+            .any(|(n, _)| n.eq_ignore_ascii_case("content-type"))
     {
-        body = unchunk(&body);
+        builder = builder.header("Content-Type", "application/json");
     }
-    Reply {
-        status,
-        headers,
-        body,
-    }
+    let body = Full::new(Bytes::copy_from_slice(body.unwrap_or_default()));
+    sender
+        .send_request(builder.body(body).unwrap())
+        .await
+        .unwrap()
 }
 
-fn unchunk(mut data: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    loop {
-        let Some(end) = data.windows(2).position(|w| w == b"\r\n") else {
-            return out;
-        };
-        let size =
-            usize::from_str_radix(String::from_utf8_lossy(&data[..end]).trim(), 16).unwrap_or(0);
-        if size == 0 {
-            return out;
-        }
-        out.extend_from_slice(&data[end + 2..end + 2 + size]);
-        data = &data[end + 2 + size + 2..];
-    }
+/// Header names lowercased, as hyper gives them.
+fn header_list(headers: &http::HeaderMap) -> Vec<(String, String)> {
+    headers
+        .iter()
+        .map(|(n, v)| {
+            (
+                n.as_str().to_owned(),
+                v.to_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect()
 }
 
-/// An open NDJSON stream, read line by line as the server sends them.
+/// An open NDJSON stream, read frame by frame as the server flushes them
+/// (one line per frame).
 pub(crate) struct Stream {
-    reader: BufReader<TcpStream>,
+    body: Incoming,
     pub(crate) status: u16,
     pub(crate) headers: Vec<(String, String)>,
 }
 
 impl Stream {
     pub(crate) async fn open(addr: &str, path: &str) -> Self {
-        let mut stream = TcpStream::connect(addr).await.unwrap();
-        stream
-            .write_all(format!("GET {path} HTTP/1.1\r\nHost: test\r\n\r\n").as_bytes())
+        let response = tokio::time::timeout(PATIENCE, send(addr, "GET", path, None, &[]))
             .await
-            .unwrap();
-        let mut reader = BufReader::new(stream);
-        let mut status_line = String::new();
-        reader.read_line(&mut status_line).await.unwrap();
-        let status = status_line.split(' ').nth(1).unwrap().parse().unwrap();
-        let mut headers = Vec::new();
-        loop {
-            let mut line = String::new();
-            reader.read_line(&mut line).await.unwrap();
-            if line.trim().is_empty() {
-                break;
-            }
-            if let Some((n, v)) = line.split_once(':') {
-                headers.push((n.trim().to_ascii_lowercase(), v.trim().to_owned()));
-            }
-        }
+            .expect("the stream's headers come at once");
         Self {
-            reader,
-            status,
-            headers,
+            status: response.status().as_u16(),
+            headers: header_list(response.headers()),
+            body: response.into_body(),
         }
     }
 
@@ -253,22 +235,15 @@ impl Stream {
             .map(|text| serde_json::from_str(&text).unwrap())
     }
 
-    /// The next NDJSON line as sent (chunked framing read through); `None`
-    /// at the end.
+    /// The next NDJSON line as sent; `None` at the end.
     pub(crate) async fn next_text(&mut self) -> Option<String> {
         tokio::time::timeout(PATIENCE, async {
             loop {
-                let mut size = String::new();
-                if self.reader.read_line(&mut size).await.unwrap() == 0 {
-                    return None;
-                }
-                let size = usize::from_str_radix(size.trim(), 16).ok()?;
-                if size == 0 {
-                    return None;
-                }
-                let mut chunk = vec![0; size + 2];
-                self.reader.read_exact(&mut chunk).await.unwrap();
-                let text = String::from_utf8_lossy(&chunk[..size]).trim().to_owned();
+                let frame = self.body.frame().await?.unwrap();
+                let Ok(data) = frame.into_data() else {
+                    continue;
+                };
+                let text = String::from_utf8_lossy(&data).trim().to_owned();
                 if !text.is_empty() {
                     return Some(text);
                 }

@@ -595,3 +595,25 @@ async fn a_file_upload_is_501_files_unsupported_and_starts_nothing() {
     assert_eq!(listed["runs"], json!([]), "no run was made");
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_fields_in_run_requests_are_tolerated() {
+    let server = Server::start(echo_runtime()).await;
+    let started = server
+        .post(
+            "/spool/v1/runs",
+            r#"{"text": "hi", "files": [], "priority": 3, "auth": {"ID": "me", "Extra": true}}"#,
+        )
+        .await;
+    assert_eq!(started.status, 200, "{:?}", started.json());
+    let run = started.json()["run_id"].as_str().unwrap().to_owned();
+    let message = server
+        .post(
+            &format!("/spool/v1/runs/{run}"),
+            r#"{"text": "again", "title": "ignored here", "x": null}"#,
+        )
+        .await;
+    assert_eq!(message.status, 200, "{:?}", message.json());
+    assert_eq!(message.json()["response"], "echo: again");
+    server.stop().await;
+}

@@ -9,6 +9,7 @@
 use std::io::Write;
 use std::process::ExitCode;
 
+mod http;
 mod journal;
 mod report;
 mod wire;
@@ -36,6 +37,8 @@ const BENCHES: &[(&str, Bench)] = &[
     ("replay-fold", journal::fold),
     ("journal-open", journal::open),
     ("wire-decode", wire::decode),
+    ("http-runs", http::runs),
+    ("parked-runs", http::parked),
 ];
 
 fn main() -> ExitCode {

@@ -21,6 +21,9 @@ use crate::engine::Delta;
 pub const DELTA_QUEUE: usize = 1024;
 /// How many recent deltas a run keeps for subscribers that reconnect.
 pub const DELTA_RING: usize = 256;
+/// How many recent durable events a watched run keeps in memory, so that
+/// one journal read serves all of its subscribers.
+pub const RECENT_EVENTS: usize = 256;
 
 /// A live delta, tagged with the run's next position when it was made:
 /// it follows every durable event before that position.
@@ -60,6 +63,65 @@ struct RunDeltas {
     sender: broadcast::Sender<LiveDelta>,
     ring: VecDeque<LiveDelta>,
     next_n: u64,
+    recent: Arc<Shared>,
+}
+
+/// A run's recent events and the lock its subscribers take to fill them.
+#[derive(Debug, Default)]
+struct Shared {
+    recent: Mutex<Recent>,
+    /// Held while one subscriber reads the journal, so the others woken by
+    /// the same append wait for its read instead of all reading.
+    fill: tokio::sync::Mutex<()>,
+}
+
+/// A watched run's latest durable events, contiguous by position, as read
+/// (and verified) from the journal by one of its subscribers. When an
+/// append wakes a thousand subscribers, the first reads the journal under
+/// the lock and the rest copy from here.
+#[derive(Debug, Default)]
+struct Recent {
+    events: VecDeque<Envelope>,
+}
+
+impl Recent {
+    /// The events from `start` up to (not including) `head`, when all of
+    /// them are here.
+    fn covering(&self, start: Seq, head: Seq) -> Option<Vec<Envelope>> {
+        if head <= start {
+            return Some(Vec::new());
+        }
+        let first = self.events.front()?.seq;
+        let end = self.events.back()?.seq.next();
+        if first > start || end < head {
+            return None;
+        }
+        let skip = usize::try_from(start.0 - first.0).ok()?;
+        let take = usize::try_from(head.0 - start.0).ok()?;
+        Some(self.events.iter().skip(skip).take(take).cloned().collect())
+    }
+
+    /// Keeps `read` (contiguous events just read from the journal), joined
+    /// to what is here when they meet, else in its place.
+    fn remember(&mut self, read: &[Envelope]) {
+        let Some(first) = read.first() else { return };
+        let end = self.events.back().map(|e| e.seq.next());
+        match end {
+            Some(end)
+                if self.events.front().is_some_and(|f| f.seq <= first.seq) && first.seq <= end =>
+            {
+                self.events
+                    .extend(read.iter().filter(|e| e.seq >= end).cloned());
+            }
+            _ => {
+                self.events.clear();
+                self.events.extend(read.iter().cloned());
+            }
+        }
+        while self.events.len() > RECENT_EVENTS {
+            self.events.pop_front();
+        }
+    }
 }
 
 impl std::fmt::Debug for Hub {
@@ -75,6 +137,7 @@ impl Hub {
             sender: broadcast::channel(DELTA_QUEUE).0,
             ring: VecDeque::with_capacity(DELTA_RING),
             next_n: 0,
+            recent: Arc::default(),
         });
         f(entry)
     }
@@ -112,16 +175,21 @@ impl Hub {
         }
     }
 
-    fn join(&self, run: &RunId) -> (broadcast::Receiver<LiveDelta>, Vec<LiveDelta>) {
+    fn join(&self, run: &RunId) -> Joined {
         // Subscribing before copying the ring means nothing falls between
         // the two; the counter drops what is in both.
-        self.with(run, |deltas| {
-            (
-                deltas.sender.subscribe(),
-                deltas.ring.iter().cloned().collect(),
-            )
+        self.with(run, |deltas| Joined {
+            deltas: deltas.sender.subscribe(),
+            ring: deltas.ring.iter().cloned().collect(),
+            recent: Arc::clone(&deltas.recent),
         })
     }
+}
+
+struct Joined {
+    deltas: broadcast::Receiver<LiveDelta>,
+    ring: Vec<LiveDelta>,
+    recent: Arc<Shared>,
 }
 
 /// A run's event stream from a cursor.
@@ -130,10 +198,13 @@ pub struct Subscription {
     journal: Arc<dyn Journal>,
     positions: watch::Receiver<Seq>,
     deltas: broadcast::Receiver<LiveDelta>,
+    recent: Arc<Shared>,
     /// The next durable position to deliver.
     next: Seq,
     /// The last delta delivered, by counter.
     last_n: Option<u64>,
+    /// Deltas drained before the events they follow were read.
+    held: Vec<LiveDelta>,
     ready: VecDeque<StreamItem>,
     ended: bool,
 }
@@ -155,14 +226,20 @@ impl Subscription {
         after: Option<Seq>,
     ) -> Result<Self, spool_journal::JournalError> {
         let positions = journal.subscribe(&run).await?;
-        let (deltas, ring) = hub.join(&run);
+        let Joined {
+            deltas,
+            ring,
+            recent,
+        } = hub.join(&run);
         let mut subscription = Self {
             run,
             journal,
             positions,
             deltas,
+            recent,
             next: after.map_or(Seq(0), Seq::next),
             last_n: None,
+            held: Vec::new(),
             ready: VecDeque::new(),
             ended: false,
         };
@@ -208,22 +285,22 @@ impl Subscription {
     /// Reads new durable events, then drains the deltas waiting, and puts
     /// each delta in its place.
     ///
-    /// The order of the two reads is what makes this exact: a delta tagged
-    /// `after = A` was published once event A-1 was durable and before event
-    /// A was appended. Every delta drained after the journal read therefore
-    /// belongs just before the first event read with `seq >= A` (or after
-    /// all of them), and any delta not yet drained belongs after everything
-    /// read.
+    /// A delta tagged `after = A` was published once event A-1 was durable
+    /// and before event A was appended: it belongs just before the first
+    /// event with `seq >= A`. A delta drained here whose events before it
+    /// were appended after the read is held until a later pump reads them,
+    /// so no delta overtakes an event it follows.
     async fn pump(&mut self, first: Option<LiveDelta>) {
         let start = self.next;
-        let events = match self.journal.read(&self.run, start).await {
+        let events = match self.read_from(start).await {
             Ok(events) => events,
             Err(_) => {
                 self.ended = true;
                 return;
             }
         };
-        let mut deltas: Vec<LiveDelta> = first.into_iter().collect();
+        let mut deltas = std::mem::take(&mut self.held);
+        deltas.extend(first);
         let mut lagged = false;
         loop {
             match self.deltas.try_recv() {
@@ -251,11 +328,47 @@ impl Subscription {
             self.ready.push_back(StreamItem::Event(envelope));
         }
         for delta in deltas {
-            self.deliver(delta);
+            if delta.after <= self.next {
+                self.deliver(delta);
+            } else {
+                // Its place is after events this read did not see yet
+                // (appended between the read and the drain); the position
+                // change they made will pump again and place it then.
+                self.held.push(delta);
+            }
         }
         if lagged {
             self.lagged();
         }
+    }
+
+    /// The durable events from `start` that the journal has announced:
+    /// from the run's shared recent events when they cover them, else read
+    /// (and verified) from the journal and shared. Only one subscriber of a
+    /// run reads the journal at a time; the others woken by the same append
+    /// find its read in the recent events when they get the lock.
+    async fn read_from(&self, start: Seq) -> Result<Vec<Envelope>, spool_journal::JournalError> {
+        let recent = |head: Seq| {
+            self.recent
+                .recent
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .covering(start, head)
+        };
+        if let Some(events) = recent(*self.positions.borrow()) {
+            return Ok(events);
+        }
+        let _filling = self.recent.fill.lock().await;
+        if let Some(events) = recent(*self.positions.borrow()) {
+            return Ok(events);
+        }
+        let events = self.journal.read(&self.run, start).await?;
+        self.recent
+            .recent
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remember(&events);
+        Ok(events)
     }
 
     fn deliver(&mut self, delta: LiveDelta) {

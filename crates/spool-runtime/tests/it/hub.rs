@@ -237,3 +237,162 @@ async fn a_tool_call_streams_start_arguments_and_done_deltas() {
         ]
     );
 }
+
+/// A journal that counts its reads and appends, to show what subscribers
+/// cost it.
+struct Counting {
+    inner: MemoryJournal,
+    reads: std::sync::atomic::AtomicUsize,
+    appends: std::sync::atomic::AtomicUsize,
+}
+
+impl spool_journal::Journal for Counting {
+    fn append<'a>(
+        &'a self,
+        run: &'a spool_journal::RunId,
+        expected: Seq,
+        events: Vec<Event>,
+    ) -> spool_runtime::BoxFuture<
+        'a,
+        Result<Vec<spool_journal::Envelope>, spool_journal::JournalError>,
+    > {
+        self.appends
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.append(run, expected, events)
+    }
+
+    fn read<'a>(
+        &'a self,
+        run: &'a spool_journal::RunId,
+        from: Seq,
+    ) -> spool_runtime::BoxFuture<
+        'a,
+        Result<Vec<spool_journal::Envelope>, spool_journal::JournalError>,
+    > {
+        self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.read(run, from)
+    }
+
+    fn runs(
+        &self,
+    ) -> spool_runtime::BoxFuture<
+        '_,
+        Result<Vec<spool_journal::store::RunSummary>, spool_journal::JournalError>,
+    > {
+        self.inner.runs()
+    }
+
+    fn find_address<'a>(
+        &'a self,
+        address: &'a spool_journal::Address,
+    ) -> spool_runtime::BoxFuture<
+        'a,
+        Result<Option<spool_journal::RunId>, spool_journal::JournalError>,
+    > {
+        self.inner.find_address(address)
+    }
+
+    fn find_operation<'a>(
+        &'a self,
+        principal: &'a spool_journal::Principal,
+        operation_id: &'a str,
+    ) -> spool_runtime::BoxFuture<
+        'a,
+        Result<Option<spool_journal::RunId>, spool_journal::JournalError>,
+    > {
+        self.inner.find_operation(principal, operation_id)
+    }
+
+    fn claim<'a>(
+        &'a self,
+        key: &'a spool_journal::store::ClaimKey,
+        holder: &'a spool_journal::store::CallRef,
+    ) -> spool_runtime::BoxFuture<
+        'a,
+        Result<spool_journal::store::Claim, spool_journal::JournalError>,
+    > {
+        self.inner.claim(key, holder)
+    }
+
+    fn subscribe<'a>(
+        &'a self,
+        run: &'a spool_journal::RunId,
+    ) -> spool_runtime::BoxFuture<
+        'a,
+        Result<tokio::sync::watch::Receiver<Seq>, spool_journal::JournalError>,
+    > {
+        self.inner.subscribe(run)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_subscribers_share_one_journal_read_per_append_and_each_gets_every_event_in_order() {
+    use std::sync::atomic::Ordering::SeqCst;
+    const SUBSCRIBERS: usize = 50;
+    let journal = Arc::new(Counting {
+        inner: MemoryJournal::new(),
+        reads: 0.into(),
+        appends: 0.into(),
+    });
+    let runtime = runtime_with(
+        journal.clone(),
+        r#"{"text": "a shared answer"}"#,
+        spool_runtime::Tools::builtin(),
+    );
+    let pending = runtime
+        .ensure(&spool_journal::Address::new("http", "crowd"))
+        .await
+        .unwrap();
+    let mut readers = Vec::new();
+    for _ in 0..SUBSCRIBERS {
+        let mut stream = runtime
+            .subscribe(&pending.run_id, pending.cursor)
+            .await
+            .unwrap();
+        readers.push(tokio::spawn(async move {
+            let mut seqs = Vec::new();
+            while let Some(item) = stream.next().await {
+                if let StreamItem::Event(envelope) = item {
+                    seqs.push(envelope.seq.0);
+                    if matches!(envelope.event, Event::TurnCompleted(_)) {
+                        return seqs;
+                    }
+                }
+            }
+            seqs
+        }));
+    }
+    let (reads, appends) = (journal.reads.load(SeqCst), journal.appends.load(SeqCst));
+    runtime
+        .send(
+            &pending.run_id,
+            MessageRequest {
+                text: "go".into(),
+                ..MessageRequest::default()
+            },
+        )
+        .await
+        .unwrap();
+    let mut orders = Vec::new();
+    for reader in readers {
+        orders.push(
+            tokio::time::timeout(PATIENCE, reader)
+                .await
+                .expect("every subscriber sees the turn complete")
+                .unwrap(),
+        );
+    }
+    let first = pending.cursor.map_or(0, |c| c.0 + 1);
+    let expected: Vec<u64> = (first..=*orders[0].last().unwrap()).collect();
+    for order in &orders {
+        assert_eq!(order, &expected, "every event once, in order");
+    }
+    let appended = journal.appends.load(SeqCst) - appends;
+    let read = journal.reads.load(SeqCst) - reads;
+    // The turn driver reads the run itself; subscribers add about one read
+    // per append between them, not one each.
+    assert!(
+        read < SUBSCRIBERS,
+        "{read} journal reads for {appended} appends and {SUBSCRIBERS} subscribers"
+    );
+}

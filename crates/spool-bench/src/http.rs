@@ -237,3 +237,132 @@ fn journal_bytes(dir: &std::path::Path) -> anyhow::Result<u64> {
     }
     Ok(total)
 }
+
+/// `stream-fanout`: many NDJSON subscribers on one run. The latency of
+/// each line is its arrival time minus the time the journal recorded its
+/// event (or, for a live delta, the time it was sent), measured at every
+/// subscriber; the baseline is the same with one subscriber. Then the
+/// resident memory each open stream costs (client and server sides both
+/// live in this process, so the figure is an upper bound on the server's
+/// share), beside a bare loopback TCP connection pair held open.
+pub(crate) fn fanout(scale: Scale) -> anyhow::Result<Vec<Row>> {
+    let subscribers = scale.pick(1_000usize, 50);
+    let turns = scale.pick(20usize, 3);
+    let held = scale.pick(4_000usize, 200);
+    let tokio = tokio()?;
+    let dir = tempfile::tempdir()?;
+    tokio.block_on(async {
+        let runtime = Runtime::builder(Arc::new(SqliteJournal::open(
+            dir.path(),
+            Options::default(),
+        )?))
+        .build();
+        let (close_streams, closing) = watch::channel(false);
+        let (url, stop) = start(HttpChannel::new(runtime, closing).handler()).await?;
+        let client = Client::new(&url)?;
+        let one = latencies(&client, "fanout-one", 1, turns).await?;
+        let many = latencies(&client, "fanout-many", subscribers, turns).await?;
+        let mut rows = Vec::new();
+        for (label, p) in [("p50", 0.5), ("p99", 0.99), ("max", 1.0)] {
+            let mut row = Row::new(
+                format!("stream-fanout/{subscribers} subscribers {label}"),
+                percentile(&many, p) * 1e3,
+                "ms",
+                format!("1 subscriber {label}"),
+                percentile(&one, p) * 1e3,
+            )
+            .lower_is_better();
+            if label == "p99" {
+                row = row.figure_at_most(2.0);
+            }
+            rows.push(row);
+        }
+        rows.push(open_streams(&client, held).await?);
+        close_streams.send_replace(true);
+        stop.send_replace(true);
+        anyhow::Ok(rows)
+    })
+}
+
+/// Opens `subscribers` streams on a fresh run, sends `turns` messages, and
+/// returns every line's latency (seconds, sorted) at every subscriber.
+async fn latencies(
+    client: &Client,
+    address: &str,
+    subscribers: usize,
+    turns: usize,
+) -> anyhow::Result<Vec<f64>> {
+    let ensured: spool_wire::http::AddressReply = client
+        .post(&format!("/addresses/{address}"), &json!({}))
+        .await?;
+    let mut readers = Vec::with_capacity(subscribers);
+    for _ in 0..subscribers {
+        let mut lines = client.stream(&ensured.run_id, ensured.cursor).await?;
+        readers.push(tokio::spawn(async move {
+            let mut seen = Vec::new();
+            let mut responses = 0;
+            while responses < turns {
+                let Some(line) = lines.next().await? else {
+                    anyhow::bail!("a stream ended early");
+                };
+                let latency = time::OffsetDateTime::now_utc() - line.time;
+                seen.push(latency.as_seconds_f64());
+                if line.kind == spool_wire::http::StreamEventType::RunResponse {
+                    responses += 1;
+                }
+            }
+            anyhow::Ok(seen)
+        }));
+    }
+    for turn in 0..turns {
+        let _: Value = client
+            .post(
+                &format!("/runs/{}", ensured.run_id),
+                &json!({"text": format!("turn {turn}")}),
+            )
+            .await?;
+    }
+    let mut all = Vec::new();
+    for reader in readers {
+        all.extend(reader.await??);
+    }
+    all.sort_by(f64::total_cmp);
+    Ok(all)
+}
+
+/// Resident bytes per open stream, beside a bare loopback connection pair.
+async fn open_streams(client: &Client, count: usize) -> anyhow::Result<Row> {
+    // The bare pairs first, then dropped, so both figures start from a
+    // process that has already had that many sockets.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let before = resident_bytes()?;
+    let mut pairs = Vec::with_capacity(count);
+    for _ in 0..count {
+        let near = tokio::net::TcpStream::connect(addr).await?;
+        let (far, _) = listener.accept().await?;
+        pairs.push((near, far));
+    }
+    let bare = resident_bytes()?.saturating_sub(before) as f64 / count as f64;
+    drop(pairs);
+
+    let ensured: spool_wire::http::AddressReply =
+        client.post("/addresses/fanout-held", &json!({})).await?;
+    let before = resident_bytes()?;
+    let mut streams = Vec::with_capacity(count);
+    for _ in 0..count {
+        streams.push(client.stream(&ensured.run_id, ensured.cursor).await?);
+    }
+    let per_stream = resident_bytes()?.saturating_sub(before) as f64 / count as f64;
+    drop(streams);
+    Ok(Row::new(
+        format!("stream-fanout/{count} open streams"),
+        per_stream,
+        "B/stream",
+        "bare TCP pair",
+        bare,
+    )
+    .lower_is_better()
+    // 10 k streams in 200 MiB.
+    .figure_at_most(200.0 * 1024.0 * 1024.0 / 10_000.0))
+}

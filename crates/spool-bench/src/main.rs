@@ -39,6 +39,7 @@ const BENCHES: &[(&str, Bench)] = &[
     ("wire-decode", wire::decode),
     ("http-runs", http::runs),
     ("parked-runs", http::parked),
+    ("stream-fanout", http::fanout),
 ];
 
 fn main() -> ExitCode {

@@ -108,3 +108,37 @@ async fn an_operation_id_works_under_a_verified_principal_and_ignores_a_body_aut
     );
     server.stop().await;
 }
+
+/// An authenticator whose backing service is down.
+struct Broken;
+
+impl spool_runtime::Authenticator for Broken {
+    fn authenticate<'a>(
+        &'a self,
+        _credentials: &'a spool_runtime::Credentials,
+    ) -> spool_runtime::BoxFuture<
+        'a,
+        Result<Option<spool_journal::Principal>, spool_runtime::AuthError>,
+    > {
+        Box::pin(async {
+            Err(spool_runtime::AuthError::Failed(
+                "the identity service at 10.0.0.7 timed out".into(),
+            ))
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_authenticator_is_500_internal_with_the_detail_only_in_the_log() {
+    let logs = logs();
+    let server =
+        Server::start_with(echo_runtime(), |c| c.with_authenticator(Arc::new(Broken))).await;
+    let reply = server.get("/spool/v1/runs").await;
+    assert_eq!(
+        (reply.status, reply.json()),
+        (500, json!({"error": "internal error", "code": "internal"}))
+    );
+    logs.line_with(&["the authenticator failed", "10.0.0.7 timed out"])
+        .await;
+    server.stop().await;
+}

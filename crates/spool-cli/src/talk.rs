@@ -113,6 +113,9 @@ pub(crate) fn chat(args: ChatArgs) -> anyhow::Result<ExitCode> {
                     conversation = Conversation::open(backend, None).await?;
                     conversation.typed = typed;
                 }
+                command if command.starts_with('/') => say(&format!(
+                    "spool: unknown command {command}; there are /cancel, /clear, /new and /quit"
+                )),
                 text => {
                     conversation.send(text.to_owned());
                     conversation.until_boundary(&mut lines).await?;

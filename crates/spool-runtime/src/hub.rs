@@ -171,6 +171,16 @@ impl Hub {
                 runs.remove(run);
             } else {
                 deltas.ring.clear();
+                // A run whose subscribers all leave before its next turn
+                // keeps its entry; it should not keep events too. The next
+                // append's first reader refills this from the journal.
+                deltas
+                    .recent
+                    .recent
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .events
+                    .clear();
             }
         }
     }

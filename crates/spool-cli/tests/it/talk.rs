@@ -155,15 +155,20 @@ fn run_with_input_closed_leaves_the_run_waiting_and_chat_on_its_address_finishes
 }
 
 #[test]
-fn chat_takes_turns_in_order_and_new_starts_a_fresh_run() {
+fn chat_takes_turns_in_order_refuses_unknown_commands_and_new_starts_a_fresh_run() {
     let dir = tempfile::tempdir().unwrap();
     let done = spool(
         dir.path(),
         &["chat", "--address", "room"],
-        "first\nsecond\n/new\nthird\n/quit\nnever sent\n",
+        "first\nsecond\n/nwe\n/new\nthird\n/quit\nnever sent\n",
     );
     assert_eq!(done.code, Some(0), "stderr: {}", done.stderr);
     assert_eq!(done.stdout, "echo: first\necho: second\necho: third\n");
+    assert!(
+        done.stderr.contains("spool: unknown command /nwe"),
+        "a mistyped command is not sent: {}",
+        done.stderr
+    );
     let runs: Vec<&str> = done
         .stderr
         .lines()

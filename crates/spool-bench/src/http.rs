@@ -366,3 +366,26 @@ async fn open_streams(client: &Client, count: usize) -> anyhow::Result<Row> {
     // 10 k streams in 200 MiB.
     .figure_at_most(200.0 * 1024.0 * 1024.0 / 10_000.0))
 }
+
+/// Seconds from opening the journal in `dir` to the first answered
+/// request: what `spool serve` does before it accepts requests (open,
+/// recover, which hands each interrupted run to a driver of its own, bind),
+/// then `GET /health` answered while those drivers start.
+pub(crate) fn until_serving(dir: &std::path::Path) -> anyhow::Result<f64> {
+    let tokio = tokio()?;
+    tokio.block_on(async {
+        let started = Instant::now();
+        let journal = SqliteJournal::open(dir, Options::default())?;
+        let runtime = Runtime::builder(Arc::new(journal)).build();
+        let recovery = runtime.recover().await?;
+        anyhow::ensure!(recovery.unreadable.is_empty(), "every run reads back");
+        let (close_streams, closing) = watch::channel(false);
+        let (url, stop) = start(HttpChannel::new(runtime, closing).handler()).await?;
+        let health: Value = Client::new(&url)?.get("/health").await?;
+        let elapsed = started.elapsed().as_secs_f64();
+        anyhow::ensure!(health["status"] == "ready", "the server is ready");
+        close_streams.send_replace(true);
+        stop.send_replace(true);
+        anyhow::Ok(elapsed)
+    })
+}

@@ -338,10 +338,20 @@ pub(crate) fn open(scale: Scale) -> anyhow::Result<Vec<Row>> {
     })?;
     let open = start.elapsed().as_secs_f64();
     anyhow::ensure!(running as u64 == runs, "every run was found mid-turn");
+    let serving = crate::http::until_serving(dir.path())?;
     Ok(vec![
         Row::new(
             format!("journal-open/{runs} runs, {events} events"),
             open,
+            "s",
+            "read the file once",
+            read_floor,
+        )
+        .lower_is_better()
+        .figure_at_most(2.0),
+        Row::new(
+            format!("journal-open/{runs} runs until serving"),
+            serving,
             "s",
             "read the file once",
             read_floor,

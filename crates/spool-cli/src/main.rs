@@ -14,7 +14,7 @@ mod wire;
 
 /// Spool: durable LLM agent runs and the wire protocols to drive them.
 #[derive(Debug, Parser)]
-#[command(name = "spool", version, about, propagate_version = true)]
+#[command(name = "spool", version, propagate_version = true)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -324,6 +324,11 @@ impl Events {
     }
 }
 
+/// How many lines may wait for the next turn. Past it, input is not read
+/// until the turn ends, so piping a large file in holds it back rather
+/// than buffering it.
+const TYPED_AHEAD: usize = 256;
+
 /// A suspension waiting for the person at the terminal.
 struct Pending {
     turn: Option<String>,
@@ -429,7 +434,7 @@ impl Conversation {
                         return Ok(outcome);
                     }
                 }
-                line = lines.recv(), if self.input_open => match line {
+                line = lines.recv(), if self.input_open && self.typed.len() < TYPED_AHEAD => match line {
                     Some(line) => self.input(line),
                     None => {
                         self.input_open = false;

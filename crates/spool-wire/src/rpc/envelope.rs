@@ -191,7 +191,17 @@ impl Envelope {
     /// The −32600 error response to send, carrying the message's id when it
     /// could be read.
     pub fn from_value(value: &Value) -> Result<Self, Response> {
-        let Some(object) = value.as_object() else {
+        Self::from_owned(value.clone())
+    }
+
+    /// Reads one message from a parsed value it takes, moving `params`,
+    /// `result` and `error` out of it rather than copying them.
+    ///
+    /// # Errors
+    ///
+    /// As [`Envelope::from_value`].
+    pub fn from_owned(value: Value) -> Result<Self, Response> {
+        let Value::Object(mut object) = value else {
             return Err(invalid(Id::Null, "a message must be a JSON object"));
         };
         // The id, when readable, goes into the error response so the caller
@@ -202,8 +212,8 @@ impl Envelope {
         if object.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
             return Err(invalid(reply_id, "`jsonrpc` must be \"2.0\""));
         }
-        if let Some(method) = object.get("method") {
-            return method_call(object, method, id, reply_id);
+        if let Some(method) = object.remove("method") {
+            return method_call(&mut object, &method, id, reply_id);
         }
         let Some(id) = id else {
             return Err(invalid(
@@ -214,8 +224,8 @@ impl Envelope {
         let Some(id) = id else {
             return Err(invalid(Id::Null, "`id` must be a number, a string or null"));
         };
-        match (object.get("result"), object.get("error")) {
-            (Some(result), None) => Ok(Self::Response(Response::result(id, result.clone()))),
+        match (object.remove("result"), object.remove("error")) {
+            (Some(result), None) => Ok(Self::Response(Response::result(id, result))),
             (None, Some(error)) => match ErrorObject::deserialize(error) {
                 Ok(error) => Ok(Self::Response(Response::error(id, error))),
                 Err(_) => Err(invalid(
@@ -233,7 +243,7 @@ impl Envelope {
 }
 
 fn method_call(
-    object: &Map<String, Value>,
+    object: &mut Map<String, Value>,
     method: &Value,
     id: Option<Option<Id>>,
     reply_id: Id,
@@ -247,9 +257,9 @@ fn method_call(
             "a call cannot also carry `result` or `error`",
         ));
     }
-    let params = match object.get("params") {
+    let params = match object.remove("params") {
         None => None,
-        Some(params @ (Value::Object(_) | Value::Array(_))) => Some(params.clone()),
+        Some(params @ (Value::Object(_) | Value::Array(_))) => Some(params),
         Some(_) => return Err(invalid(reply_id, "`params` must be an object or an array")),
     };
     let method = method.to_owned();
@@ -282,9 +292,9 @@ pub fn decode(text: &str) -> Result<Frame, Response> {
             Err(invalid(Id::Null, "a batch must not be empty"))
         }
         Value::Array(entries) => Ok(Frame::Batch(
-            entries.iter().map(Envelope::from_value).collect(),
+            entries.into_iter().map(Envelope::from_owned).collect(),
         )),
-        single => Envelope::from_value(&single).map(Frame::Single),
+        single => Envelope::from_owned(single).map(Frame::Single),
     }
 }
 
@@ -336,7 +346,7 @@ impl Serialize for Envelope {
 impl<'de> Deserialize<'de> for Envelope {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let value = Value::deserialize(deserializer)?;
-        Self::from_value(&value).map_err(|response| {
+        Self::from_owned(value).map_err(|response| {
             let reason = response
                 .error_object()
                 .and_then(|e| e.data.as_ref())

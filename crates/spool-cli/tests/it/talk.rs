@@ -252,3 +252,32 @@ fn run_refuses_a_journal_a_server_owns_and_points_to_url() {
     );
     assert_eq!(done.stdout, "", "no run was made");
 }
+
+#[test]
+fn cancel_in_chat_ends_the_running_turn_cancelled() {
+    let dir = tempfile::tempdir().unwrap();
+    // A model call that would take a minute: only a cancel ends it sooner.
+    std::fs::write(
+        dir.path().join("slow.jsonl"),
+        r#"{"text": "never finished", "delay_ms": 60000}"#,
+    )
+    .unwrap();
+    let done = spool(
+        dir.path(),
+        &[
+            "chat",
+            "--model",
+            "scripted:slow.jsonl",
+            "--address",
+            "slow",
+        ],
+        "start the long job\n/cancel\n/quit\n",
+    );
+    assert_eq!(done.code, Some(0), "stderr: {}", done.stderr);
+    assert!(
+        done.stderr.contains("spool: the turn was cancelled"),
+        "{}",
+        done.stderr
+    );
+    assert!(!done.stdout.contains("never finished"), "{}", done.stdout);
+}

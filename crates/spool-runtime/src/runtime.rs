@@ -427,7 +427,7 @@ impl Runtime {
         message: MessageRequest,
     ) -> Result<Accepted, RuntimeError> {
         let lock = self.inner.lock(run);
-        let _guard = lock.lock().await;
+        let guard = lock.lock().await;
         let (log, state) = self.load(run).await?;
         let next = Seq(log.len() as u64);
         let (events, accepted) = match &state.status {
@@ -477,9 +477,7 @@ impl Runtime {
                 )
             }
         };
-        self.inner.journal.append(run, next, events).await?;
-        drop(_guard);
-        self.inner.clone().ensure_driver(run);
+        self.append_and_drive(run, guard, next, events).await?;
         Ok(accepted)
     }
 
@@ -503,7 +501,7 @@ impl Runtime {
             ));
         }
         let lock = self.inner.lock(run);
-        let _guard = lock.lock().await;
+        let guard = lock.lock().await;
         let (log, state) = self.load(run).await?;
         let not_waiting = || RuntimeError::RunNotWaiting {
             run: run.clone(),
@@ -528,13 +526,9 @@ impl Runtime {
                 turn_id: current.clone(),
                 answers,
             });
-            self.inner
-                .journal
-                .append(run, Seq(log.len() as u64), vec![resumed])
-                .await?;
-            drop(_guard);
-            self.inner.clone().ensure_driver(run);
-            return Ok(());
+            return self
+                .append_and_drive(run, guard, Seq(log.len() as u64), vec![resumed])
+                .await;
         }
         let Some(suspension) = &state.suspension else {
             return Err(if state.status == Status::Retired {
@@ -566,13 +560,8 @@ impl Runtime {
             turn_id: suspension.turn_id.clone(),
             answers,
         });
-        self.inner
-            .journal
-            .append(run, Seq(log.len() as u64), vec![resumed])
-            .await?;
-        drop(_guard);
-        self.inner.clone().ensure_driver(run);
-        Ok(())
+        self.append_and_drive(run, guard, Seq(log.len() as u64), vec![resumed])
+            .await
     }
 
     /// Asks the running turn to stop. Durable: a cancel recorded before a
@@ -754,7 +743,7 @@ impl Runtime {
 
     async fn settle(&self, run: &RunId, call_id: &str, event: Event) -> Result<(), RuntimeError> {
         let lock = self.inner.lock(run);
-        let _guard = lock.lock().await;
+        let guard = lock.lock().await;
         let (log, state) = self.load(run).await?;
         let waiting_on_it = state.suspension.as_ref().is_some_and(|s| {
             s.kind == SuspendKind::Reconciliation && s.call_id.as_deref() == Some(call_id)
@@ -765,11 +754,23 @@ impl Runtime {
                 turn: None,
             });
         }
-        self.inner
-            .journal
-            .append(run, Seq(log.len() as u64), vec![event])
-            .await?;
-        drop(_guard);
+        self.append_and_drive(run, guard, Seq(log.len() as u64), vec![event])
+            .await
+    }
+
+    /// Appends `events` at `next` while the run's lock is held, lets the
+    /// lock go, and makes sure a driver picks the run up: how a message, an
+    /// answer or a settlement sets a run moving.
+    async fn append_and_drive(
+        &self,
+        run: &RunId,
+        guard: tokio::sync::MutexGuard<'_, ()>,
+        next: Seq,
+        events: Vec<Event>,
+    ) -> Result<(), RuntimeError> {
+        self.inner.journal.append(run, next, events).await?;
+        // The driver takes the same lock.
+        drop(guard);
         self.inner.clone().ensure_driver(run);
         Ok(())
     }

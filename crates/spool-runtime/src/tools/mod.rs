@@ -71,16 +71,21 @@ impl Tool for AskHuman {
             }
             ToolOutcome::Suspend(Suspension {
                 kind: SuspendKind::Question,
-                prompt: input
-                    .get("prompt")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_owned(),
+                prompt: prompt_of(&input),
                 options,
                 answer_schema: answer,
             })
         })
     }
+}
+
+/// The `prompt` a question or approval asks (its schema requires one).
+fn prompt_of(input: &Value) -> String {
+    input
+        .get("prompt")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned()
 }
 
 /// `request_approval {prompt}`: parks the run for an explicit verdict.
@@ -113,11 +118,7 @@ impl Tool for RequestApproval {
         Box::pin(async move {
             ToolOutcome::Suspend(Suspension {
                 kind: SuspendKind::Approval,
-                prompt: input
-                    .get("prompt")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_owned(),
+                prompt: prompt_of(&input),
                 options: Some(vec!["approve".into(), "reject".into()]),
                 // An approval needs an explicit verdict: an answer without
                 // `approved` is not a rejection, and is refused.

@@ -1,13 +1,15 @@
 //! Spool's automation, run as `cargo xtask <command>`: `ci` (everything CI
-//! checks, in order), `tidy` (the crate graph and file conventions), and
-//! `fuzz` (every fuzz target for a while). It depends on nothing heavy, so
-//! it builds in seconds on a fresh clone.
+//! checks, in order), `tidy` (the crate graph and file conventions), `fuzz`
+//! (every fuzz target for a while), `bench`, and `e2e-llm` (real model turns
+//! against a local llama.cpp server). It depends on nothing heavy, so it
+//! builds in seconds on a fresh clone.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 use anyhow::{Context, Result, bail};
 
+mod e2e_llm;
 mod tidy;
 
 const USAGE: &str = "usage: cargo xtask <command>
@@ -18,7 +20,10 @@ commands:
   bench [--quick] [--only NAME]
                        build in release mode and run the benchmarks; prints a
                        table and writes target/bench/report.json
-  fuzz [--seconds N]   run every fuzz target for N seconds each (default 30)";
+  fuzz [--seconds N]   run every fuzz target for N seconds each (default 30)
+  e2e-llm              build llama.cpp's llama-server (once, cached under
+                       target/e2e-llm) and run full turns through the openai
+                       and anthropic engines against a real model";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -27,6 +32,7 @@ fn main() -> ExitCode {
         Some("tidy") => tidy::run(&root()),
         Some("bench") => bench(&args[1..]),
         Some("fuzz") => fuzz(&args[1..]),
+        Some("e2e-llm") => e2e_llm::run(&args[1..]),
         Some("help" | "-h" | "--help") => {
             say(USAGE);
             return ExitCode::SUCCESS;

@@ -4,6 +4,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use anyhow::Context;
 use clap::Subcommand;
 use spool_runtime::agent::AgentDefinition;
 
@@ -23,9 +24,10 @@ pub(crate) fn run(command: AgentCommand) -> anyhow::Result<ExitCode> {
     let loaded = AgentDefinition::load(path.as_deref())?;
     let definition = &loaded.definition;
     let tools = definition.tools(&loaded.base).map_err(anyhow::Error::msg)?;
-    definition
-        .builtin_engine(&loaded.base)
-        .map_err(anyhow::Error::msg)?;
+    // Building the engine checks what a first turn would otherwise find:
+    // a missing key, a bad base URL, a script that does not load.
+    spool_engines::build(definition, &loaded.base)
+        .with_context(|| format!("engine `{}`", definition.agent.engine))?;
     let mut out = std::io::stdout().lock();
     if let Some(note) = &loaded.note {
         writeln!(out, "note     {note}")?;

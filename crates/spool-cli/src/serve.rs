@@ -12,8 +12,8 @@ use clap::{Args, Subcommand};
 use spool_http::{HttpChannel, Listener, TokenFile};
 use spool_journal::JournalError;
 use spool_journal::store::sqlite::{Options, Owner, SqliteJournal};
-use spool_runtime::Runtime;
 use spool_runtime::agent::{AgentDefinition, Loaded};
+use spool_runtime::{Engine, Runtime};
 
 #[derive(Debug, Args)]
 pub(crate) struct ServeArgs {
@@ -71,7 +71,7 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    let loaded = load_agent(args.agent.as_deref(), args.model.as_deref())?;
+    let agent = load_agent(args.agent.as_deref(), args.model.as_deref())?;
     let tokens = match &args.token_file {
         Some(path) => Some(Arc::new(TokenFile::load(path)?)),
         None => None,
@@ -95,11 +95,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 .with_context(|| format!("binding {}", args.addr))?
         }
     };
-    let (runtime, _owner) = open_runtime(&args.journal, &loaded)?;
+    let (runtime, _owner) = open_runtime(&args.journal, &agent)?;
     let resumed = recover(&runtime).await?;
     let (stop, closing) = tokio::sync::watch::channel(false);
     let mut channel =
-        HttpChannel::new(runtime, closing).with_agent(loaded.definition.agent.name.clone());
+        HttpChannel::new(runtime, closing).with_agent(agent.loaded.definition.agent.name.clone());
     if let Some(tokens) = tokens {
         channel = channel.with_authenticator(tokens);
     }
@@ -128,40 +128,37 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// An agent definition and the engine it names, built.
+pub(crate) struct Agent {
+    pub(crate) loaded: Loaded,
+    pub(crate) engine: Arc<dyn Engine>,
+}
+
 /// The agent definition (`path`, `./spool.toml`, or the built-in echo
-/// agent) with `--model` in place of its engine, refused early when this
-/// build cannot run its engine.
-pub(crate) fn load_agent(path: Option<&Path>, model: Option<&str>) -> anyhow::Result<Loaded> {
+/// agent) with `--model` in place of its engine, and that engine built:
+/// a missing key or a bad base URL is refused here, before any turn.
+pub(crate) fn load_agent(path: Option<&Path>, model: Option<&str>) -> anyhow::Result<Agent> {
     let mut loaded = AgentDefinition::load(path)?;
     if let Some(model) = model {
         model.clone_into(&mut loaded.definition.agent.engine);
-        // A script named on the command line is found from here, not from
-        // the definition's directory.
-        if model.starts_with("scripted:") {
+        // A script or program named on the command line is found from
+        // here, not from the definition's directory.
+        if model.starts_with("scripted:") || model.starts_with("command:") {
             loaded.base = std::env::current_dir().context("reading the current directory")?;
         }
     }
     if let Some(note) = &loaded.note {
         say(&format!("spool: {note}"));
     }
-    if loaded
-        .definition
-        .builtin_engine(&loaded.base)
-        .map_err(anyhow::Error::msg)?
-        .is_none()
-    {
-        bail!(
-            "the engine `{}` is not available in this build yet; use `echo` or `scripted:<file>`",
-            loaded.definition.agent.engine
-        );
-    }
-    Ok(loaded)
+    let engine = spool_engines::build(&loaded.definition, &loaded.base)
+        .with_context(|| format!("engine `{}`", loaded.definition.agent.engine))?;
+    Ok(Agent { loaded, engine })
 }
 
-/// The runtime on the SQLite journal in `journal`, running `loaded`, and
+/// The runtime on the SQLite journal in `journal`, running `agent`, and
 /// this process's claim on the journal: hold it as long as the runtime
 /// runs, so no second process resumes the same turns.
-pub(crate) fn open_runtime(journal: &Path, loaded: &Loaded) -> anyhow::Result<(Runtime, Owner)> {
+pub(crate) fn open_runtime(journal: &Path, agent: &Agent) -> anyhow::Result<(Runtime, Owner)> {
     let owner = Owner::claim(journal).map_err(|error| match error {
         JournalError::InUse { .. } => anyhow::anyhow!(
             "{error}: a server has it? talk to it with `--url`, or give this process its own `--journal`"
@@ -171,8 +168,9 @@ pub(crate) fn open_runtime(journal: &Path, loaded: &Loaded) -> anyhow::Result<(R
     let store = SqliteJournal::open(journal, Options::default())
         .with_context(|| format!("opening the journal in {}", journal.display()))?;
     let runtime = Runtime::builder(Arc::new(store))
-        .agent(loaded)
+        .agent(&agent.loaded)
         .map_err(anyhow::Error::msg)?
+        .engine(agent.engine.clone())
         .build();
     Ok((runtime, owner))
 }

@@ -170,8 +170,8 @@ impl Backend {
             }
             return Ok(Self::Remote(client));
         }
-        let loaded = load_agent(target.agent.as_deref(), target.model.as_deref())?;
-        let (runtime, owner) = open_runtime(&target.journal, &loaded)?;
+        let agent = load_agent(target.agent.as_deref(), target.model.as_deref())?;
+        let (runtime, owner) = open_runtime(&target.journal, &agent)?;
         // The journal's promise: runs interrupted earlier finish now.
         let resumed = recover(&runtime).await?;
         if resumed > 0 {
@@ -609,7 +609,14 @@ impl Conversation {
             StreamEventType::RunState => match event.state {
                 Some(RunState::Failed) => {
                     self.end_line();
-                    say(&format!("spool: the turn failed: {text}"));
+                    // The stable code first: it is what a script branches on.
+                    let code = event
+                        .data
+                        .as_ref()
+                        .and_then(|data| data.get("code"))
+                        .and_then(serde_json::Value::as_str)
+                        .unwrap_or("unknown");
+                    say(&format!("spool: the turn failed ({code}): {text}"));
                     Some(Outcome::Failed)
                 }
                 Some(RunState::Cancelled) => {

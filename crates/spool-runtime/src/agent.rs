@@ -25,6 +25,14 @@
 //! [pricing]                            # USD per million tokens of the engine's model
 //! input_per_million = 3.0
 //! output_per_million = 15.0
+//!
+//! [provider]                           # for `openai/…`, `anthropic/…`, `command:…` engines
+//! base_url = "http://127.0.0.1:8080"   # else OPENAI_BASE_URL / ANTHROPIC_BASE_URL, else the vendor's
+//! api_key_env = "MY_KEY"               # else OPENAI_API_KEY / ANTHROPIC_API_KEY
+//! max_tokens = 4096                    # the answer's cap (Anthropic requires one)
+//! request_timeout_seconds = 600        # the whole call, first byte to last
+//! idle_timeout_seconds = 60            # the longest silence inside a streamed answer
+//! max_retries = 4                      # 429, 5xx and resets, before the first byte
 //! ```
 //!
 //! Unknown keys are errors that name the key: a misspelt budget must not
@@ -60,6 +68,30 @@ pub struct AgentDefinition {
     /// What the engine's model costs, for the cost budget.
     #[serde(default)]
     pub pricing: Option<Pricing>,
+    /// How a provider engine reaches its model.
+    #[serde(default)]
+    pub provider: ProviderSection,
+}
+
+/// `[provider]`: where and how a provider engine (`openai/…`,
+/// `anthropic/…`, `command:…`) calls its model. Every key is optional; the
+/// `spool-engines` crate supplies the defaults and the environment.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderSection {
+    /// The API's base URL, e.g. `http://127.0.0.1:8080` for a local server.
+    pub base_url: Option<String>,
+    /// The environment variable holding the API key. The key itself never
+    /// goes in this file.
+    pub api_key_env: Option<String>,
+    /// The most tokens one answer may have.
+    pub max_tokens: Option<u32>,
+    /// The longest one call may take, from sending it to its last byte.
+    pub request_timeout_seconds: Option<f64>,
+    /// The longest silence inside a streamed answer.
+    pub idle_timeout_seconds: Option<f64>,
+    /// Retries of a call refused before its answer began.
+    pub max_retries: Option<u32>,
 }
 
 /// `[pricing]`: USD per million tokens.
@@ -282,6 +314,18 @@ impl AgentDefinition {
             && !(pricing.input_per_million >= 0.0 && pricing.output_per_million >= 0.0)
         {
             return Err("`pricing` rates must be zero or more".into());
+        }
+        let provider = &self.provider;
+        for (key, value) in [
+            ("request_timeout_seconds", provider.request_timeout_seconds),
+            ("idle_timeout_seconds", provider.idle_timeout_seconds),
+        ] {
+            if value.is_some_and(|v| !(v.is_finite() && v > 0.0)) {
+                return Err(format!("`provider.{key}` must be a positive number"));
+            }
+        }
+        if provider.max_tokens == Some(0) {
+            return Err("`provider.max_tokens` must be at least 1".into());
         }
         for tool in &self.tools {
             if tool.command.is_empty() {

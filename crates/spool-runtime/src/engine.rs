@@ -146,12 +146,28 @@ impl ModelResponse {
     }
 }
 
-/// Why a model call failed. Classified by code, never by text.
+/// Why a model call failed. Classified by code, never by text: each
+/// variant is one stable code a failed turn records, and its message is
+/// safe to record (no credentials, no provider stderr).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum EngineError {
-    /// The provider refused or failed the call.
+    /// The provider refused or failed the call, or its answer was not one
+    /// the engine could read.
     #[error("model provider failed: {0}")]
     Provider(String),
+    /// The provider refused the credentials (HTTP 401 or 403).
+    #[error("model provider refused the credentials: {0}")]
+    Auth(String),
+    /// The provider's quota or rate limit held after every retry.
+    #[error("model provider budget or rate limit: {0}")]
+    Budget(String),
+    /// The provider did not answer, or stopped streaming, in time.
+    #[error("model provider timed out: {0}")]
+    Timeout(String),
+    /// A provider run as a child process failed or timed out.
+    #[error("engine command failed: {0}")]
+    Cli(String),
     /// The call was cancelled.
     #[error("model call cancelled")]
     Cancelled,
@@ -166,6 +182,10 @@ impl EngineError {
     pub fn code(&self) -> &'static str {
         match self {
             Self::Provider(_) => "provider_error",
+            Self::Auth(_) => "auth",
+            Self::Budget(_) => "budget",
+            Self::Timeout(_) => "timeout",
+            Self::Cli(_) => "engine_cli",
             Self::Cancelled => "cancelled",
             Self::CompactionUnsupported => "compaction_unsupported",
         }

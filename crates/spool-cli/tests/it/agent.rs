@@ -62,3 +62,46 @@ fn without_a_definition_the_built_in_agent_is_reported() {
         "{stdout}"
     );
 }
+
+#[test]
+fn a_provider_engine_without_its_key_fails_naming_the_variable() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("spool.toml"),
+        "[agent]\nengine = \"anthropic/claude-sonnet-4-5\"\n",
+    )
+    .unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_spool"))
+        .args(["agent", "check"])
+        .current_dir(dir.path())
+        .env_remove("ANTHROPIC_API_KEY")
+        .env_remove("ANTHROPIC_BASE_URL")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("ANTHROPIC_API_KEY"), "{stderr}");
+}
+
+#[test]
+fn a_provider_engine_pointed_at_a_local_server_checks_without_a_key() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("spool.toml"),
+        "[agent]\nengine = \"openai/smollm2\"\n\n[provider]\nbase_url = \"http://127.0.0.1:8080/v1\"\n",
+    )
+    .unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_spool"))
+        .args(["agent", "check"])
+        .current_dir(dir.path())
+        .env_remove("OPENAI_API_KEY")
+        .output()
+        .unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(String::from_utf8_lossy(&output.stdout).contains("engine   openai/smollm2"));
+}

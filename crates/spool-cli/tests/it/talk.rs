@@ -281,3 +281,34 @@ fn cancel_in_chat_ends_the_running_turn_cancelled() {
     );
     assert!(!done.stdout.contains("never finished"), "{}", done.stdout);
 }
+
+#[test]
+fn run_with_a_command_engine_prints_the_programs_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = "command:sh -c 'cat > request.json; echo from the provider'";
+    let done = spool(dir.path(), &["run", "--model", model, "hello there"], "");
+    assert_eq!(done.code, Some(0), "stderr: {}", done.stderr);
+    assert_eq!(done.stdout, "from the provider\n");
+    // The program got the conversation as JSON on stdin.
+    let request: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("request.json")).unwrap()).unwrap();
+    let last = request["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert_eq!(
+        last,
+        serde_json::json!({"role": "user", "content": "hello there"})
+    );
+}
+
+#[test]
+fn run_with_a_failing_command_engine_reports_engine_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = "command:sh -c 'echo provider trouble >&2; exit 4'";
+    let done = spool(dir.path(), &["run", "--model", model, "hello"], "");
+    assert_ne!(done.code, Some(0));
+    assert!(done.stderr.contains("engine_cli"), "{}", done.stderr);
+}

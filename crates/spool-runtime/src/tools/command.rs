@@ -139,8 +139,13 @@ async fn read_capped(
     }
 }
 
-/// Reads to the end, keeping only the last `keep` bytes.
-async fn read_tail(
+/// Reads to the end, keeping only the last `keep` bytes: a child's stderr
+/// is drained whole (a full pipe would block it) but only its tail kept.
+///
+/// # Errors
+///
+/// When reading fails.
+pub async fn read_tail(
     reader: &mut (impl AsyncReadExt + Unpin),
     keep: usize,
 ) -> std::io::Result<Vec<u8>> {
@@ -160,7 +165,10 @@ async fn read_tail(
     }
 }
 
-fn tail(bytes: &[u8]) -> String {
+/// The last [`STDERR_TAIL_BYTES`] of `bytes` as trimmed text, cut on a
+/// character boundary.
+#[must_use]
+pub fn tail(bytes: &[u8]) -> String {
     let text = String::from_utf8_lossy(bytes);
     let text = text.trim();
     let start = text.len().saturating_sub(STDERR_TAIL_BYTES);

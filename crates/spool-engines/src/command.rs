@@ -1,0 +1,166 @@
+//! A provider CLI run as a child process: the request goes to its stdin as
+//! JSON (`{"messages": [...], "tools": [...]}`, the runtime's
+//! [`ModelRequest`]), each stdout line is a piece of the answer's text, and
+//! a non-zero exit or a timeout is an `engine_cli` failure. The stderr tail
+//! goes to the log, never into the turn's recorded error, which a client
+//! can read.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use spool_runtime::BoxFuture;
+use spool_runtime::engine::{
+    CallContext, Delta, Deltas, Engine, EngineError, ModelRequest, ModelResponse,
+};
+use spool_runtime::tools::command::{MAX_OUTPUT_BYTES, STDERR_TAIL_BYTES, read_tail, tail};
+use spool_wire::line::LineCodec;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+
+/// An engine that runs a program for each model call.
+#[derive(Debug)]
+pub struct CommandEngine {
+    program: PathBuf,
+    args: Vec<String>,
+    timeout: Duration,
+}
+
+impl CommandEngine {
+    /// Runs `argv` (program first) for each call, killed after `timeout`. A
+    /// relative program path with a `/` resolves against `base`, as command
+    /// tools' do.
+    ///
+    /// # Panics
+    ///
+    /// When `argv` is empty (specs are checked before they get here).
+    #[must_use]
+    pub fn new(argv: Vec<String>, base: &Path, timeout: Duration) -> Self {
+        let mut argv = argv.into_iter();
+        let first = argv.next().expect("a command spec names its program");
+        let program = if Path::new(&first).is_relative() && first.contains('/') {
+            base.join(&first)
+        } else {
+            PathBuf::from(&first)
+        };
+        Self {
+            program,
+            args: argv.collect(),
+            timeout,
+        }
+    }
+
+    async fn run(
+        &self,
+        context: &CallContext,
+        request: &ModelRequest,
+        deltas: Deltas<'_>,
+    ) -> Result<ModelResponse, EngineError> {
+        let shown = self.program.display().to_string();
+        tracing::info!(target: "spool::engine", provider = "command", program = %shown, run = %context.run, call = context.ordinal, "calling the model");
+        let mut child = tokio::process::Command::new(&self.program)
+            .args(&self.args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| EngineError::Cli(format!("could not start `{shown}`: {e}")))?;
+        let (Some(mut stdin), Some(mut stdout), Some(mut stderr)) =
+            (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        else {
+            return Err(EngineError::Cli(format!("`{shown}` has no pipes")));
+        };
+        let input = serde_json::to_vec(request).expect("a model request is plain JSON");
+        let feed = async move {
+            // A program that answers without reading all its input is its
+            // own business; a broken pipe is not its failure.
+            let _ = stdin.write_all(&input).await;
+        };
+        let read = async {
+            let mut lines = LineCodec::new(MAX_OUTPUT_BYTES);
+            let mut text = String::new();
+            let mut chunk = [0u8; 8192];
+            let add = |line: spool_wire::line::Line, text: &mut String| {
+                let line = line.text.map_err(|e| e.to_string())?;
+                if text.len() + line.len() + 1 > MAX_OUTPUT_BYTES {
+                    return Err(format!("printed more than {MAX_OUTPUT_BYTES} bytes"));
+                }
+                let piece = if text.is_empty() {
+                    line
+                } else {
+                    format!("\n{line}")
+                };
+                text.push_str(&piece);
+                deltas(Delta::Text(piece));
+                Ok(())
+            };
+            loop {
+                let n = stdout.read(&mut chunk).await.map_err(|e| e.to_string())?;
+                if n == 0 {
+                    break;
+                }
+                for line in lines.push(&chunk[..n]) {
+                    add(line, &mut text)?;
+                }
+            }
+            if let Some(line) = lines.finish() {
+                add(line, &mut text)?;
+            }
+            Ok::<_, String>(text)
+        };
+        let (_, text, err) = tokio::join!(feed, read, read_tail(&mut stderr, STDERR_TAIL_BYTES));
+        let status = child
+            .wait()
+            .await
+            .map_err(|e| EngineError::Cli(format!("`{shown}`: {e}")))?;
+        let stderr_tail = tail(&err.unwrap_or_default());
+        let failure = match (&text, status.success()) {
+            (Ok(_), true) => None,
+            (Err(reason), _) => Some(format!("`{shown}` {reason}")),
+            (Ok(_), false) => Some(format!(
+                "`{shown}` exited with {}",
+                status
+                    .code()
+                    .map_or_else(|| "a signal".to_owned(), |c| c.to_string())
+            )),
+        };
+        if let Some(failure) = failure {
+            tracing::warn!(target: "spool::engine", provider = "command", run = %context.run, error = %failure, stderr = %stderr_tail, "engine command failed");
+            return Err(EngineError::Cli(failure));
+        }
+        Ok(ModelResponse {
+            text: text.unwrap_or_default(),
+            finish_reason: Some("stop".into()),
+            ..ModelResponse::default()
+        })
+    }
+}
+
+impl Engine for CommandEngine {
+    fn call<'a>(
+        &'a self,
+        context: &'a CallContext,
+        request: &'a ModelRequest,
+        deltas: Deltas<'a>,
+        cancel: &'a CancellationToken,
+    ) -> BoxFuture<'a, Result<ModelResponse, EngineError>> {
+        Box::pin(async move {
+            // Dropping the run's future kills the child (`kill_on_drop`).
+            tokio::select! {
+                () = cancel.cancelled() => Err(EngineError::Cancelled),
+                result = tokio::time::timeout(self.timeout, self.run(context, request, deltas)) => {
+                    result.unwrap_or_else(|_| {
+                        let failure = format!(
+                            "`{}` timed out after {}s",
+                            self.program.display(),
+                            self.timeout.as_secs_f64()
+                        );
+                        tracing::warn!(target: "spool::engine", provider = "command", run = %context.run, error = %failure, "engine command failed");
+                        Err(EngineError::Cli(failure))
+                    })
+                }
+            }
+        })
+    }
+}

@@ -1,0 +1,177 @@
+//! What a provider engine needs to reach its model (base URL, key,
+//! timeouts, retries), resolved from `[provider]` and the environment the
+//! official SDKs read.
+
+use std::fmt;
+use std::time::Duration;
+
+use spool_runtime::agent::ProviderSection;
+
+use crate::SpecError;
+use crate::retry::RetryPolicy;
+
+/// The default limit on one call, first byte sent to last byte read.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(600);
+/// The default limit on silence inside a streamed answer.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(120);
+/// Anthropic's API requires a cap on each answer; this is Spool's.
+pub const DEFAULT_ANTHROPIC_MAX_TOKENS: u32 = 4096;
+
+/// A provider API whose defaults Spool knows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Vendor {
+    /// OpenAI's chat completions, or any endpoint that speaks them.
+    OpenAi,
+    /// Anthropic's Messages API.
+    Anthropic,
+}
+
+impl Vendor {
+    /// The vendor's own API, used when nothing else is set.
+    #[must_use]
+    pub fn default_base_url(self) -> &'static str {
+        match self {
+            // The OpenAI SDKs' base URL includes the version segment.
+            Self::OpenAi => "https://api.openai.com/v1",
+            Self::Anthropic => "https://api.anthropic.com",
+        }
+    }
+
+    /// The variable the official SDKs read for the base URL.
+    #[must_use]
+    pub fn base_url_variable(self) -> &'static str {
+        match self {
+            Self::OpenAi => "OPENAI_BASE_URL",
+            Self::Anthropic => "ANTHROPIC_BASE_URL",
+        }
+    }
+
+    /// The variable the official SDKs read for the key.
+    #[must_use]
+    pub fn api_key_variable(self) -> &'static str {
+        match self {
+            Self::OpenAi => "OPENAI_API_KEY",
+            Self::Anthropic => "ANTHROPIC_API_KEY",
+        }
+    }
+}
+
+/// An API key. It prints as `ApiKey(…)` so a `Debug` of anything holding it
+/// cannot leak it; only the request header sees its text.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ApiKey(String);
+
+impl ApiKey {
+    /// Wraps a key.
+    #[must_use]
+    pub fn new(key: impl Into<String>) -> Self {
+        Self(key.into())
+    }
+
+    pub(crate) fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// `text` with every occurrence of the key replaced, for provider
+    /// messages that might echo it back.
+    pub(crate) fn redact(&self, text: &str) -> String {
+        if self.0.is_empty() {
+            text.to_owned()
+        } else {
+            text.replace(&self.0, "[redacted]")
+        }
+    }
+}
+
+impl fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ApiKey(…)")
+    }
+}
+
+/// How a provider engine calls its model.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// The API's base URL.
+    pub base_url: String,
+    /// The key, when the endpoint needs one (local servers often do not).
+    pub api_key: Option<ApiKey>,
+    /// The most tokens one answer may have; `None` leaves it to the
+    /// provider where the API allows.
+    pub max_tokens: Option<u32>,
+    /// The limit on one call, retries included.
+    pub request_timeout: Duration,
+    /// The limit on silence inside a streamed answer.
+    pub idle_timeout: Duration,
+    /// When and how often a refused call is tried again.
+    pub retry: RetryPolicy,
+}
+
+impl Settings {
+    /// Settings for `base_url` with Spool's defaults and no key.
+    #[must_use]
+    pub fn new(base_url: impl Into<String>) -> Self {
+        Self {
+            base_url: base_url.into(),
+            api_key: None,
+            max_tokens: None,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            retry: RetryPolicy::default(),
+        }
+    }
+
+    /// Resolves `[provider]` for `vendor`: the base URL from the definition,
+    /// else the vendor's variable, else the vendor's API; the key from the
+    /// variable the definition names, else the vendor's.
+    ///
+    /// # Errors
+    ///
+    /// [`SpecError::MissingKey`] when the variable the definition names is
+    /// unset, or when the vendor's own API is used without a key.
+    pub fn resolve(
+        vendor: Vendor,
+        provider: &ProviderSection,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Self, SpecError> {
+        let set = |name: &str| env(name).filter(|v| !v.trim().is_empty());
+        let base_url = provider
+            .base_url
+            .clone()
+            .or_else(|| set(vendor.base_url_variable()))
+            .unwrap_or_else(|| vendor.default_base_url().to_owned());
+        let key_variable = provider
+            .api_key_env
+            .as_deref()
+            .unwrap_or(vendor.api_key_variable());
+        let api_key = set(key_variable).map(ApiKey::new);
+        // A local server needs no key; the vendor's API, or a variable the
+        // operator named, does: better refused now than on the first turn.
+        if api_key.is_none()
+            && (provider.api_key_env.is_some() || base_url == vendor.default_base_url())
+        {
+            return Err(SpecError::MissingKey(key_variable.to_owned()));
+        }
+        let mut retry = RetryPolicy::default();
+        if let Some(max) = provider.max_retries {
+            retry.max_retries = max;
+        }
+        Ok(Self {
+            base_url,
+            api_key,
+            max_tokens: provider.max_tokens,
+            request_timeout: request_timeout(provider),
+            idle_timeout: provider
+                .idle_timeout_seconds
+                .map_or(DEFAULT_IDLE_TIMEOUT, Duration::from_secs_f64),
+            retry,
+        })
+    }
+}
+
+/// `[provider].request_timeout_seconds`, or the default.
+pub(crate) fn request_timeout(provider: &ProviderSection) -> Duration {
+    provider
+        .request_timeout_seconds
+        .map_or(DEFAULT_REQUEST_TIMEOUT, Duration::from_secs_f64)
+}

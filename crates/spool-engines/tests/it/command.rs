@@ -1,0 +1,107 @@
+//! The `command` engine against real child processes.
+
+use std::path::Path;
+use std::time::Duration;
+
+use spool_engines::CommandEngine;
+use spool_runtime::engine::{Delta, EngineError, Message, ModelRequest};
+
+use crate::replay::{call, capture_logs, log_lines};
+
+fn engine(script: &str, timeout: Duration) -> CommandEngine {
+    CommandEngine::new(
+        vec!["sh".into(), "-c".into(), script.into()],
+        Path::new("."),
+        timeout,
+    )
+}
+
+fn hello() -> ModelRequest {
+    ModelRequest {
+        messages: vec![Message::User {
+            content: "Say hello.".into(),
+        }],
+        tools: vec![],
+    }
+}
+
+#[tokio::test]
+async fn each_stdout_line_streams_as_text_and_the_request_arrives_on_stdin() {
+    // The script answers with the request's first message, read from stdin.
+    let script =
+        r#"read -r request; echo "first line"; printf '%s\n' "$request" | grep -o '"Say hello."'"#;
+    let outcome = call(
+        &engine(script, Duration::from_secs(20)),
+        "cmd-lines",
+        &hello(),
+    )
+    .await;
+    let response = outcome.result.unwrap();
+    assert_eq!(
+        outcome.deltas,
+        vec![
+            Delta::Text("first line".into()),
+            Delta::Text("\n\"Say hello.\"".into())
+        ]
+    );
+    assert_eq!(response.text, "first line\n\"Say hello.\"");
+}
+
+#[tokio::test]
+async fn a_failing_command_is_engine_cli_with_stderr_in_the_log_only() {
+    capture_logs();
+    let script = "echo 'partial'; echo 'secret detail from the provider' >&2; exit 3";
+    let outcome = call(
+        &engine(script, Duration::from_secs(20)),
+        "cmd-fail",
+        &hello(),
+    )
+    .await;
+    let error = outcome.result.unwrap_err();
+    assert_eq!(error.code(), "engine_cli");
+    assert!(error.to_string().contains("exited with 3"), "{error}");
+    assert!(
+        !error.to_string().contains("secret detail"),
+        "stderr must not reach the turn: {error}"
+    );
+    let logged = log_lines("run=cmd-fail");
+    assert!(
+        logged
+            .iter()
+            .any(|l| l.contains("secret detail from the provider")),
+        "{logged:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_command_over_its_time_is_killed_as_engine_cli() {
+    let outcome = call(
+        &engine("sleep 30", Duration::from_millis(200)),
+        "cmd-slow",
+        &hello(),
+    )
+    .await;
+    let error = outcome.result.unwrap_err();
+    assert_eq!(error.code(), "engine_cli");
+    assert!(error.to_string().contains("timed out"), "{error}");
+}
+
+#[tokio::test]
+async fn a_missing_program_is_engine_cli() {
+    let engine = CommandEngine::new(
+        vec!["./no-such-provider".into()],
+        Path::new("/nonexistent"),
+        Duration::from_secs(5),
+    );
+    let error = call(&engine, "cmd-missing", &hello())
+        .await
+        .result
+        .unwrap_err();
+    assert!(matches!(error, EngineError::Cli(_)), "{error:?}");
+    assert!(
+        error
+            .to_string()
+            .contains("/nonexistent/./no-such-provider"),
+        "{error}"
+    );
+}

@@ -100,6 +100,9 @@ pub enum SpecError {
         /// What is wrong with it.
         reason: String,
     },
+    /// The TLS trust store could not be built (a bad `SSL_CERT_FILE`).
+    #[error("TLS: {0}")]
+    Tls(String),
     /// A runtime engine (`scripted:`) did not load.
     #[error("{0}")]
     Builtin(String),

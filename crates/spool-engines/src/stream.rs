@@ -166,6 +166,10 @@ impl<D: Dialect> HttpEngine<D> {
                 url: settings.base_url.clone(),
                 reason,
             })?;
+        // A bad `SSL_CERT_FILE` is refused now, not on the first turn.
+        if endpoint.is_tls() {
+            crate::transport::tls_config().map_err(SpecError::Tls)?;
+        }
         Ok(Self {
             dialect,
             endpoint,

@@ -61,6 +61,10 @@ impl Endpoint {
         })
     }
 
+    pub(crate) fn is_tls(&self) -> bool {
+        self.tls
+    }
+
     pub(crate) fn uri(&self) -> &Uri {
         &self.uri
     }
@@ -93,7 +97,13 @@ impl Endpoint {
                     std::io::Error::new(std::io::ErrorKind::InvalidInput, e),
                 )
             })?;
-            let stream = tokio_rustls::TlsConnector::from(tls_config())
+            let config = tls_config().map_err(|e| {
+                SendError::Tls(
+                    self.authority().to_owned(),
+                    std::io::Error::new(std::io::ErrorKind::InvalidInput, e),
+                )
+            })?;
+            let stream = tokio_rustls::TlsConnector::from(config)
                 .connect(name, tcp)
                 .await
                 .map_err(|e| SendError::Tls(self.authority().to_owned(), e))?;
@@ -125,25 +135,51 @@ impl Endpoint {
     }
 }
 
+/// The variable naming extra trusted certificates (PEM), for a network
+/// whose proxy signs with its own authority: the name OpenSSL, curl and
+/// Python's HTTP clients read.
+pub(crate) const EXTRA_ROOTS_VARIABLE: &str = "SSL_CERT_FILE";
+
 /// One TLS client configuration for the process: ring for crypto, the
-/// webpki roots for trust, HTTP/1.1 by ALPN.
-fn tls_config() -> Arc<rustls::ClientConfig> {
-    static CONFIG: OnceLock<Arc<rustls::ClientConfig>> = OnceLock::new();
+/// webpki roots (plus any `SSL_CERT_FILE` certificates) for trust, HTTP/1.1
+/// by ALPN.
+pub(crate) fn tls_config() -> Result<Arc<rustls::ClientConfig>, String> {
+    static CONFIG: OnceLock<Result<Arc<rustls::ClientConfig>, String>> = OnceLock::new();
     CONFIG
         .get_or_init(|| {
-            let roots =
+            let mut roots =
                 rustls::RootCertStore::from_iter(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+            if let Some(path) = std::env::var_os(EXTRA_ROOTS_VARIABLE) {
+                add_roots(&mut roots, std::path::Path::new(&path))?;
+            }
             let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
                 rustls::crypto::ring::default_provider(),
             ))
             .with_safe_default_protocol_versions()
-            .expect("ring supports the default protocol versions")
+            .map_err(|e| e.to_string())?
             .with_root_certificates(roots)
             .with_no_client_auth();
             config.alpn_protocols = vec![b"http/1.1".to_vec()];
-            Arc::new(config)
+            Ok(Arc::new(config))
         })
         .clone()
+}
+
+fn add_roots(roots: &mut rustls::RootCertStore, path: &std::path::Path) -> Result<(), String> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let shown = path.display();
+    let certificates = CertificateDer::pem_file_iter(path)
+        .map_err(|e| format!("{EXTRA_ROOTS_VARIABLE}={shown}: {e}"))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("{EXTRA_ROOTS_VARIABLE}={shown}: {e}"))?;
+    let (added, _) = roots.add_parsable_certificates(certificates);
+    if added == 0 {
+        return Err(format!(
+            "{EXTRA_ROOTS_VARIABLE}={shown} holds no usable certificate"
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -170,7 +206,24 @@ mod tests {
 
     #[test]
     fn the_tls_configuration_builds_with_the_webpki_roots() {
-        let config = tls_config();
+        let config = tls_config().unwrap();
         assert_eq!(config.alpn_protocols, vec![b"http/1.1".to_vec()]);
+    }
+
+    #[test]
+    fn extra_roots_come_from_a_pem_file_and_a_file_without_any_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let empty = dir.path().join("empty.pem");
+        std::fs::write(&empty, "not a certificate\n").unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        let error = add_roots(&mut roots, &empty).unwrap_err();
+        assert!(error.contains("no usable certificate"), "{error}");
+        assert!(add_roots(&mut roots, &dir.path().join("missing.pem")).is_err());
+        // The system bundle, where the machine has one, parses.
+        let bundle = std::path::Path::new("/etc/ssl/certs/ca-certificates.crt");
+        if bundle.exists() {
+            add_roots(&mut roots, bundle).unwrap();
+            assert!(!roots.is_empty());
+        }
     }
 }

@@ -49,6 +49,9 @@ pub enum RuntimeError {
     /// The engine cannot compact a conversation.
     #[error("this agent's engine cannot compact a conversation")]
     CompactionUnsupported,
+    /// The engine failed a call the request needed.
+    #[error("{code}: {0}", code = .0.code())]
+    Engine(crate::engine::EngineError),
     /// The run's journal cannot be replayed into a conversation.
     #[error("run {run} cannot be replayed: {reason}")]
     ConversationCorrupt {
@@ -75,6 +78,7 @@ impl RuntimeError {
             Self::InvalidAnswer { .. } | Self::BadRequest(_) => ErrorCode::BadRequest,
             Self::OperationConflict { .. } => ErrorCode::OperationConflict,
             Self::CompactionUnsupported => ErrorCode::CompactionUnsupported,
+            Self::Engine(_) => ErrorCode::EngineFailed,
             Self::ConversationCorrupt { .. } | Self::Journal(JournalError::TamperEvident(_)) => {
                 ErrorCode::ConversationCorrupt
             }

@@ -657,8 +657,8 @@ impl Runtime {
     ///
     /// # Errors
     ///
-    /// `CompactionUnsupported` when the engine cannot; as
-    /// [`Runtime::clear`] otherwise.
+    /// `CompactionUnsupported` when the engine cannot, `Engine` when it
+    /// failed; as [`Runtime::clear`] otherwise.
     pub async fn compact(&self, run: &RunId) -> Result<(), RuntimeError> {
         let lock = self.inner.lock(run);
         let _guard = lock.lock().await;
@@ -673,7 +673,7 @@ impl Runtime {
                 crate::engine::EngineError::CompactionUnsupported => {
                     RuntimeError::CompactionUnsupported
                 }
-                other => RuntimeError::BadRequest(other.to_string()),
+                other => RuntimeError::Engine(other),
             })?;
         let (Some(first), Some(last)) = (state.conversation.first(), state.conversation.last())
         else {

@@ -437,6 +437,9 @@ string_enum! {
         FilesUnsupported = "files_unsupported",
         /// The engine cannot compact.
         CompactionUnsupported = "compaction_unsupported",
+        /// The model provider failed a call the request needed (a
+        /// compaction's summary); the message carries the engine's code.
+        EngineFailed = "engine_failed",
         /// The server failed; details are in its log.
         Internal = "internal",
     }
@@ -464,6 +467,7 @@ impl ErrorCode {
             Self::ClientClosed => 499,
             Self::Internal => 500,
             Self::FilesUnsupported | Self::CompactionUnsupported => 501,
+            Self::EngineFailed => 502,
             Self::Unknown(_) => return None,
         })
     }

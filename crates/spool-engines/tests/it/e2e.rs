@@ -208,3 +208,56 @@ async fn e2e_anthropic_engine_runs_full_turns_against_llama_server() {
     let engine = AnthropicEngine::new("smollm2", real_settings(llm_url())).unwrap();
     full_turns(Arc::new(engine)).await;
 }
+
+#[tokio::test]
+async fn compaction_asks_the_provider_for_a_summary_and_a_refusal_is_engine_failed() {
+    let server = Replay::start(vec![
+        Reply::transcript("anthropic/text.sse"),
+        Reply::transcript("anthropic/text.sse"),
+        Reply::refusal(
+            401,
+            r#"{"type":"error","error":{"type":"authentication_error","message":"no"}}"#,
+        ),
+    ])
+    .await;
+    let engine = AnthropicEngine::new("m", Settings::new(&server.url)).unwrap();
+    let (runtime, journal) = runtime(Arc::new(engine));
+    let (run, _, view) = turn(&runtime, runtime.start(start("Say hello.")).await.unwrap()).await;
+    assert_eq!(view.status, Status::Completed);
+    runtime.compact(&run).await.unwrap();
+    let summary = journal
+        .read(&run, Seq(0))
+        .await
+        .unwrap()
+        .into_iter()
+        .find_map(|e| match e.event {
+            Event::Compacted(c) => Some(c.summary),
+            _ => None,
+        })
+        .expect("the summary is recorded");
+    assert_eq!(summary, "\"Jeez, hello, it's you! It");
+    let asked = &server.received()[1];
+    assert!(
+        asked.body["system"]
+            .as_str()
+            .unwrap()
+            .starts_with("Summarize")
+    );
+    let transcript = asked.body["messages"][0]["content"][0]["text"]
+        .as_str()
+        .unwrap();
+    assert!(transcript.contains("user: Say hello."), "{transcript}");
+    // A refused summary is the channel's engine_failed, naming `auth`.
+    let error = runtime.compact(&run).await.unwrap_err();
+    assert_eq!(
+        error.code(),
+        spool_wire::http::ErrorCode::EngineFailed,
+        "{error}"
+    );
+    assert!(error.to_string().starts_with("auth:"), "{error}");
+    assert_eq!(
+        server.received().len(),
+        3,
+        "a credentials refusal is not retried"
+    );
+}

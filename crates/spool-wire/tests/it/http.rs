@@ -32,6 +32,7 @@ fn each_error_code_has_its_string_and_status() {
             ErrorCode::CompactionUnsupported,
             501,
         ),
+        ("engine_failed", ErrorCode::EngineFailed, 502),
         ("internal", ErrorCode::Internal, 500),
     ];
     assert_eq!(ErrorCode::KNOWN.len(), table.len());

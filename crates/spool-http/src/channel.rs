@@ -29,6 +29,10 @@ pub const NAMESPACE: &str = "http";
 /// How many stream lines may wait for a slow reader before it is dropped.
 pub const STREAM_QUEUE: usize = 256;
 
+/// Lines already read are written together up to this many bytes: one
+/// wake and one write for a burst, not one per line.
+pub const STREAM_BATCH_BYTES: usize = 16 * 1024;
+
 /// The HTTP channel: a runtime, an optional authenticator, and what
 /// `/info` says.
 #[derive(Clone)]
@@ -597,16 +601,27 @@ impl HttpChannel {
                     item = subscription.next() => item,
                     _ = closing.wait_for(|closing| *closing) => None,
                 };
-                let Some(item) = item else { break };
-                let line = stream_line(&run, &mut last, &item);
-                let mut bytes = serde_json::to_vec(&line).expect("stream lines are plain JSON");
-                bytes.push(b'\n');
+                let Some(mut item) = item else { break };
+                // The lines already read go out in one write: a subscriber
+                // catching up after a burst is woken and written to once.
+                let mut bytes = Vec::new();
+                let mut lagged = false;
+                loop {
+                    let line = stream_line(&run, &mut last, &item);
+                    serde_json::to_writer(&mut bytes, &line).expect("stream lines are plain JSON");
+                    bytes.push(b'\n');
+                    lagged = matches!(item, StreamItem::Lagged { .. });
+                    if lagged || bytes.len() >= STREAM_BATCH_BYTES {
+                        break;
+                    }
+                    match subscription.ready() {
+                        Some(next) => item = next,
+                        None => break,
+                    }
+                }
                 // A reader that stopped reading: drop it rather than buffer
                 // for it; it resumes from its cursor.
-                if sender.try_send(Bytes::from(bytes)).is_err() {
-                    break;
-                }
-                if matches!(item, StreamItem::Lagged { .. }) {
+                if sender.try_send(Bytes::from(bytes)).is_err() || lagged {
                     break;
                 }
             }

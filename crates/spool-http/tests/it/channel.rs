@@ -191,6 +191,38 @@ async fn an_address_is_ensured_without_a_turn_and_looked_up_with_slashes_encoded
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_catching_up_from_a_cursor_writes_the_lines_already_read_together() {
+    let server = Server::start(echo_runtime()).await;
+    let ensured = server.post("/spool/v1/addresses/batched", "").await.json();
+    let run = ensured["run_id"].as_str().unwrap().to_owned();
+    for turn in 0..3 {
+        let reply = server
+            .post(
+                &format!("/spool/v1/runs/{run}"),
+                &format!(r#"{{"text": "turn {turn}"}}"#),
+            )
+            .await
+            .json();
+        assert_eq!(reply["state"], "completed");
+    }
+    let mut stream = Stream::open(
+        &server.addr,
+        &format!("/spool/v1/runs/{run}/stream?cursor=0"),
+    )
+    .await;
+    // The history is read at once, so it leaves in one write, not one per line.
+    assert!(stream.next_frame_lines().await > 1);
+    let mut seqs = Vec::new();
+    while seqs.len() < 3 {
+        let line = stream.next().await.unwrap();
+        if line["type"] == "run_response" {
+            seqs.push(line["seq"].as_u64().unwrap());
+        }
+    }
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+}
+
+#[tokio::test]
 async fn a_stream_from_a_cursor_replays_then_goes_live_across_turns() {
     let server = Server::start(echo_runtime()).await;
     let ensured = server.post("/spool/v1/addresses/live", "").await.json();

@@ -208,10 +208,11 @@ fn header_list(headers: &http::HeaderMap) -> Vec<(String, String)> {
         .collect()
 }
 
-/// An open NDJSON stream, read frame by frame as the server flushes them
-/// (one line per frame).
+/// An open NDJSON stream, read line by line as the server flushes them (a
+/// frame may carry several lines).
 pub(crate) struct Stream {
     body: Incoming,
+    lines: std::collections::VecDeque<String>,
     pub(crate) status: u16,
     pub(crate) headers: Vec<(String, String)>,
 }
@@ -225,6 +226,7 @@ impl Stream {
             status: response.status().as_u16(),
             headers: header_list(response.headers()),
             body: response.into_body(),
+            lines: std::collections::VecDeque::new(),
         }
     }
 
@@ -235,18 +237,43 @@ impl Stream {
             .map(|text| serde_json::from_str(&text).unwrap())
     }
 
+    /// How many lines the next frame carries (they stay readable).
+    pub(crate) async fn next_frame_lines(&mut self) -> usize {
+        tokio::time::timeout(PATIENCE, async {
+            loop {
+                let frame = self.body.frame().await.unwrap().unwrap();
+                if let Ok(data) = frame.into_data() {
+                    let text = String::from_utf8_lossy(&data).into_owned();
+                    let lines: Vec<String> = text.lines().map(str::to_owned).collect();
+                    let count = lines.len();
+                    self.lines.extend(lines);
+                    return count;
+                }
+            }
+        })
+        .await
+        .expect("the stream sends a frame in time")
+    }
+
     /// The next NDJSON line as sent; `None` at the end.
     pub(crate) async fn next_text(&mut self) -> Option<String> {
         tokio::time::timeout(PATIENCE, async {
             loop {
+                if let Some(line) = self.lines.pop_front() {
+                    return Some(line);
+                }
                 let frame = self.body.frame().await?.unwrap();
                 let Ok(data) = frame.into_data() else {
                     continue;
                 };
-                let text = String::from_utf8_lossy(&data).trim().to_owned();
-                if !text.is_empty() {
-                    return Some(text);
-                }
+                // The server writes whole lines, so a frame never splits one.
+                let text = String::from_utf8_lossy(&data).into_owned();
+                self.lines.extend(
+                    text.lines()
+                        .map(str::trim)
+                        .filter(|l| !l.is_empty())
+                        .map(str::to_owned),
+                );
             }
         })
         .await

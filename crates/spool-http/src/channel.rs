@@ -605,20 +605,21 @@ impl HttpChannel {
                 // The lines already read go out in one write: a subscriber
                 // catching up after a burst is woken and written to once.
                 let mut bytes = Vec::new();
-                let mut lagged = false;
-                loop {
+                let lagged = loop {
                     let line = stream_line(&run, &mut last, &item);
                     serde_json::to_writer(&mut bytes, &line).expect("stream lines are plain JSON");
                     bytes.push(b'\n');
-                    lagged = matches!(item, StreamItem::Lagged { .. });
-                    if lagged || bytes.len() >= STREAM_BATCH_BYTES {
-                        break;
+                    if matches!(item, StreamItem::Lagged { .. }) {
+                        break true;
+                    }
+                    if bytes.len() >= STREAM_BATCH_BYTES {
+                        break false;
                     }
                     match subscription.ready() {
                         Some(next) => item = next,
-                        None => break,
+                        None => break false,
                     }
-                }
+                };
                 // A reader that stopped reading: drop it rather than buffer
                 // for it; it resumes from its cursor.
                 if sender.try_send(Bytes::from(bytes)).is_err() || lagged {

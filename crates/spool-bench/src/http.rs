@@ -238,17 +238,18 @@ fn journal_bytes(dir: &std::path::Path) -> anyhow::Result<u64> {
     Ok(total)
 }
 
-/// `stream-fanout`: many NDJSON subscribers on one run. The latency of
-/// each line is its arrival time minus the time the journal recorded its
-/// event (or, for a live delta, the time it was sent), measured at every
+/// `stream-fanout`: many NDJSON subscribers on one run, held by a second
+/// process (this binary, as `spool-bench subscribe`), so the server's work
+/// and memory are measured apart from its clients'. The latency of each
+/// line is its arrival time minus the time the journal recorded its event
+/// (or, for a live delta, the time it was sent), measured at every
 /// subscriber; the baseline is the same with one subscriber. Then the
-/// resident memory each open stream costs (client and server sides both
-/// live in this process, so the figure is an upper bound on the server's
-/// share), beside a bare loopback TCP connection pair held open.
+/// server's resident memory per open stream, beside the server's side of a
+/// bare loopback TCP connection held open.
 pub(crate) fn fanout(scale: Scale) -> anyhow::Result<Vec<Row>> {
     let subscribers = scale.pick(1_000usize, 50);
     let turns = scale.pick(20usize, 3);
-    let held = scale.pick(4_000usize, 200);
+    let held = scale.pick(10_000usize, 200);
     let tokio = tokio()?;
     let dir = tempfile::tempdir()?;
     tokio.block_on(async {
@@ -260,8 +261,8 @@ pub(crate) fn fanout(scale: Scale) -> anyhow::Result<Vec<Row>> {
         let (close_streams, closing) = watch::channel(false);
         let (url, stop) = start(HttpChannel::new(runtime, closing).handler()).await?;
         let client = Client::new(&url)?;
-        let one = latencies(&client, "fanout-one", 1, turns).await?;
-        let many = latencies(&client, "fanout-many", subscribers, turns).await?;
+        let one = latencies(&client, &url, "fanout-one", 1, turns).await?;
+        let many = latencies(&client, &url, "fanout-many", subscribers, turns).await?;
         let mut rows = Vec::new();
         for (label, p) in [("p50", 0.5), ("p99", 0.99), ("max", 1.0)] {
             let mut row = Row::new(
@@ -277,17 +278,64 @@ pub(crate) fn fanout(scale: Scale) -> anyhow::Result<Vec<Row>> {
             }
             rows.push(row);
         }
-        rows.push(open_streams(&client, held).await?);
+        rows.push(open_streams(&client, &url, held).await?);
         close_streams.send_replace(true);
         stop.send_replace(true);
         anyhow::Ok(rows)
     })
 }
 
-/// Opens `subscribers` streams on a fresh run, sends `turns` messages, and
-/// returns every line's latency (seconds, sorted) at every subscriber.
+/// A child process of this binary that holds connections to the server.
+struct Peer {
+    child: tokio::process::Child,
+    stdout: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+}
+
+impl Peer {
+    /// Starts `spool-bench ARGS` and waits until it says `ready`.
+    async fn start(args: &[String]) -> anyhow::Result<Self> {
+        use tokio::io::AsyncBufReadExt;
+        let mut child = tokio::process::Command::new(std::env::current_exe()?)
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting the client process")?;
+        let stdout = child.stdout.take().context("the client has a stdout")?;
+        let mut peer = Self {
+            child,
+            stdout: tokio::io::BufReader::new(stdout).lines(),
+        };
+        anyhow::ensure!(
+            peer.line().await? == "ready",
+            "the client process did not get ready"
+        );
+        Ok(peer)
+    }
+
+    async fn line(&mut self) -> anyhow::Result<String> {
+        self.stdout
+            .next_line()
+            .await?
+            .context("the client process ended early (see its error above)")
+    }
+
+    /// Closes its stdin (the signal to let go) and waits for it.
+    async fn finish(mut self) -> anyhow::Result<()> {
+        drop(self.child.stdin.take());
+        let status = self.child.wait().await?;
+        anyhow::ensure!(status.success(), "the client process failed ({status})");
+        Ok(())
+    }
+}
+
+/// Opens `subscribers` streams on a fresh run from another process, sends
+/// `turns` messages, and returns every line's latency (seconds, sorted) at
+/// every subscriber.
 async fn latencies(
     client: &Client,
+    url: &str,
     address: &str,
     subscribers: usize,
     turns: usize,
@@ -295,25 +343,16 @@ async fn latencies(
     let ensured: spool_wire::http::AddressReply = client
         .post(&format!("/addresses/{address}"), &json!({}))
         .await?;
-    let mut readers = Vec::with_capacity(subscribers);
-    for _ in 0..subscribers {
-        let mut lines = client.stream(&ensured.run_id, ensured.cursor).await?;
-        readers.push(tokio::spawn(async move {
-            let mut seen = Vec::new();
-            let mut responses = 0;
-            while responses < turns {
-                let Some(line) = lines.next().await? else {
-                    anyhow::bail!("a stream ended early");
-                };
-                let latency = time::OffsetDateTime::now_utc() - line.time;
-                seen.push(latency.as_seconds_f64());
-                if line.kind == spool_wire::http::StreamEventType::RunResponse {
-                    responses += 1;
-                }
-            }
-            anyhow::Ok(seen)
-        }));
-    }
+    let cursor = ensured.cursor.map_or(-1, |c| c as i64);
+    let mut peer = Peer::start(&[
+        "subscribe".into(),
+        url.into(),
+        ensured.run_id.clone(),
+        cursor.to_string(),
+        subscribers.to_string(),
+        turns.to_string(),
+    ])
+    .await?;
     for turn in 0..turns {
         let _: Value = client
             .post(
@@ -322,49 +361,137 @@ async fn latencies(
             )
             .await?;
     }
-    let mut all = Vec::new();
-    for reader in readers {
-        all.extend(reader.await??);
-    }
+    let mut all: Vec<f64> = serde_json::from_str(&peer.line().await?)?;
+    peer.finish().await?;
     all.sort_by(f64::total_cmp);
     Ok(all)
 }
 
-/// Resident bytes per open stream, beside a bare loopback connection pair.
-async fn open_streams(client: &Client, count: usize) -> anyhow::Result<Row> {
-    // The bare pairs first, then dropped, so both figures start from a
-    // process that has already had that many sockets.
+/// The server's resident bytes per open stream, beside the server's side
+/// of a bare loopback connection.
+async fn open_streams(client: &Client, url: &str, count: usize) -> anyhow::Result<Row> {
+    // The bare connections first, then dropped, so both figures start from
+    // a process that has already had that many sockets.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
+    let addr = listener.local_addr()?.to_string();
     let before = resident_bytes()?;
-    let mut pairs = Vec::with_capacity(count);
-    for _ in 0..count {
-        let near = tokio::net::TcpStream::connect(addr).await?;
-        let (far, _) = listener.accept().await?;
-        pairs.push((near, far));
-    }
+    let accepting = tokio::spawn(async move {
+        let mut held = Vec::with_capacity(count);
+        for _ in 0..count {
+            held.push(listener.accept().await?.0);
+        }
+        anyhow::Ok(held)
+    });
+    let peer = Peer::start(&["connect".into(), addr, count.to_string()]).await?;
+    let held = accepting.await??;
     let bare = resident_bytes()?.saturating_sub(before) as f64 / count as f64;
-    drop(pairs);
+    peer.finish().await?;
+    drop(held);
 
     let ensured: spool_wire::http::AddressReply =
         client.post("/addresses/fanout-held", &json!({})).await?;
+    let cursor = ensured.cursor.map_or(-1, |c| c as i64);
     let before = resident_bytes()?;
-    let mut streams = Vec::with_capacity(count);
-    for _ in 0..count {
-        streams.push(client.stream(&ensured.run_id, ensured.cursor).await?);
-    }
+    let peer = Peer::start(&[
+        "subscribe".into(),
+        url.into(),
+        ensured.run_id.clone(),
+        cursor.to_string(),
+        count.to_string(),
+        "0".into(),
+    ])
+    .await?;
     let per_stream = resident_bytes()?.saturating_sub(before) as f64 / count as f64;
-    drop(streams);
+    peer.finish().await?;
     Ok(Row::new(
-        format!("stream-fanout/{count} open streams"),
+        format!("stream-fanout/{count} open streams, server"),
         per_stream,
         "B/stream",
-        "bare TCP pair",
+        "bare TCP, server side",
         bare,
     )
     .lower_is_better()
     // 10 k streams in 200 MiB.
     .figure_at_most(200.0 * 1024.0 * 1024.0 / 10_000.0))
+}
+
+/// `spool-bench subscribe URL RUN CURSOR COUNT RESPONSES`: opens COUNT
+/// streams on RUN from CURSOR (-1: none), says `ready`, then either holds
+/// them until stdin closes (RESPONSES = 0) or reads each until it has seen
+/// RESPONSES answers and prints every line's latency as one JSON array.
+pub(crate) fn subscribe(args: &[String]) -> anyhow::Result<()> {
+    let [url, run, cursor, count, responses] = args else {
+        anyhow::bail!("usage: spool-bench subscribe URL RUN CURSOR COUNT RESPONSES");
+    };
+    let cursor: i64 = cursor.parse()?;
+    let cursor = u64::try_from(cursor).ok();
+    let count: usize = count.parse()?;
+    let responses: usize = responses.parse()?;
+    tokio()?.block_on(async {
+        let client = Client::new(url)?;
+        let mut streams = Vec::with_capacity(count);
+        for _ in 0..count {
+            streams.push(client.stream(run, cursor).await?);
+        }
+        say("ready")?;
+        if responses == 0 {
+            let mut stdin = tokio::io::stdin();
+            tokio::io::copy(&mut stdin, &mut tokio::io::sink()).await?;
+            return anyhow::Ok(());
+        }
+        let mut readers = Vec::with_capacity(count);
+        for mut lines in streams {
+            readers.push(tokio::spawn(async move {
+                let mut seen = Vec::new();
+                let mut answered = 0;
+                while answered < responses {
+                    let Some(line) = lines.next().await? else {
+                        anyhow::bail!("a stream ended early");
+                    };
+                    let latency = time::OffsetDateTime::now_utc() - line.time;
+                    seen.push(latency.as_seconds_f64());
+                    if line.kind == spool_wire::http::StreamEventType::RunResponse {
+                        answered += 1;
+                    }
+                }
+                anyhow::Ok(seen)
+            }));
+        }
+        let mut all = Vec::new();
+        for reader in readers {
+            all.extend(reader.await??);
+        }
+        say(&serde_json::to_string(&all)?)?;
+        anyhow::Ok(())
+    })
+}
+
+/// `spool-bench connect ADDR COUNT`: opens COUNT bare TCP connections to
+/// ADDR, says `ready`, and holds them until stdin closes.
+pub(crate) fn connect(args: &[String]) -> anyhow::Result<()> {
+    let [addr, count] = args else {
+        anyhow::bail!("usage: spool-bench connect ADDR COUNT");
+    };
+    let count: usize = count.parse()?;
+    tokio()?.block_on(async {
+        let mut held = Vec::with_capacity(count);
+        for _ in 0..count {
+            held.push(tokio::net::TcpStream::connect(addr.as_str()).await?);
+        }
+        say("ready")?;
+        tokio::io::copy(&mut tokio::io::stdin(), &mut tokio::io::sink()).await?;
+        drop(held);
+        anyhow::Ok(())
+    })
+}
+
+/// One line to the parent process.
+fn say(line: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{line}")?;
+    out.flush()?;
+    Ok(())
 }
 
 /// Seconds from opening the journal in `dir` to the first answered

@@ -53,6 +53,13 @@ fn main() -> ExitCode {
 }
 
 fn run() -> anyhow::Result<()> {
+    // The client processes `stream-fanout` starts: this binary again.
+    let all: Vec<String> = std::env::args().skip(1).collect();
+    match all.first().map(String::as_str) {
+        Some("subscribe") => return http::subscribe(&all[1..]),
+        Some("connect") => return http::connect(&all[1..]),
+        _ => {}
+    }
     let mut scale = Scale { quick: false };
     let mut only: Option<String> = None;
     let mut report_path: Option<String> = None;

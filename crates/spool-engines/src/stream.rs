@@ -289,6 +289,16 @@ impl<D: Dialect> HttpEngine<D> {
             failure.after = after;
             return Err(failure);
         }
+        // A server that ignored `stream: true` answers with one JSON body;
+        // reading it as events would find none and retry in vain.
+        if let Some(kind) = response.headers().get(header::CONTENT_TYPE)
+            && !kind.as_bytes().starts_with(b"text/event-stream")
+        {
+            return Err(Failure::fatal(EngineError::Provider(format!(
+                "the provider answered with `{}`, not an event stream",
+                String::from_utf8_lossy(kind.as_bytes())
+            ))));
+        }
         let mut body = response.into_body();
         let mut events = sse::Reader::default();
         let mut decoder = self.dialect.decoder(context);

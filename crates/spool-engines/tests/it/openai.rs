@@ -436,3 +436,21 @@ async fn an_unreachable_server_is_retried_then_a_provider_error() {
         3
     );
 }
+
+#[tokio::test]
+async fn a_server_that_answers_without_streaming_is_a_provider_error_at_once() {
+    let mut reply = Reply::refusal(
+        200,
+        r#"{"choices":[{"message":{"role":"assistant","content":"hi"}}]}"#,
+    );
+    reply.piece = 64;
+    let server = Replay::start(vec![reply]).await;
+    let engine = engine(&server.url);
+    let error = call(&engine, "oa-unstreamed", &hello())
+        .await
+        .result
+        .unwrap_err();
+    assert_eq!(error.code(), "provider_error");
+    assert!(error.to_string().contains("application/json"), "{error}");
+    assert_eq!(server.received().len(), 1);
+}

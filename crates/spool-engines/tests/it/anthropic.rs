@@ -254,3 +254,21 @@ async fn refusals_are_classified_by_status_and_error_type() {
         assert_eq!(server.received().len(), 1, "HTTP {status} is not retried");
     }
 }
+
+#[tokio::test]
+async fn a_connection_cut_mid_message_fails_without_a_retry() {
+    let server = Replay::start(vec![
+        // Past the third text delta, before `message_stop`.
+        Reply::transcript("anthropic/text.sse").cut_after(900),
+        Reply::transcript("anthropic/text.sse"),
+    ])
+    .await;
+    let engine = engine(&server.url);
+    let outcome = call(&engine, "an-cut", &hello()).await;
+    assert!(
+        !outcome.deltas.is_empty(),
+        "part of the answer streamed before the cut"
+    );
+    assert_eq!(outcome.result.unwrap_err().code(), "provider_error");
+    assert_eq!(server.received().len(), 1);
+}

@@ -430,8 +430,10 @@ pub(crate) fn subscribe(args: &[String]) -> anyhow::Result<()> {
     tokio()?.block_on(async {
         let client = Client::new(url)?;
         let mut streams = Vec::with_capacity(count);
-        for _ in 0..count {
-            streams.push(client.stream(run, cursor).await?);
+        for i in 0..count {
+            streams.push(client.stream(run, cursor).await.with_context(|| {
+                format!("opening stream {i} of {count} (each is an open file: `ulimit -n` must allow {count} and more)")
+            })?);
         }
         say("ready")?;
         if responses == 0 {

@@ -375,6 +375,11 @@ struct Conversation {
     /// Messages typed while a turn ran, sent in order after it: a
     /// line-oriented chat takes turns, it does not steer.
     typed: VecDeque<String>,
+    /// Whether the turn last sent has started (its `run_turn` was seen).
+    turn_started: bool,
+    /// A `/cancel` typed before that: sent once the turn starts, since a
+    /// cancel that reached the run first would find nothing to cancel.
+    cancel_wanted: bool,
 }
 
 impl Conversation {
@@ -397,6 +402,8 @@ impl Conversation {
             mid_line: false,
             input_open: true,
             typed: VecDeque::new(),
+            turn_started: false,
+            cancel_wanted: false,
         };
         if let Some(cursor) = cursor {
             loop {
@@ -415,6 +422,7 @@ impl Conversation {
 
     fn send(&mut self, text: String) {
         self.streamed = false;
+        self.turn_started = false;
         self.calls
             .spawn(self.backend.clone().send(self.run.clone(), text));
     }
@@ -461,8 +469,11 @@ impl Conversation {
     fn input(&mut self, line: String) {
         let text = line.trim();
         if text == "/cancel" {
-            self.calls
-                .spawn(self.backend.clone().cancel(self.run.clone()));
+            if self.turn_started {
+                self.cancel();
+            } else {
+                self.cancel_wanted = true;
+            }
             return;
         }
         if text.starts_with('/') {
@@ -490,8 +501,20 @@ impl Conversation {
         }
     }
 
-    /// Keeps the waiting suspension current.
+    fn cancel(&mut self) {
+        self.calls
+            .spawn(self.backend.clone().cancel(self.run.clone()));
+    }
+
+    /// Keeps the waiting suspension current, and sends a `/cancel` typed
+    /// before its turn started once it has.
     fn track(&mut self, event: &StreamEvent) {
+        if event.kind == StreamEventType::RunTurn {
+            self.turn_started = true;
+            if std::mem::take(&mut self.cancel_wanted) {
+                self.cancel();
+            }
+        }
         match &event.kind {
             StreamEventType::RunSuspend => {
                 let data = event.data.as_ref();

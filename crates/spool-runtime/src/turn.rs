@@ -261,9 +261,13 @@ impl Inner {
     }
 
     async fn run_turn(self: &Arc<Self>, run: &RunId) -> Result<(), RuntimeError> {
+        // The token first, then the log: a cancel between the two is seen
+        // either as its recorded request or on this token. Taken after the
+        // read, a token cancelled meanwhile would pass for the last turn's
+        // and be replaced, and the cancel lost.
+        let token = self.token(run);
         let (log, state) = self.load(run).await?;
         let turn = state.turn.clone().expect("a running run has a turn");
-        let token = self.token(run);
         if state.cancel_requested.is_some() || token.is_cancelled() {
             return self.cancelled(run, &turn).await;
         }

@@ -55,7 +55,17 @@ fn spool(dir: &Path, args: &[&str], input: &str) -> Finished {
         }
         Err(_) => {
             let _ = Command::new("kill").args(["-9", &pid]).status();
-            panic!("`spool {}` did not exit within 30 s", args.join(" "));
+            // What it said before it was killed is what explains the hang.
+            let said = exited
+                .recv_timeout(Duration::from_secs(5))
+                .ok()
+                .and_then(Result::ok)
+                .map(|o| String::from_utf8_lossy(&o.stderr).into_owned())
+                .unwrap_or_default();
+            panic!(
+                "`spool {}` did not exit within 30 s; its stderr:\n{said}",
+                args.join(" ")
+            );
         }
     }
 }

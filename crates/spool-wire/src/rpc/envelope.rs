@@ -213,7 +213,7 @@ impl Envelope {
             return Err(invalid(reply_id, "`jsonrpc` must be \"2.0\""));
         }
         if let Some(method) = object.remove("method") {
-            return method_call(&mut object, &method, id, reply_id);
+            return method_call(&mut object, method, id, reply_id);
         }
         let Some(id) = id else {
             return Err(invalid(
@@ -244,11 +244,12 @@ impl Envelope {
 
 fn method_call(
     object: &mut Map<String, Value>,
-    method: &Value,
+    method: Value,
     id: Option<Option<Id>>,
     reply_id: Id,
 ) -> Result<Envelope, Response> {
-    let Some(method) = method.as_str() else {
+    // Moved out of the parsed map, not copied.
+    let Value::String(method) = method else {
         return Err(invalid(reply_id, "`method` must be a string"));
     };
     if object.contains_key("result") || object.contains_key("error") {
@@ -262,7 +263,6 @@ fn method_call(
         Some(params @ (Value::Object(_) | Value::Array(_))) => Some(params),
         Some(_) => return Err(invalid(reply_id, "`params` must be an object or an array")),
     };
-    let method = method.to_owned();
     match id {
         None => Ok(Envelope::Notification(Notification { method, params })),
         Some(Some(id)) => Ok(Envelope::Request(Request { id, method, params })),

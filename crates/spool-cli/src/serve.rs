@@ -148,7 +148,13 @@ pub(crate) fn load_agent(path: Option<&Path>, model: Option<&str>) -> anyhow::Re
         }
     }
     if let Some(note) = &loaded.note {
-        say(&format!("spool: {note}"));
+        match model {
+            // The note names the echo engine; `--model` replaced it.
+            Some(model) => say(&format!(
+                "spool: no spool.toml here: using the built-in tools with the engine `{model}`"
+            )),
+            None => say(&format!("spool: {note}")),
+        }
     }
     let engine = spool_engines::build(&loaded.definition, &loaded.base)
         .with_context(|| format!("engine `{}`", loaded.definition.agent.engine))?;

@@ -151,7 +151,8 @@ pub(crate) fn load_agent(path: Option<&Path>, model: Option<&str>) -> anyhow::Re
         match model {
             // The note names the echo engine; `--model` replaced it.
             Some(model) => say(&format!(
-                "spool: no spool.toml here: using the built-in tools with the engine `{model}`"
+                "spool: no {} here: using the built-in tools with the engine `{model}`",
+                spool_runtime::agent::DEFAULT_FILE
             )),
             None => say(&format!("spool: {note}")),
         }

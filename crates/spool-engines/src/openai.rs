@@ -60,8 +60,14 @@ impl Dialect for OpenAi {
                 .collect();
         }
         if let Some(max) = settings.max_tokens {
-            // `max_tokens` is the field every compatible server reads.
-            body["max_tokens"] = max.into();
+            // OpenAI's own API replaced `max_tokens` (which its reasoning
+            // models refuse); every compatible server reads `max_tokens`.
+            let field = if is_openai(&settings.base_url) {
+                "max_completion_tokens"
+            } else {
+                "max_tokens"
+            };
+            body[field] = max.into();
         }
         body
     }
@@ -100,6 +106,11 @@ impl Dialect for OpenAi {
     fn is_quota(kind: &str) -> bool {
         kind == "insufficient_quota"
     }
+}
+
+/// Whether `base_url` is OpenAI's own API.
+fn is_openai(base_url: &str) -> bool {
+    http::Uri::try_from(base_url).is_ok_and(|uri| uri.host() == Some("api.openai.com"))
 }
 
 fn message(message: &Message) -> Value {
@@ -343,5 +354,30 @@ impl Stream {
                 fragment,
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_answer_cap_is_sent_under_the_name_the_endpoint_reads() {
+        let request = ModelRequest {
+            messages: vec![Message::User {
+                content: "hi".into(),
+            }],
+            tools: vec![],
+        };
+        let dialect = OpenAi { model: "m".into() };
+        let mut settings = Settings::new("https://api.openai.com/v1");
+        settings.max_tokens = Some(64);
+        let body = dialect.body(&request, &settings);
+        assert_eq!(body["max_completion_tokens"], 64);
+        assert!(body.get("max_tokens").is_none());
+        settings.base_url = "http://127.0.0.1:8080/v1".into();
+        let body = dialect.body(&request, &settings);
+        assert_eq!(body["max_tokens"], 64);
+        assert!(body.get("max_completion_tokens").is_none());
     }
 }

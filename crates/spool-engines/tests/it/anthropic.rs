@@ -6,7 +6,7 @@ use spool_journal::event::Usage;
 use spool_runtime::engine::{Delta, Message, ModelRequest, ToolCall, ToolSpec};
 use std::time::Duration;
 
-use crate::replay::{Replay, Reply, call, text_of};
+use crate::replay::{Replay, Reply, call, hello, text_of};
 
 const KEY: &str = "sk-ant-test-77aa";
 
@@ -19,20 +19,6 @@ fn engine(url: &str) -> AnthropicEngine {
         cap: Duration::from_millis(5),
     };
     AnthropicEngine::new("smollm2", settings).unwrap()
-}
-
-fn hello() -> ModelRequest {
-    ModelRequest {
-        messages: vec![
-            Message::System {
-                content: "You are terse.".into(),
-            },
-            Message::User {
-                content: "Say hello.".into(),
-            },
-        ],
-        tools: vec![],
-    }
 }
 
 #[tokio::test]

@@ -7,7 +7,9 @@ use spool_runtime::engine::{Delta, EngineError, Message, ModelRequest, ToolCall,
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-use crate::replay::{Replay, Reply, all_logs, call, call_with, capture_logs, log_lines, text_of};
+use crate::replay::{
+    Replay, Reply, all_logs, call, call_with, capture_logs, hello, log_lines, text_of,
+};
 
 const KEY: &str = "sk-test-3f9a8c7e1d2b";
 
@@ -24,20 +26,6 @@ fn settings(url: &str) -> Settings {
 
 fn engine(url: &str) -> OpenAiEngine {
     OpenAiEngine::new("smollm2", settings(url)).unwrap()
-}
-
-fn hello() -> ModelRequest {
-    ModelRequest {
-        messages: vec![
-            Message::System {
-                content: "You are terse.".into(),
-            },
-            Message::User {
-                content: "Say hello.".into(),
-            },
-        ],
-        tools: vec![],
-    }
 }
 
 #[tokio::test]

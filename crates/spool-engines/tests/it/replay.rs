@@ -7,7 +7,9 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use spool_runtime::engine::{CallContext, Delta, Engine, EngineError, ModelRequest, ModelResponse};
+use spool_runtime::engine::{
+    CallContext, Delta, Engine, EngineError, Message, ModelRequest, ModelResponse,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -222,6 +224,21 @@ async fn answer(mut socket: tokio::net::TcpStream, reply: Reply) {
         let _ = socket.write_all(b"0\r\n\r\n").await;
     }
     let _ = socket.shutdown().await;
+}
+
+/// The request most tests send: a system prompt and a greeting.
+pub(crate) fn hello() -> ModelRequest {
+    ModelRequest {
+        messages: vec![
+            Message::System {
+                content: "You are terse.".into(),
+            },
+            Message::User {
+                content: "Say hello.".into(),
+            },
+        ],
+        tools: vec![],
+    }
 }
 
 /// One call's outcome: the deltas in order and the result.

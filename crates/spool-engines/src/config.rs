@@ -3,6 +3,7 @@
 //! official SDKs read.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use spool_runtime::agent::ProviderSection;
@@ -105,6 +106,8 @@ pub struct Settings {
     pub idle_timeout: Duration,
     /// When and how often a refused call is tried again.
     pub retry: RetryPolicy,
+    /// Certificates (PEM) trusted beside the webpki roots, for `https`.
+    pub ca_file: Option<PathBuf>,
 }
 
 impl Settings {
@@ -118,12 +121,14 @@ impl Settings {
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             retry: RetryPolicy::default(),
+            ca_file: None,
         }
     }
 
     /// Resolves `[provider]` for `vendor`: the base URL from the definition,
     /// else the vendor's variable, else the vendor's API; the key from the
-    /// variable the definition names, else the vendor's.
+    /// variable the definition names, else the vendor's; extra trusted
+    /// certificates from `SSL_CERT_FILE`.
     ///
     /// # Errors
     ///
@@ -165,6 +170,7 @@ impl Settings {
                 .idle_timeout_seconds
                 .map_or(DEFAULT_IDLE_TIMEOUT, Duration::from_secs_f64),
             retry,
+            ca_file: set(crate::transport::EXTRA_ROOTS_VARIABLE).map(PathBuf::from),
         })
     }
 }

@@ -161,15 +161,15 @@ pub(crate) struct HttpEngine<D> {
 
 impl<D: Dialect> HttpEngine<D> {
     pub(crate) fn new(dialect: D, settings: Settings) -> Result<Self, SpecError> {
-        let endpoint =
-            Endpoint::parse(&settings.base_url, D::PATH).map_err(|reason| SpecError::BadUrl {
-                url: settings.base_url.clone(),
-                reason,
+        // A bad URL or certificate file is refused now, not on the first turn.
+        let endpoint = Endpoint::parse(&settings.base_url, D::PATH, settings.ca_file.as_deref())
+            .map_err(|reason| match reason.strip_prefix("TLS: ") {
+                Some(tls) => SpecError::Tls(tls.to_owned()),
+                None => SpecError::BadUrl {
+                    url: settings.base_url.clone(),
+                    reason,
+                },
             })?;
-        // A bad `SSL_CERT_FILE` is refused now, not on the first turn.
-        if endpoint.is_tls() {
-            crate::transport::tls_config().map_err(SpecError::Tls)?;
-        }
         Ok(Self {
             dialect,
             endpoint,
@@ -276,11 +276,12 @@ impl<D: Dialect> HttpEngine<D> {
             )
             .body(Full::new(body))
             .map_err(|e| Failure::fatal(EngineError::Provider(format!("bad request: {e}"))))?;
-        let response = self
-            .endpoint
-            .send(request)
-            .await
-            .map_err(|e| Failure::retry(EngineError::Provider(e.to_string())))?;
+        let response = self.endpoint.send(request).await.map_err(|e| {
+            let retryable = e.retryable();
+            let mut failure = Failure::retry(EngineError::Provider(e.to_string()));
+            failure.retryable = retryable;
+            failure
+        })?;
         let status = response.status();
         if !status.is_success() {
             let after = retry_after(response.headers(), SystemTime::now());

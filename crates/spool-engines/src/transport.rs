@@ -3,7 +3,8 @@
 //! call: a model call lasts seconds, so a pool would save little and would
 //! add stale-connection failures to classify.
 
-use std::sync::{Arc, OnceLock};
+use std::path::Path;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{Request, Response, Uri};
@@ -18,10 +19,11 @@ pub(crate) struct Endpoint {
     uri: Uri,
     host: String,
     port: u16,
-    tls: bool,
+    /// The TLS client configuration, for `https`.
+    tls: Option<Arc<rustls::ClientConfig>>,
 }
 
-/// Why a request did not get a response; all of them may be retried.
+/// Why a request did not get a response.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum SendError {
     #[error("could not connect to {0}: {1}")]
@@ -32,9 +34,29 @@ pub(crate) enum SendError {
     Http(String, hyper::Error),
 }
 
+impl SendError {
+    /// Whether another attempt may go better: a refused or reset
+    /// connection may, a certificate that does not verify will not.
+    pub(crate) fn retryable(&self) -> bool {
+        match self {
+            Self::Connect(..) | Self::Http(..) => true,
+            Self::Tls(_, error) => !matches!(
+                error.kind(),
+                std::io::ErrorKind::InvalidData | std::io::ErrorKind::InvalidInput
+            ),
+        }
+    }
+}
+
 impl Endpoint {
-    /// `base` (an `http://` or `https://` URL) joined with `path`.
-    pub(crate) fn parse(base: &str, path: &str) -> Result<Self, String> {
+    /// `base` (an `http://` or `https://` URL) joined with `path`; for
+    /// `https`, TLS trusting the webpki roots and the certificates in
+    /// `ca_file`.
+    ///
+    /// # Errors
+    ///
+    /// What is wrong with the URL, or with `ca_file` (prefixed `TLS: `).
+    pub(crate) fn parse(base: &str, path: &str, ca_file: Option<&Path>) -> Result<Self, String> {
         let joined = format!(
             "{}/{}",
             base.trim_end_matches('/'),
@@ -46,23 +68,26 @@ impl Endpoint {
             Some("http") => false,
             _ => return Err("the scheme must be http or https".into()),
         };
+        let tls = if tls {
+            Some(tls_config(ca_file).map_err(|e| format!("TLS: {e}"))?)
+        } else {
+            None
+        };
         let host = uri.host().ok_or("the URL names no host")?;
         // `[::1]` connects as `::1`.
         let host = host
             .trim_start_matches('[')
             .trim_end_matches(']')
             .to_owned();
-        let port = uri.port_u16().unwrap_or(if tls { 443 } else { 80 });
+        let port = uri
+            .port_u16()
+            .unwrap_or(if tls.is_some() { 443 } else { 80 });
         Ok(Self {
             uri,
             host,
             port,
             tls,
         })
-    }
-
-    pub(crate) fn is_tls(&self) -> bool {
-        self.tls
     }
 
     pub(crate) fn uri(&self) -> &Uri {
@@ -90,20 +115,14 @@ impl Endpoint {
             .map_err(|e| SendError::Connect(self.authority().to_owned(), e))?;
         // Model answers stream in small pieces; Nagle would hold the request.
         let _ = tcp.set_nodelay(true);
-        if self.tls {
+        if let Some(config) = &self.tls {
             let name = rustls::pki_types::ServerName::try_from(self.host.clone()).map_err(|e| {
                 SendError::Tls(
                     self.authority().to_owned(),
                     std::io::Error::new(std::io::ErrorKind::InvalidInput, e),
                 )
             })?;
-            let config = tls_config().map_err(|e| {
-                SendError::Tls(
-                    self.authority().to_owned(),
-                    std::io::Error::new(std::io::ErrorKind::InvalidInput, e),
-                )
-            })?;
-            let stream = tokio_rustls::TlsConnector::from(config)
+            let stream = tokio_rustls::TlsConnector::from(Arc::clone(config))
                 .connect(name, tcp)
                 .await
                 .map_err(|e| SendError::Tls(self.authority().to_owned(), e))?;
@@ -140,44 +159,36 @@ impl Endpoint {
 /// Python's HTTP clients read.
 pub(crate) const EXTRA_ROOTS_VARIABLE: &str = "SSL_CERT_FILE";
 
-/// One TLS client configuration for the process: ring for crypto, the
-/// webpki roots (plus any `SSL_CERT_FILE` certificates) for trust, HTTP/1.1
-/// by ALPN.
-pub(crate) fn tls_config() -> Result<Arc<rustls::ClientConfig>, String> {
-    static CONFIG: OnceLock<Result<Arc<rustls::ClientConfig>, String>> = OnceLock::new();
-    CONFIG
-        .get_or_init(|| {
-            let mut roots =
-                rustls::RootCertStore::from_iter(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-            if let Some(path) = std::env::var_os(EXTRA_ROOTS_VARIABLE) {
-                add_roots(&mut roots, std::path::Path::new(&path))?;
-            }
-            let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
-                rustls::crypto::ring::default_provider(),
-            ))
-            .with_safe_default_protocol_versions()
-            .map_err(|e| e.to_string())?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-            config.alpn_protocols = vec![b"http/1.1".to_vec()];
-            Ok(Arc::new(config))
-        })
-        .clone()
+/// A TLS client configuration: ring for crypto, the webpki roots (plus the
+/// certificates in `ca_file`) for trust, HTTP/1.1 by ALPN.
+pub(crate) fn tls_config(ca_file: Option<&Path>) -> Result<Arc<rustls::ClientConfig>, String> {
+    let mut roots =
+        rustls::RootCertStore::from_iter(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    if let Some(path) = ca_file {
+        add_roots(&mut roots, path)?;
+    }
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| e.to_string())?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
 }
 
-fn add_roots(roots: &mut rustls::RootCertStore, path: &std::path::Path) -> Result<(), String> {
+fn add_roots(roots: &mut rustls::RootCertStore, path: &Path) -> Result<(), String> {
     use rustls::pki_types::CertificateDer;
     use rustls::pki_types::pem::PemObject;
     let shown = path.display();
     let certificates = CertificateDer::pem_file_iter(path)
-        .map_err(|e| format!("{EXTRA_ROOTS_VARIABLE}={shown}: {e}"))?
+        .map_err(|e| format!("{shown}: {e}"))?
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("{EXTRA_ROOTS_VARIABLE}={shown}: {e}"))?;
+        .map_err(|e| format!("{shown}: {e}"))?;
     let (added, _) = roots.add_parsable_certificates(certificates);
     if added == 0 {
-        return Err(format!(
-            "{EXTRA_ROOTS_VARIABLE}={shown} holds no usable certificate"
-        ));
+        return Err(format!("{shown} holds no usable certificate"));
     }
     Ok(())
 }
@@ -188,25 +199,30 @@ mod tests {
 
     #[test]
     fn endpoints_join_paths_and_default_ports() {
-        let e = Endpoint::parse("https://api.openai.com/v1/", "/chat/completions").unwrap();
+        let e = Endpoint::parse("https://api.openai.com/v1/", "/chat/completions", None).unwrap();
         assert_eq!(
             e.uri().to_string(),
             "https://api.openai.com/v1/chat/completions"
         );
         assert_eq!(
-            (e.host.as_str(), e.port, e.tls),
+            (e.host.as_str(), e.port, e.tls.is_some()),
             ("api.openai.com", 443, true)
         );
-        let e = Endpoint::parse("http://[::1]:8080", "v1/messages").unwrap();
-        assert_eq!((e.host.as_str(), e.port, e.tls), ("::1", 8080, false));
+        let e = Endpoint::parse("http://[::1]:8080", "v1/messages", None).unwrap();
+        assert_eq!(
+            (e.host.as_str(), e.port, e.tls.is_some()),
+            ("::1", 8080, false)
+        );
         assert_eq!(e.authority(), "[::1]:8080");
-        assert!(Endpoint::parse("ftp://example.com", "x").is_err());
-        assert!(Endpoint::parse("localhost:8080", "x").is_err());
+        assert!(Endpoint::parse("ftp://example.com", "x", None).is_err());
+        assert!(Endpoint::parse("localhost:8080", "x", None).is_err());
+        let missing = Endpoint::parse("https://h", "x", Some(Path::new("/nonexistent.pem")));
+        assert!(missing.unwrap_err().starts_with("TLS: "));
     }
 
     #[test]
     fn the_tls_configuration_builds_with_the_webpki_roots() {
-        let config = tls_config().unwrap();
+        let config = tls_config(None).unwrap();
         assert_eq!(config.alpn_protocols, vec![b"http/1.1".to_vec()]);
     }
 

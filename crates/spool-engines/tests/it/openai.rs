@@ -442,3 +442,65 @@ async fn a_server_that_answers_without_streaming_is_a_provider_error_at_once() {
     assert!(error.to_string().contains("application/json"), "{error}");
     assert_eq!(server.received().len(), 1);
 }
+
+/// A server configuration with `tests/tls/`'s certificate for `localhost`
+/// (self-signed, valid to 2126), and that certificate's PEM file, which a
+/// client may be told to trust.
+fn localhost_tls() -> (std::sync::Arc<rustls::ServerConfig>, std::path::PathBuf) {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tls");
+    let pem = dir.join("localhost.pem");
+    let certificate = CertificateDer::from_pem_file(&pem).unwrap();
+    let key = PrivateKeyDer::from_pem_file(dir.join("localhost.key")).unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(vec![certificate], key)
+    .unwrap();
+    (std::sync::Arc::new(config), pem)
+}
+
+#[tokio::test]
+async fn https_streams_from_a_server_whose_certificate_the_ca_file_vouches_for() {
+    let (tls, pem) = localhost_tls();
+    let server = Replay::start_tls(vec![Reply::transcript("openai/text.sse")], tls).await;
+    let mut settings = settings(&server.url);
+    settings.ca_file = Some(pem);
+    let engine = OpenAiEngine::new("smollm2", settings).unwrap();
+    let outcome = call(&engine, "oa-tls", &hello()).await;
+    assert_eq!(
+        outcome.result.unwrap().text,
+        "It's a pleasure to make your acquaintance. I'm El"
+    );
+    assert_eq!(
+        server.received()[0].request_line(),
+        "POST /v1/chat/completions HTTP/1.1"
+    );
+}
+
+#[tokio::test]
+async fn a_certificate_nobody_vouches_for_fails_at_once_without_retries() {
+    let (tls, _) = localhost_tls();
+    let server = Replay::start_tls(vec![Reply::transcript("openai/text.sse"); 3], tls).await;
+    capture_logs();
+    let engine = engine(&server.url);
+    let error = call(&engine, "oa-untrusted", &hello())
+        .await
+        .result
+        .unwrap_err();
+    assert_eq!(error.code(), "provider_error");
+    assert!(error.to_string().contains("certificate"), "{error}");
+    let attempts = log_lines("run=oa-untrusted");
+    assert_eq!(
+        attempts
+            .iter()
+            .filter(|l| l.contains("calling the model"))
+            .count(),
+        1,
+        "{attempts:?}"
+    );
+}

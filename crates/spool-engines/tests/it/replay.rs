@@ -117,17 +117,39 @@ pub(crate) struct Replay {
 impl Replay {
     /// Starts a server answering connections with `replies`, in order.
     pub(crate) async fn start(replies: Vec<Reply>) -> Self {
+        Self::serve(replies, None).await
+    }
+
+    /// The same over TLS with `tls`'s certificate; its URL names
+    /// `localhost`, the name the certificate is for.
+    pub(crate) async fn start_tls(replies: Vec<Reply>, tls: Arc<rustls::ServerConfig>) -> Self {
+        Self::serve(replies, Some(tokio_rustls::TlsAcceptor::from(tls))).await
+    }
+
+    async fn serve(replies: Vec<Reply>, tls: Option<tokio_rustls::TlsAcceptor>) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
+        let port = listener.local_addr().unwrap().port();
+        let url = match tls {
+            Some(_) => format!("https://localhost:{port}"),
+            None => format!("http://127.0.0.1:{port}"),
+        };
         let received = Arc::new(Mutex::new(Vec::new()));
         let log = received.clone();
         let (counter, count) = tokio::sync::watch::channel(0);
         let mut replies = VecDeque::from(replies);
         tokio::spawn(async move {
-            while let Ok((mut socket, _)) = listener.accept().await {
+            while let Ok((socket, _)) = listener.accept().await {
                 let reply = replies
                     .pop_front()
                     .expect("the test scripted too few replies");
+                let mut socket: Box<dyn Socket> = match &tls {
+                    Some(acceptor) => match acceptor.accept(socket).await {
+                        Ok(stream) => Box::new(stream),
+                        // A client that refused the certificate.
+                        Err(_) => continue,
+                    },
+                    None => Box::new(socket),
+                };
                 let Some(request) = read_request(&mut socket).await else {
                     continue;
                 };
@@ -158,7 +180,12 @@ impl Replay {
     }
 }
 
-async fn read_request(socket: &mut tokio::net::TcpStream) -> Option<Received> {
+/// A plain or TLS connection.
+trait Socket: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
+
+impl<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> Socket for S {}
+
+async fn read_request(socket: &mut Box<dyn Socket>) -> Option<Received> {
     let mut bytes = Vec::new();
     let mut chunk = [0u8; 4096];
     let end = loop {
@@ -194,7 +221,7 @@ async fn read_request(socket: &mut tokio::net::TcpStream) -> Option<Received> {
     })
 }
 
-async fn answer(mut socket: tokio::net::TcpStream, reply: Reply) {
+async fn answer(mut socket: Box<dyn Socket>, reply: Reply) {
     let mut head = format!("HTTP/1.1 {} Scripted\r\n", reply.status);
     for (name, value) in &reply.headers {
         head.push_str(&format!("{name}: {value}\r\n"));

@@ -14,9 +14,11 @@ use spool_runtime::engine::{
     CallContext, Delta, Deltas, Engine, EngineError, ModelRequest, ModelResponse,
 };
 use spool_runtime::tools::command::{MAX_OUTPUT_BYTES, STDERR_TAIL_BYTES, read_tail, tail};
-use spool_wire::line::LineCodec;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
+
+/// How long stderr may stay open after the child exits.
+const STDERR_GRACE: Duration = Duration::from_secs(1);
 
 /// An engine that runs a program for each model call.
 #[derive(Debug)]
@@ -78,43 +80,73 @@ impl CommandEngine {
             let _ = stdin.write_all(&input).await;
         };
         let read = async {
-            let mut lines = LineCodec::new(MAX_OUTPUT_BYTES);
+            // Lines are kept as printed (indentation, blank lines), each
+            // streamed as soon as its newline arrives.
             let mut text = String::new();
+            let mut first = true;
+            let mut partial = Vec::new();
+            let mut total = 0;
             let mut chunk = [0u8; 8192];
-            let add = |line: spool_wire::line::Line, text: &mut String| {
-                let line = line.text.map_err(|e| e.to_string())?;
-                if text.len() + line.len() + 1 > MAX_OUTPUT_BYTES {
-                    return Err(format!("printed more than {MAX_OUTPUT_BYTES} bytes"));
+            let mut emit = |mut line: Vec<u8>, text: &mut String| {
+                if line.last() == Some(&b'\r') {
+                    line.pop();
                 }
-                let piece = if text.is_empty() {
+                let line = String::from_utf8(line)
+                    .map_err(|_| "printed output that is not UTF-8".to_owned())?;
+                let piece = if std::mem::take(&mut first) {
                     line
                 } else {
                     format!("\n{line}")
                 };
                 text.push_str(&piece);
                 deltas(Delta::Text(piece));
-                Ok(())
+                Ok::<_, String>(())
             };
             loop {
                 let n = stdout.read(&mut chunk).await.map_err(|e| e.to_string())?;
+                total += n;
+                if total > MAX_OUTPUT_BYTES {
+                    return Err(format!("printed more than {MAX_OUTPUT_BYTES} bytes"));
+                }
+                partial.extend_from_slice(&chunk[..n]);
+                while let Some(at) = partial.iter().position(|&b| b == b'\n') {
+                    let mut line: Vec<u8> = partial.drain(..=at).collect();
+                    line.pop();
+                    emit(line, &mut text)?;
+                }
                 if n == 0 {
-                    break;
-                }
-                for line in lines.push(&chunk[..n]) {
-                    add(line, &mut text)?;
+                    if !partial.is_empty() {
+                        emit(std::mem::take(&mut partial), &mut text)?;
+                    }
+                    return Ok(text);
                 }
             }
-            if let Some(line) = lines.finish() {
-                add(line, &mut text)?;
-            }
-            Ok::<_, String>(text)
         };
-        let (_, text, err) = tokio::join!(feed, read, read_tail(&mut stderr, STDERR_TAIL_BYTES));
+        // Stderr is drained beside stdout (a child blocked on a full pipe
+        // would hang), in a task of its own so a refused stdout can end the
+        // child without waiting for its stderr to close.
+        let errors = tokio::spawn(async move { read_tail(&mut stderr, STDERR_TAIL_BYTES).await });
+        let (_, text) = tokio::join!(feed, read);
+        // Closed, so whatever still writes to it stops.
+        drop(stdout);
+        if text.is_err() {
+            // Its output was refused: it need not finish printing more.
+            let _ = child.start_kill();
+        }
         let status = child
             .wait()
             .await
             .map_err(|e| EngineError::Cli(format!("`{shown}`: {e}")))?;
-        let stderr_tail = tail(&err.unwrap_or_default());
+        // A process the child left behind may hold stderr open: its tail is
+        // what arrived by the child's exit and a moment after.
+        let mut errors = errors;
+        let stderr_tail = match tokio::time::timeout(STDERR_GRACE, &mut errors).await {
+            Ok(Ok(Ok(bytes))) => tail(&bytes),
+            _ => {
+                errors.abort();
+                String::new()
+            }
+        };
         let failure = match (&text, status.success()) {
             (Ok(_), true) => None,
             (Err(reason), _) => Some(format!("`{shown}` {reason}")),

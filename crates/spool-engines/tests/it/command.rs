@@ -105,3 +105,38 @@ async fn a_missing_program_is_engine_cli() {
         "{error}"
     );
 }
+
+#[tokio::test]
+async fn indentation_and_blank_lines_are_kept_as_printed() {
+    let script = r#"printf 'fn main() {\n    run();\n}\n\nDone.'"#;
+    let outcome = call(
+        &engine(script, Duration::from_secs(20)),
+        "cmd-layout",
+        &hello(),
+    )
+    .await;
+    let response = outcome.result.unwrap();
+    assert_eq!(response.text, "fn main() {\n    run();\n}\n\nDone.");
+    let streamed: String = outcome
+        .deltas
+        .iter()
+        .map(|d| match d {
+            Delta::Text(t) => t.as_str(),
+            other => panic!("text only: {other:?}"),
+        })
+        .collect();
+    assert_eq!(streamed, response.text);
+}
+
+#[tokio::test]
+async fn more_output_than_the_cap_is_engine_cli() {
+    let outcome = call(
+        &engine("yes spool", Duration::from_secs(20)),
+        "cmd-flood",
+        &hello(),
+    )
+    .await;
+    let error = outcome.result.unwrap_err();
+    assert_eq!(error.code(), "engine_cli");
+    assert!(error.to_string().contains("more than"), "{error}");
+}

@@ -108,6 +108,8 @@ pub struct Settings {
     pub retry: RetryPolicy,
     /// Certificates (PEM) trusted beside the webpki roots, for `https`.
     pub ca_file: Option<PathBuf>,
+    /// The `http://` proxy calls go through, if any.
+    pub proxy: Option<String>,
 }
 
 impl Settings {
@@ -122,13 +124,15 @@ impl Settings {
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             retry: RetryPolicy::default(),
             ca_file: None,
+            proxy: None,
         }
     }
 
     /// Resolves `[provider]` for `vendor`: the base URL from the definition,
     /// else the vendor's variable, else the vendor's API; the key from the
     /// variable the definition names, else the vendor's; extra trusted
-    /// certificates from `SSL_CERT_FILE`.
+    /// certificates from `SSL_CERT_FILE`; the proxy from `HTTPS_PROXY` or
+    /// `HTTP_PROXY` unless `NO_PROXY` names the host.
     ///
     /// # Errors
     ///
@@ -162,7 +166,6 @@ impl Settings {
             retry.max_retries = max;
         }
         Ok(Self {
-            base_url,
             api_key,
             max_tokens: provider.max_tokens,
             request_timeout: request_timeout(provider),
@@ -171,6 +174,8 @@ impl Settings {
                 .map_or(DEFAULT_IDLE_TIMEOUT, Duration::from_secs_f64),
             retry,
             ca_file: set(crate::transport::EXTRA_ROOTS_VARIABLE).map(PathBuf::from),
+            proxy: crate::proxy::from_env(&base_url, env),
+            base_url,
         })
     }
 }

@@ -30,6 +30,7 @@ mod anthropic;
 mod command;
 mod config;
 mod openai;
+mod proxy;
 mod retry;
 mod sse;
 mod stream;

@@ -162,14 +162,19 @@ pub(crate) struct HttpEngine<D> {
 impl<D: Dialect> HttpEngine<D> {
     pub(crate) fn new(dialect: D, settings: Settings) -> Result<Self, SpecError> {
         // A bad URL or certificate file is refused now, not on the first turn.
-        let endpoint = Endpoint::parse(&settings.base_url, D::PATH, settings.ca_file.as_deref())
-            .map_err(|reason| match reason.strip_prefix("TLS: ") {
-                Some(tls) => SpecError::Tls(tls.to_owned()),
-                None => SpecError::BadUrl {
-                    url: settings.base_url.clone(),
-                    reason,
-                },
-            })?;
+        let endpoint = Endpoint::parse(
+            &settings.base_url,
+            D::PATH,
+            settings.ca_file.as_deref(),
+            settings.proxy.as_deref(),
+        )
+        .map_err(|reason| match reason.strip_prefix("TLS: ") {
+            Some(tls) => SpecError::Tls(tls.to_owned()),
+            None => SpecError::BadUrl {
+                url: settings.base_url.clone(),
+                reason,
+            },
+        })?;
         Ok(Self {
             dialect,
             endpoint,
@@ -255,10 +260,14 @@ impl<D: Dialect> HttpEngine<D> {
         body: Bytes,
         deltas: Deltas<'_>,
     ) -> Result<ModelResponse, Failure> {
+        let mut builder = Request::post(self.endpoint.target());
+        if let Some(authorization) = self.endpoint.proxy_authorization() {
+            builder = builder.header(header::PROXY_AUTHORIZATION, authorization);
+        }
         let request = self
             .dialect
             .authorize(
-                Request::post(self.endpoint.target())
+                builder
                     .header(header::HOST, self.endpoint.authority())
                     .header(
                         header::CONTENT_TYPE,
@@ -278,7 +287,12 @@ impl<D: Dialect> HttpEngine<D> {
             .map_err(|e| Failure::fatal(EngineError::Provider(format!("bad request: {e}"))))?;
         let response = self.endpoint.send(request).await.map_err(|e| {
             let retryable = e.retryable();
-            let mut failure = Failure::retry(EngineError::Provider(e.to_string()));
+            let error = if e.proxy_status() == Some(407) {
+                EngineError::Auth(e.to_string())
+            } else {
+                EngineError::Provider(e.to_string())
+            };
+            let mut failure = Failure::retry(error);
             failure.retryable = retryable;
             failure
         })?;
@@ -391,7 +405,7 @@ impl<D: Dialect> HttpEngine<D> {
             Some(kind) => format!("HTTP {code} ({kind})"),
             None => format!("HTTP {code}"),
         };
-        if !matches!(code, 401 | 403)
+        if !matches!(code, 401 | 403 | 407)
             && let Some(message) = parsed
                 .as_ref()
                 .and_then(|v| v.pointer("/error/message"))
@@ -404,7 +418,8 @@ impl<D: Dialect> HttpEngine<D> {
             tracing::warn!(target: "spool::engine", provider = D::NAME, status = code, kind = ?kind, %message, "the provider refused the call");
         }
         match code {
-            401 | 403 => Failure::fatal(EngineError::Auth(what)),
+            // 407: the proxy in between wants credentials.
+            401 | 403 | 407 => Failure::fatal(EngineError::Auth(what)),
             402 => Failure::fatal(EngineError::Budget(what)),
             429 if kind.as_deref().is_some_and(D::is_quota) => {
                 Failure::fatal(EngineError::Budget(what))

@@ -21,6 +21,8 @@ pub(crate) struct Endpoint {
     port: u16,
     /// The TLS client configuration, for `https`.
     tls: Option<Arc<rustls::ClientConfig>>,
+    /// The proxy in between, if any.
+    proxy: Option<crate::proxy::Proxy>,
 }
 
 /// Why a request did not get a response.
@@ -32,14 +34,27 @@ pub(crate) enum SendError {
     Tls(String, std::io::Error),
     #[error("HTTP exchange with {0} failed: {1}")]
     Http(String, hyper::Error),
+    #[error("the proxy refused a tunnel to {0}: {1}")]
+    Proxy(String, crate::proxy::TunnelError),
 }
 
 impl SendError {
+    /// The status a proxy refused the tunnel with, if that is what failed.
+    pub(crate) fn proxy_status(&self) -> Option<u16> {
+        match self {
+            Self::Proxy(_, error) => error.status(),
+            _ => None,
+        }
+    }
+
     /// Whether another attempt may go better: a refused or reset
     /// connection may, a certificate that does not verify will not.
     pub(crate) fn retryable(&self) -> bool {
         match self {
             Self::Connect(..) | Self::Http(..) => true,
+            // A proxy that wants credentials, or forbids the host, will
+            // again; one that failed or timed out may not.
+            Self::Proxy(_, error) => !matches!(error.status(), Some(400..=499)),
             Self::Tls(_, error) => !matches!(
                 error.kind(),
                 std::io::ErrorKind::InvalidData | std::io::ErrorKind::InvalidInput
@@ -49,14 +64,21 @@ impl SendError {
 }
 
 impl Endpoint {
-    /// `base` (an `http://` or `https://` URL) joined with `path`; for
-    /// `https`, TLS trusting the webpki roots and the certificates in
-    /// `ca_file`.
+    /// `base` (an `http://` or `https://` URL) joined with `path`, reached
+    /// through `proxy` when one is given; for `https`, TLS trusting the
+    /// webpki roots and the certificates in `ca_file`.
     ///
     /// # Errors
     ///
-    /// What is wrong with the URL, or with `ca_file` (prefixed `TLS: `).
-    pub(crate) fn parse(base: &str, path: &str, ca_file: Option<&Path>) -> Result<Self, String> {
+    /// What is wrong with the URL or the proxy, or with `ca_file`
+    /// (prefixed `TLS: `).
+    pub(crate) fn parse(
+        base: &str,
+        path: &str,
+        ca_file: Option<&Path>,
+        proxy: Option<&str>,
+    ) -> Result<Self, String> {
+        let proxy = proxy.map(crate::proxy::Proxy::parse).transpose()?;
         let joined = format!(
             "{}/{}",
             base.trim_end_matches('/'),
@@ -87,6 +109,7 @@ impl Endpoint {
             host,
             port,
             tls,
+            proxy,
         })
     }
 
@@ -94,9 +117,25 @@ impl Endpoint {
         &self.uri
     }
 
-    /// The request target: an HTTP/1.1 client sends the path, not the URL.
-    pub(crate) fn target(&self) -> &str {
-        self.uri.path_and_query().map_or("/", |p| p.as_str())
+    /// The request target: the path, or the whole URL when a proxy
+    /// carries a plain `http` request.
+    pub(crate) fn target(&self) -> String {
+        match (&self.proxy, &self.tls) {
+            (Some(_), None) => self.uri.to_string(),
+            _ => self
+                .uri
+                .path_and_query()
+                .map_or("/", |p| p.as_str())
+                .to_owned(),
+        }
+    }
+
+    /// `Proxy-Authorization` for a plain `http` request through a proxy.
+    pub(crate) fn proxy_authorization(&self) -> Option<&str> {
+        match (&self.proxy, &self.tls) {
+            (Some(proxy), None) => proxy.authorization(),
+            _ => None,
+        }
     }
 
     /// The `Host` header's value.
@@ -110,12 +149,24 @@ impl Endpoint {
         &self,
         request: Request<Full<Bytes>>,
     ) -> Result<Response<Incoming>, SendError> {
-        let tcp = TcpStream::connect((self.host.as_str(), self.port))
-            .await
-            .map_err(|e| SendError::Connect(self.authority().to_owned(), e))?;
+        let mut tcp = match &self.proxy {
+            Some(proxy) => proxy.connect().await.map_err(|e| {
+                SendError::Connect(format!("the proxy {}:{}", proxy.host, proxy.port), e)
+            })?,
+            None => TcpStream::connect((self.host.as_str(), self.port))
+                .await
+                .map_err(|e| SendError::Connect(self.authority().to_owned(), e))?,
+        };
         // Model answers stream in small pieces; Nagle would hold the request.
         let _ = tcp.set_nodelay(true);
         if let Some(config) = &self.tls {
+            if let Some(proxy) = &self.proxy {
+                let authority = format!("{}:{}", self.uri.host().unwrap_or_default(), self.port);
+                proxy
+                    .tunnel(&mut tcp, &authority)
+                    .await
+                    .map_err(|e| SendError::Proxy(authority.clone(), e))?;
+            }
             let name = rustls::pki_types::ServerName::try_from(self.host.clone()).map_err(|e| {
                 SendError::Tls(
                     self.authority().to_owned(),
@@ -199,7 +250,13 @@ mod tests {
 
     #[test]
     fn endpoints_join_paths_and_default_ports() {
-        let e = Endpoint::parse("https://api.openai.com/v1/", "/chat/completions", None).unwrap();
+        let e = Endpoint::parse(
+            "https://api.openai.com/v1/",
+            "/chat/completions",
+            None,
+            None,
+        )
+        .unwrap();
         assert_eq!(
             e.uri().to_string(),
             "https://api.openai.com/v1/chat/completions"
@@ -208,15 +265,15 @@ mod tests {
             (e.host.as_str(), e.port, e.tls.is_some()),
             ("api.openai.com", 443, true)
         );
-        let e = Endpoint::parse("http://[::1]:8080", "v1/messages", None).unwrap();
+        let e = Endpoint::parse("http://[::1]:8080", "v1/messages", None, None).unwrap();
         assert_eq!(
             (e.host.as_str(), e.port, e.tls.is_some()),
             ("::1", 8080, false)
         );
         assert_eq!(e.authority(), "[::1]:8080");
-        assert!(Endpoint::parse("ftp://example.com", "x", None).is_err());
-        assert!(Endpoint::parse("localhost:8080", "x", None).is_err());
-        let missing = Endpoint::parse("https://h", "x", Some(Path::new("/nonexistent.pem")));
+        assert!(Endpoint::parse("ftp://example.com", "x", None, None).is_err());
+        assert!(Endpoint::parse("localhost:8080", "x", None, None).is_err());
+        let missing = Endpoint::parse("https://h", "x", Some(Path::new("/nonexistent.pem")), None);
         assert!(missing.unwrap_err().starts_with("TLS: "));
     }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::replay::{
-    Replay, Reply, all_logs, call, call_with, capture_logs, hello, log_lines, text_of,
+    Replay, Reply, TestProxy, all_logs, call, call_with, capture_logs, hello, log_lines, text_of,
 };
 
 const KEY: &str = "sk-test-3f9a8c7e1d2b";
@@ -502,5 +502,83 @@ async fn a_certificate_nobody_vouches_for_fails_at_once_without_retries() {
             .count(),
         1,
         "{attempts:?}"
+    );
+}
+
+#[tokio::test]
+async fn https_through_a_proxy_tunnels_with_connect_and_its_credentials() {
+    let (tls, pem) = localhost_tls();
+    let server = Replay::start_tls(vec![Reply::transcript("openai/text.sse")], tls).await;
+    let proxy = TestProxy::start("alice:s3cret@", None).await;
+    let mut settings = settings(&server.url);
+    settings.ca_file = Some(pem);
+    settings.proxy = Some(proxy.url.clone());
+    let engine = OpenAiEngine::new("smollm2", settings).unwrap();
+    let outcome = call(&engine, "oa-proxy-tls", &hello()).await;
+    assert_eq!(
+        outcome.result.unwrap().text,
+        "It's a pleasure to make your acquaintance. I'm El"
+    );
+    let heads = proxy.heads();
+    let port = server.url.rsplit(':').next().unwrap().to_owned();
+    assert!(
+        heads[0].starts_with(&format!("CONNECT localhost:{port} HTTP/1.1\r\n")),
+        "{heads:?}"
+    );
+    assert!(
+        heads[0].contains("Proxy-Authorization: Basic YWxpY2U6czNjcmV0\r\n"),
+        "{heads:?}"
+    );
+    // Inside the tunnel the request is the provider's, in origin form.
+    assert_eq!(
+        server.received()[0].request_line(),
+        "POST /v1/chat/completions HTTP/1.1"
+    );
+    assert_eq!(server.received()[0].header("proxy-authorization"), None);
+}
+
+#[tokio::test]
+async fn plain_http_through_a_proxy_sends_the_whole_url() {
+    let server = Replay::start(vec![Reply::transcript("openai/text.sse")]).await;
+    let proxy = TestProxy::start("", None).await;
+    let mut settings = settings(&server.url);
+    settings.proxy = Some(proxy.url.clone());
+    let engine = OpenAiEngine::new("smollm2", settings).unwrap();
+    assert!(
+        call(&engine, "oa-proxy-http", &hello())
+            .await
+            .result
+            .is_ok()
+    );
+    let heads = proxy.heads();
+    assert!(
+        heads[0].starts_with(&format!(
+            "POST {}/v1/chat/completions HTTP/1.1\r\n",
+            server.url
+        )),
+        "{heads:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_proxy_that_wants_credentials_is_an_auth_failure_at_once() {
+    let proxy = TestProxy::start(
+        "",
+        Some("HTTP/1.1 407 Proxy Authentication Required\r\nContent-Length: 0\r\n\r\n"),
+    )
+    .await;
+    let mut settings = settings("https://api.example.test");
+    settings.proxy = Some(proxy.url.clone());
+    let engine = OpenAiEngine::new("m", settings).unwrap();
+    let error = call(&engine, "oa-proxy-407", &hello())
+        .await
+        .result
+        .unwrap_err();
+    assert_eq!(error.code(), "auth", "{error}");
+    assert!(error.to_string().contains("407"), "{error}");
+    assert_eq!(
+        proxy.heads().len(),
+        1,
+        "a proxy that wants credentials is not asked again"
     );
 }

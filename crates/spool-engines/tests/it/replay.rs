@@ -360,3 +360,68 @@ impl std::io::Write for Writer {
         Ok(())
     }
 }
+
+/// An HTTP proxy: tunnels `CONNECT`, forwards absolute-form requests, or
+/// refuses every request with `refusal`; it keeps each request's head.
+pub(crate) struct TestProxy {
+    pub(crate) url: String,
+    heads: Arc<Mutex<Vec<String>>>,
+}
+
+impl TestProxy {
+    pub(crate) async fn start(credentials: &str, refusal: Option<&'static str>) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{credentials}{}", listener.local_addr().unwrap());
+        let heads = Arc::new(Mutex::new(Vec::new()));
+        let kept = heads.clone();
+        tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                let kept = kept.clone();
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    while !head.ends_with(b"\r\n\r\n") {
+                        let Ok(byte) = client.read_u8().await else {
+                            return;
+                        };
+                        head.push(byte);
+                    }
+                    let text = String::from_utf8_lossy(&head).into_owned();
+                    kept.lock().unwrap().push(text.clone());
+                    if let Some(refusal) = refusal {
+                        let _ = client.write_all(refusal.as_bytes()).await;
+                        return;
+                    }
+                    let target = text
+                        .split_whitespace()
+                        .nth(1)
+                        .unwrap_or_default()
+                        .to_owned();
+                    let connect = text.starts_with("CONNECT ");
+                    let authority = if connect {
+                        target
+                    } else {
+                        let uri: http::Uri = target.parse().unwrap();
+                        uri.authority().unwrap().to_string()
+                    };
+                    let Ok(mut upstream) = tokio::net::TcpStream::connect(authority).await else {
+                        return;
+                    };
+                    if connect {
+                        let _ = client
+                            .write_all(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+                            .await;
+                    } else {
+                        let _ = upstream.write_all(&head).await;
+                    }
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+                });
+            }
+        });
+        Self { url, heads }
+    }
+
+    /// Every request head the proxy received.
+    pub(crate) fn heads(&self) -> Vec<String> {
+        self.heads.lock().unwrap().clone()
+    }
+}

@@ -285,16 +285,14 @@ impl<D: Dialect> HttpEngine<D> {
             )
             .body(Full::new(body))
             .map_err(|e| Failure::fatal(EngineError::Provider(format!("bad request: {e}"))))?;
-        let response = self.endpoint.send(request).await.map_err(|e| {
-            let retryable = e.retryable();
-            let error = if e.proxy_status() == Some(407) {
+        let response = self.endpoint.send(request).await.map_err(|e| Failure {
+            retryable: e.retryable(),
+            error: if e.proxy_status() == Some(407) {
                 EngineError::Auth(e.to_string())
             } else {
                 EngineError::Provider(e.to_string())
-            };
-            let mut failure = Failure::retry(error);
-            failure.retryable = retryable;
-            failure
+            },
+            after: None,
         })?;
         let status = response.status();
         if !status.is_success() {

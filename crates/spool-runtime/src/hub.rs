@@ -268,17 +268,6 @@ impl Subscription {
     /// The next item; `None` once the stream has ended (after a `Lagged`,
     /// or when the journal closes).
     pub async fn next(&mut self) -> Option<StreamItem> {
-        self.next_item().await
-    }
-
-    /// The next item if one is already read and waiting, without waiting:
-    /// a writer that got one item batches the ones behind it into the same
-    /// write.
-    pub fn ready(&mut self) -> Option<StreamItem> {
-        self.ready.pop_front()
-    }
-
-    async fn next_item(&mut self) -> Option<StreamItem> {
         loop {
             if let Some(item) = self.ready.pop_front() {
                 return Some(item);
@@ -301,6 +290,13 @@ impl Subscription {
                 },
             }
         }
+    }
+
+    /// The next item if one is already read and waiting, without waiting:
+    /// a writer that got one item batches the ones behind it into the same
+    /// write.
+    pub fn ready(&mut self) -> Option<StreamItem> {
+        self.ready.pop_front()
     }
 
     /// Reads new durable events, then drains the deltas waiting, and puts

@@ -60,8 +60,10 @@ fn families() -> Vec<(&'static str, Vec<String>, Decode)> {
         ("pod", pod, |t| pod::Event::decode(t).is_ok()),
         ("http", http, |t| http::StartRun::decode(t).is_ok()),
         ("sentinel", sentinels, |t| {
-            serde_json::from_str::<Value>(t)
-                .is_ok_and(|v| matches!(sentinel::Sentinel::decode(&v), Ok(Some(_))))
+            matches!(
+                sentinel::Recorded::decode(t),
+                Ok(sentinel::Recorded::Sentinel(_))
+            )
         }),
     ]
 }

@@ -31,6 +31,7 @@
 //! assert_eq!(Sentinel::decode(&json!({"result": 1})).unwrap(), None);
 //! ```
 
+use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
@@ -258,6 +259,144 @@ impl Sentinel {
     #[must_use]
     pub fn is_reserved(output: &Value) -> bool {
         reserved_entry(output).is_some()
+    }
+}
+
+/// A completion output read from its JSON text: a sentinel, or the ordinary
+/// output it is.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Recorded {
+    /// A suspension, a sleep or a failure.
+    Sentinel(Sentinel),
+    /// Anything else, as parsed.
+    Output(Value),
+}
+
+/// Why a completion output's text could not be read.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RecordedError {
+    /// The text is not JSON.
+    #[error("not JSON: {0}")]
+    NotJson(String),
+    /// A one-key object under a reserved name whose body is wrong.
+    #[error(transparent)]
+    Malformed(#[from] MalformedSentinel),
+}
+
+impl Recorded {
+    /// Reads a completion output from its text, with exactly the answers
+    /// [`Sentinel::decode`] gives for the parsed value.
+    ///
+    /// ```
+    /// use spool_wire::sentinel::{Recorded, Sentinel};
+    ///
+    /// let failed = r#"{"__spool_error": {"is_error": true, "kind": "handler", "message": "reset", "attempts": 2}}"#;
+    /// assert!(matches!(Recorded::decode(failed), Ok(Recorded::Sentinel(Sentinel::Failure(_)))));
+    /// assert_eq!(Recorded::decode(r#"{"rows": 3}"#), Ok(Recorded::Output(serde_json::json!({"rows": 3}))));
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`RecordedError::NotJson`] for text that is not JSON, and
+    /// [`RecordedError::Malformed`] as [`Sentinel::decode`] returns it.
+    pub fn decode(text: &str) -> Result<Self, RecordedError> {
+        // A well-formed sentinel is read straight into its fields, without
+        // building a `Value` first. Whatever that direct read refuses
+        // (ordinary output, a bad body, a repeated key) is parsed and read by
+        // `Sentinel::decode`, which alone defines the answers; the direct
+        // read accepts only what it would accept, and reads it the same.
+        if let Ok(direct) = serde_json::from_str::<Direct>(text)
+            && let Some(sentinel) = direct.into_sentinel()
+        {
+            return Ok(Self::Sentinel(sentinel));
+        }
+        let value: Value = serde_json::from_str(text)
+            .map_err(|e| RecordedError::NotJson(crate::code::serde_util::reason(&e)))?;
+        Ok(match Sentinel::decode(&value)? {
+            Some(sentinel) => Self::Sentinel(sentinel),
+            None => Self::Output(value),
+        })
+    }
+}
+
+/// A sentinel as its text spells it: one key, a body of known fields.
+#[derive(Deserialize)]
+enum Direct {
+    #[serde(rename = "__spool_suspend")]
+    Suspend(Object<SuspendBody>),
+    #[serde(rename = "__spool_sleep")]
+    Sleep(Object<SleepBody>),
+    #[serde(rename = "__spool_error")]
+    Error(Object<ErrorBody>),
+}
+
+#[derive(Deserialize)]
+struct SuspendBody {
+    reason: String,
+    input_schema: Value,
+    #[serde(default)]
+    kind: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct SleepBody {
+    wake_at: String,
+}
+
+#[derive(Deserialize)]
+struct ErrorBody {
+    is_error: bool,
+    kind: String,
+    message: String,
+    attempts: u32,
+}
+
+/// A body read only from a JSON object: derived structs also take an array
+/// of their fields in order, which a recorded body never is.
+struct Object<T>(T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Object<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Fields<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for Fields<T> {
+            type Value = Object<T>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<Object<T>, A::Error> {
+                T::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(Object)
+            }
+        }
+        deserializer.deserialize_map(Fields(std::marker::PhantomData))
+    }
+}
+
+impl Direct {
+    /// The sentinel, or `None` for what only the general reading can judge.
+    fn into_sentinel(self) -> Option<Sentinel> {
+        Some(match self {
+            Self::Suspend(Object(body)) => Sentinel::Suspend(Suspension {
+                reason: body.reason,
+                input_schema: body.input_schema,
+                kind: body.kind.as_deref().map(SuspensionKind::parse),
+            }),
+            Self::Sleep(Object(body)) => Sentinel::Sleep(Sleep::until(
+                OffsetDateTime::parse(&body.wake_at, &Rfc3339).ok()?,
+            )),
+            Self::Error(Object(body)) => {
+                if !body.is_error {
+                    return None;
+                }
+                Sentinel::Failure(ToolFailure {
+                    kind: FailureKind::parse(&body.kind),
+                    message: body.message,
+                    attempts: body.attempts,
+                })
+            }
+        })
     }
 }
 

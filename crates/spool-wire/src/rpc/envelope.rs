@@ -2,7 +2,7 @@
 //! rules for single messages and batches.
 
 use serde::{Deserialize, Serialize, Serializer, ser::SerializeMap};
-use serde_json::{Map, Number, Value};
+use serde_json::{Number, Value};
 
 use super::codes;
 
@@ -204,16 +204,31 @@ impl Envelope {
         let Value::Object(mut object) = value else {
             return Err(invalid(Id::Null, "a message must be a JSON object"));
         };
+        Self::from_parts(Parts {
+            jsonrpc: object.remove("jsonrpc"),
+            id: object.remove("id"),
+            method: object.remove("method"),
+            params: object.remove("params"),
+            result: object.remove("result"),
+            error: object.remove("error"),
+        })
+    }
+
+    /// The specification's rules, over the members a message may have: the
+    /// one place they are written, whether the members came from a parsed
+    /// `Value` or straight from the text.
+    fn from_parts(parts: Parts) -> Result<Self, Response> {
         // The id, when readable, goes into the error response so the caller
         // can match it; anything unreadable answers with null, as the
         // specification says.
-        let id = object.get("id").map(Id::from_value);
+        let id = parts.id.as_ref().map(Id::from_value);
         let reply_id = id.clone().flatten().unwrap_or(Id::Null);
-        if object.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+        if parts.jsonrpc.as_ref().and_then(Value::as_str) != Some("2.0") {
             return Err(invalid(reply_id, "`jsonrpc` must be \"2.0\""));
         }
-        if let Some(method) = object.remove("method") {
-            return method_call(&mut object, method, id, reply_id);
+        if let Some(method) = parts.method {
+            let answers = parts.result.is_some() || parts.error.is_some();
+            return method_call(method, parts.params, answers, id, reply_id);
         }
         let Some(id) = id else {
             return Err(invalid(
@@ -224,7 +239,7 @@ impl Envelope {
         let Some(id) = id else {
             return Err(invalid(Id::Null, "`id` must be a number, a string or null"));
         };
-        match (object.remove("result"), object.remove("error")) {
+        match (parts.result, parts.error) {
             (Some(result), None) => Ok(Self::Response(Response::result(id, result))),
             (None, Some(error)) => match ErrorObject::deserialize(error) {
                 Ok(error) => Ok(Self::Response(Response::error(id, error))),
@@ -243,22 +258,22 @@ impl Envelope {
 }
 
 fn method_call(
-    object: &mut Map<String, Value>,
     method: Value,
+    params: Option<Value>,
+    answers: bool,
     id: Option<Option<Id>>,
     reply_id: Id,
 ) -> Result<Envelope, Response> {
-    // Moved out of the parsed map, not copied.
     let Value::String(method) = method else {
         return Err(invalid(reply_id, "`method` must be a string"));
     };
-    if object.contains_key("result") || object.contains_key("error") {
+    if answers {
         return Err(invalid(
             reply_id,
             "a call cannot also carry `result` or `error`",
         ));
     }
-    let params = match object.remove("params") {
+    let params = match params {
         None => None,
         Some(params @ (Value::Object(_) | Value::Array(_))) => Some(params),
         Some(_) => return Err(invalid(reply_id, "`params` must be an object or an array")),
@@ -274,6 +289,24 @@ fn invalid(id: Id, reason: &str) -> Response {
     Response::error(id, ErrorObject::with_reason(codes::INVALID_REQUEST, reason))
 }
 
+/// The members of a message the rules read, each kept as sent (an explicit
+/// `null` is `Some(Value::Null)`); any other member is ignored.
+#[derive(Deserialize)]
+struct Parts {
+    #[serde(default, deserialize_with = "crate::code::serde_util::present")]
+    jsonrpc: Option<Value>,
+    #[serde(default, deserialize_with = "crate::code::serde_util::present")]
+    id: Option<Value>,
+    #[serde(default, deserialize_with = "crate::code::serde_util::present")]
+    method: Option<Value>,
+    #[serde(default, deserialize_with = "crate::code::serde_util::present")]
+    params: Option<Value>,
+    #[serde(default, deserialize_with = "crate::code::serde_util::present")]
+    result: Option<Value>,
+    #[serde(default, deserialize_with = "crate::code::serde_util::present")]
+    error: Option<Value>,
+}
+
 /// Decodes one frame of text: a message or a batch.
 ///
 /// # Errors
@@ -281,6 +314,16 @@ fn invalid(id: Id, reason: &str) -> Response {
 /// The single error response to send: −32700 when the text is not JSON,
 /// −32600 when a single message is invalid or a batch is empty.
 pub fn decode(text: &str) -> Result<Frame, Response> {
+    // A single object, the usual frame, is read straight into its members
+    // without building the top-level map. Anything else, and any object
+    // the direct read refuses (bad JSON, a repeated member, which a `Value`
+    // resolves by keeping the last), takes the general path below, so both
+    // paths give the same answer.
+    if text.trim_start().starts_with('{')
+        && let Ok(parts) = serde_json::from_str::<Parts>(text)
+    {
+        return Envelope::from_parts(parts).map(Frame::Single);
+    }
     let value: Value = serde_json::from_str(text).map_err(|e| {
         Response::error(
             Id::Null,

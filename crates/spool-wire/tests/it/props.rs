@@ -369,6 +369,98 @@ fn stream_event() -> impl Strategy<Value = http::StreamEvent> {
         )
 }
 
+/// A member's value: one a message or a sentinel would carry, or anything.
+fn member_value() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        Just(Value::from("2.0")),
+        Just(serde_json::json!({"code": -32000, "message": "failed"})),
+        Just(Value::from("2026-08-14T09:00:00Z")),
+        Just(Value::from(true)),
+        Just(Value::from(false)),
+        Just(Value::Null),
+        Just(Value::from(2)),
+        Just(Value::from(2.0)),
+        Just(Value::from(-1)),
+        Just(Value::from(5_000_000_000u64)),
+        json_value(),
+    ]
+}
+
+/// Objects over the names the direct readers know (and one they do not),
+/// as text; sometimes with a name repeated, which only a `Value` resolves.
+fn object_text(names: &'static [&'static str]) -> impl Strategy<Value = String> {
+    (
+        btree_map(proptest::sample::select(names), member_value(), 0..5),
+        option::of((proptest::sample::select(names), member_value())),
+    )
+        .prop_map(|(members, repeated)| {
+            let body = Value::Object(
+                members
+                    .into_iter()
+                    .map(|(k, v)| (k.to_owned(), v))
+                    .collect(),
+            )
+            .to_string();
+            match repeated {
+                Some((name, value)) if body.len() > 2 => {
+                    format!("{{{}:{value},{}", Value::from(name), &body[1..])
+                }
+                Some((name, value)) => format!("{{{}:{value}}}", Value::from(name)),
+                None => body,
+            }
+        })
+}
+
+/// A sentinel's text, whole or with its body changed: a member dropped,
+/// replaced or added, or the body an array or another value.
+fn sentinel_text() -> impl Strategy<Value = String> {
+    const KEYS: &[&str] = &[
+        sentinel::SUSPEND_KEY,
+        sentinel::SLEEP_KEY,
+        sentinel::ERROR_KEY,
+        "rows",
+    ];
+    const FIELDS: &[&str] = &[
+        "reason",
+        "input_schema",
+        "kind",
+        "wake_at",
+        "is_error",
+        "message",
+        "attempts",
+        "other",
+    ];
+    prop_oneof![
+        sentinel_value().prop_map(|s| s.encode().to_string()),
+        (
+            sentinel_value(),
+            proptest::sample::select(FIELDS),
+            option::of(member_value())
+        )
+            .prop_map(|(s, field, value)| {
+                let mut encoded = s.encode();
+                let body = encoded
+                    .as_object_mut()
+                    .unwrap()
+                    .values_mut()
+                    .next()
+                    .unwrap();
+                let body = body.as_object_mut().unwrap();
+                match value {
+                    Some(value) => body.insert(field.to_owned(), value),
+                    None => body.remove(field),
+                };
+                encoded.to_string()
+            }),
+        (proptest::sample::select(KEYS), member_value())
+            .prop_map(|(key, body)| serde_json::json!({ key: body }).to_string()),
+        (proptest::sample::select(KEYS), vec(member_value(), 0..5))
+            .prop_map(|(key, fields)| serde_json::json!({ key: fields }).to_string()),
+        object_text(KEYS),
+        json_value().prop_map(|v| v.to_string()),
+    ]
+}
+
 /// Encodes with serde, validates as `kind`, and decodes Spool's re-encoding.
 fn through<T: serde::Serialize + serde::de::DeserializeOwned>(kind: Kind, message: &T) -> T {
     let encoded = serde_json::to_string(message).unwrap();
@@ -451,6 +543,7 @@ proptest! {
             let _ = validate(kind, &input);
         }
         let _ = sentinel::Sentinel::decode(&serde_json::from_str(&input).unwrap_or(Value::Null));
+        let _ = sentinel::Recorded::decode(&input);
         let _ = rpc::decode_client(&input);
     }
 
@@ -488,5 +581,40 @@ proptest! {
                 prop_assert_eq!(&read.text, &Ok(line.trim().to_owned()));
             }
         }
+    }
+}
+
+proptest! {
+    // Many cases: each divergence between the direct reading and the parsed
+    // one hides in a narrow corner (a `false`, a float count, an array body).
+    #![proptest_config(ProptestConfig { cases: 4096, ..ProptestConfig::default() })]
+
+    #[test]
+    fn an_rpc_message_read_from_its_text_decodes_as_its_parsed_value_does(
+        text in prop_oneof![
+            object_text(&["jsonrpc", "id", "method", "params", "result", "error", "other"]),
+            envelope().prop_map(|e| rpc::encode_ws(&e)),
+            vec(member_value(), 1..4).prop_map(|v| Value::Array(v).to_string()),
+            member_value().prop_map(|v| v.to_string()),
+        ]
+    ) {
+        // The reference: the specification's reading of the parsed value.
+        let expected = match serde_json::from_str::<Value>(&text).unwrap() {
+            Value::Array(entries) if entries.is_empty() => rpc::decode("[]"),
+            Value::Array(entries) => Ok(rpc::Frame::Batch(entries.into_iter().map(rpc::Envelope::from_owned).collect())),
+            single => rpc::Envelope::from_owned(single).map(rpc::Frame::Single),
+        };
+        prop_assert_eq!(rpc::decode(&text), expected);
+    }
+
+    #[test]
+    fn a_completion_read_from_its_text_decodes_as_its_parsed_value_does(text in sentinel_text()) {
+        let parsed: Value = serde_json::from_str(&text).unwrap();
+        let expected = match sentinel::Sentinel::decode(&parsed) {
+            Ok(Some(sentinel)) => Ok(sentinel::Recorded::Sentinel(sentinel)),
+            Ok(None) => Ok(sentinel::Recorded::Output(parsed)),
+            Err(malformed) => Err(sentinel::RecordedError::Malformed(malformed)),
+        };
+        prop_assert_eq!(sentinel::Recorded::decode(&text), expected);
     }
 }

@@ -505,7 +505,7 @@ async fn one_racing_claimant_wins_and_the_rest_see_it_in_flight_then_settled(
             Seq(3),
             vec![Event::ToolCallCompleted(ToolCallCompleted {
                 call_id: "c1".into(),
-                output: json!({"receipt": "r-1"}),
+                output: json!({"receipt": "r-1"}).into(),
             })],
         )
         .await

@@ -238,8 +238,12 @@ impl ReplayCursor {
             _ => false,
         });
         Ok(match completion {
-            Some(Event::ToolCallCompleted(done)) => ToolStep::Replayed(done.output),
-            Some(Event::ToolCallResolved(resolved)) => ToolStep::Replayed(resolved.output),
+            Some(Event::ToolCallCompleted(done)) => {
+                ToolStep::Replayed(std::sync::Arc::unwrap_or_clone(done.output))
+            }
+            Some(Event::ToolCallResolved(resolved)) => {
+                ToolStep::Replayed(std::sync::Arc::unwrap_or_clone(resolved.output))
+            }
             Some(Event::ToolCallAbandoned(abandoned)) => ToolStep::Abandoned(abandoned),
             _ => match recorded.effect {
                 Effect::Read => ToolStep::Live(recorded_at(seq)),

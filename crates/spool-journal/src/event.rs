@@ -9,6 +9,8 @@
 //!
 //! Text, thinking and tool-argument deltas are not here: they are live only.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use spool_wire::http::{SuspendKind, TurnPolicy};
@@ -179,8 +181,9 @@ pub struct ModelCallRequested {
 /// `model_call_completed`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ModelCallCompleted {
-    /// The assistant's message, as the engine produced it.
-    pub message: Value,
+    /// The assistant's message, as the engine produced it. Shared, so a
+    /// replayed conversation holds it without a copy.
+    pub message: Arc<Value>,
     /// Tokens used.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
@@ -224,7 +227,8 @@ pub struct ToolCallCompleted {
     /// The call.
     pub call_id: String,
     /// Its output; a suspension, sleep or failure is a sentinel here.
-    pub output: Value,
+    /// Shared, as a message is.
+    pub output: Arc<Value>,
 }
 
 /// `suspended`.
@@ -371,8 +375,8 @@ pub struct RunRetired {
 pub struct ToolCallResolved {
     /// The call.
     pub call_id: String,
-    /// Its output.
-    pub output: Value,
+    /// Its output, shared as a completion's is.
+    pub output: Arc<Value>,
     /// Who settled it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operator: Option<String>,

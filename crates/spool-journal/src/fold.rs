@@ -3,6 +3,7 @@
 //! so the listing and a full replay can never disagree.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use serde_json::Value;
 use spool_wire::http::{RunState, SuspendKind};
@@ -112,13 +113,13 @@ pub enum ItemContent {
     /// The user's input (a turn's, or steered into one).
     User(String),
     /// The assistant's message.
-    Assistant(Value),
+    Assistant(Arc<Value>),
     /// A tool's output.
     ToolResult {
         /// The call.
         call_id: String,
         /// Its output.
-        output: Value,
+        output: Arc<Value>,
     },
     /// Answers to a suspension.
     Answers(Vec<Answer>),
@@ -132,17 +133,6 @@ pub fn fold<'a>(log: impl IntoIterator<Item = &'a Envelope>) -> State {
     let mut state = State::default();
     for envelope in log {
         state.apply(envelope);
-    }
-    state
-}
-
-/// Folds a whole log the caller owns, without copying what the state keeps.
-/// Gives the same state as [`fold`].
-#[must_use]
-pub fn fold_owned(log: impl IntoIterator<Item = Envelope>) -> State {
-    let mut state = State::default();
-    for envelope in log {
-        state.apply_owned(envelope);
     }
     state
 }
@@ -202,73 +192,67 @@ impl Status {
 }
 
 impl State {
-    /// Folds one more event.
+    /// Folds one more event, copying only what the state keeps of it: a
+    /// model call's request messages, say, are read and left in the log.
     pub fn apply(&mut self, envelope: &Envelope) {
-        self.apply_owned(envelope.clone());
-    }
-
-    /// Folds one more event the caller owns, moving what the state keeps
-    /// out of it instead of copying.
-    pub fn apply_owned(&mut self, envelope: Envelope) {
         let seq = envelope.seq;
-        let Envelope {
-            run_id,
-            recorded_at,
-            event,
-            ..
-        } = envelope;
-        self.run_id.get_or_insert(run_id);
+        if self.run_id.is_none() {
+            self.run_id = Some(envelope.run_id.clone());
+        }
         self.last_seq = Some(seq);
-        self.updated_at = Some(recorded_at);
+        self.updated_at = Some(envelope.recorded_at);
         // Retirement is permanent: nothing after it changes the state but
         // the bookkeeping above.
         if self.status == Status::Retired {
             return;
         }
+        let event = &envelope.event;
         let before = std::mem::take(&mut self.status);
-        self.status = transition(&before, &event);
+        self.status = transition(&before, event);
         match event {
             Event::RunCreated(created) => {
                 if let Some(address) = &created.address {
                     self.addresses.insert(address.clone());
                 }
-                self.created = Some(created);
+                self.created = Some(created.clone());
             }
             Event::TurnStarted(started) => {
                 if let Some(from) = started.from_queue {
                     self.queued.retain(|(seq, _)| *seq != from);
                 }
-                self.turn = Some(started.turn_id);
+                self.turn = Some(started.turn_id.clone());
                 self.suspension = None;
                 self.sleep = None;
                 self.budget = None;
                 self.cancel_requested = None;
                 self.response = None;
-                self.push(seq, ItemContent::User(started.input));
+                self.push(seq, ItemContent::User(started.input.clone()));
             }
-            Event::InputQueued(queued) => self.queued.push_back((seq, queued)),
-            Event::InputSteered(steered) => self.push(seq, ItemContent::User(steered.input)),
+            Event::InputQueued(queued) => self.queued.push_back((seq, queued.clone())),
+            Event::InputSteered(steered) => {
+                self.push(seq, ItemContent::User(steered.input.clone()));
+            }
             Event::ModelCallRequested(requested) => {
-                self.open_model_call = Some((seq, requested.request_hash));
+                self.open_model_call = Some((seq, requested.request_hash.clone()));
             }
             Event::ModelCallCompleted(completed) => {
                 self.open_model_call = None;
                 if let Some(usage) = completed.usage {
                     self.usage += usage;
                 }
-                self.push(seq, ItemContent::Assistant(completed.message));
+                self.push(seq, ItemContent::Assistant(completed.message.clone()));
             }
             Event::ToolCallRequested(requested) => {
                 self.open_calls
-                    .insert(requested.call_id.clone(), (seq, requested));
+                    .insert(requested.call_id.clone(), (seq, requested.clone()));
             }
             Event::ToolCallCompleted(completed) => {
                 self.open_calls.remove(&completed.call_id);
                 self.push(
                     seq,
                     ItemContent::ToolResult {
-                        call_id: completed.call_id,
-                        output: completed.output,
+                        call_id: completed.call_id.clone(),
+                        output: completed.output.clone(),
                     },
                 );
             }
@@ -280,8 +264,8 @@ impl State {
                 self.push(
                     seq,
                     ItemContent::ToolResult {
-                        call_id: resolved.call_id,
-                        output: resolved.output,
+                        call_id: resolved.call_id.clone(),
+                        output: resolved.output.clone(),
                     },
                 );
             }
@@ -291,18 +275,18 @@ impl State {
                     self.suspension = None;
                 }
             }
-            Event::Suspended(suspended) => self.suspension = Some(suspended),
+            Event::Suspended(suspended) => self.suspension = Some(suspended.clone()),
             Event::Resumed(resumed) => {
                 self.suspension = None;
                 self.budget = None;
-                self.push(seq, ItemContent::Answers(resumed.answers));
+                self.push(seq, ItemContent::Answers(resumed.answers.clone()));
             }
-            Event::SleepStarted(sleep) => self.sleep = Some(sleep),
+            Event::SleepStarted(sleep) => self.sleep = Some(sleep.clone()),
             Event::SleepCompleted(_) => self.sleep = None,
-            Event::CancelRequested(cancel) => self.cancel_requested = Some(cancel),
+            Event::CancelRequested(cancel) => self.cancel_requested = Some(cancel.clone()),
             Event::TurnCompleted(completed) => {
                 self.finish();
-                self.response = completed.response;
+                self.response.clone_from(&completed.response);
             }
             Event::TurnFailed(_) | Event::TurnCancelled(_) => self.finish(),
             Event::ContextCleared(_) => self.conversation.clear(),
@@ -315,16 +299,16 @@ impl State {
                     .retain(|item| item.seq < compacted.from || item.seq > compacted.to);
                 let summary = Item {
                     seq,
-                    content: ItemContent::Summary(compacted.summary),
+                    content: ItemContent::Summary(compacted.summary.clone()),
                 };
                 let at = at
                     .unwrap_or(self.conversation.len())
                     .min(self.conversation.len());
                 self.conversation.insert(at, summary);
             }
-            Event::BudgetExceeded(budget) => self.budget = Some(budget),
+            Event::BudgetExceeded(budget) => self.budget = Some(budget.clone()),
             Event::AddressBound(binding) => {
-                self.addresses.insert(binding.address);
+                self.addresses.insert(binding.address.clone());
             }
             Event::AddressUnbound(binding) => {
                 self.addresses.remove(&binding.address);

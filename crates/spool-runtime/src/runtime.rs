@@ -10,7 +10,7 @@ use spool_journal::event::{
     AddressBinding, Answer, CancelRequested, Compacted, ContextCleared, InputQueued, InputSteered,
     Resumed, RunCreated, RunRetired, ToolCallAbandoned, ToolCallResolved, TurnStarted,
 };
-use spool_journal::fold::{State, Status, fold_owned};
+use spool_journal::fold::{State, Status, fold};
 use spool_journal::{Address, Envelope, Event, Journal, Principal, RunId, Seq, TurnId};
 use spool_wire::http::{SuspendKind, TurnPolicy};
 use tokio_util::sync::CancellationToken;
@@ -709,7 +709,7 @@ impl Runtime {
             call_id,
             Event::ToolCallResolved(ToolCallResolved {
                 call_id: call_id.into(),
-                output,
+                output: output.into(),
                 operator,
             }),
         )
@@ -920,7 +920,7 @@ impl Inner {
         if log.is_empty() {
             return Err(RuntimeError::RunNotFound(run.clone()));
         }
-        let state = fold_owned(log.clone());
+        let state = fold(&log);
         Ok((log, state))
     }
 

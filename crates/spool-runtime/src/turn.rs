@@ -5,6 +5,7 @@
 
 use std::sync::{Arc, PoisonError};
 
+use serde::Deserialize;
 use serde_json::{Value, json};
 use spool_journal::cursor::{ModelStep, ReplayCursor, SleepStep, SuspendStep, ToolStep};
 use spool_journal::event::{
@@ -41,13 +42,11 @@ pub(crate) fn history(log: &[Envelope], system: Option<&str>) -> Vec<Message> {
                     requested
                         .new_messages
                         .iter()
-                        .filter_map(|m| serde_json::from_value(m.clone()).ok()),
+                        .filter_map(|m| Message::deserialize(m).ok()),
                 );
             }
             Event::ModelCallCompleted(completed) => {
-                if let Ok(response) =
-                    serde_json::from_value::<ModelResponse>(completed.message.clone())
-                {
+                if let Ok(response) = ModelResponse::deserialize(&*completed.message) {
                     messages.push(response.message());
                 }
             }
@@ -333,7 +332,7 @@ impl Inner {
             let response = match cursor.model_call(&hash).map_err(diverged)? {
                 ModelStep::Replayed(done) => {
                     drop(guard);
-                    serde_json::from_value::<ModelResponse>(done.message).map_err(|e| {
+                    ModelResponse::deserialize(&*done.message).map_err(|e| {
                         corrupt(format!("a recorded model answer does not decode: {e}"))
                     })?
                 }
@@ -397,7 +396,8 @@ impl Inner {
                         Ok(response) => {
                             let event = Event::ModelCallCompleted(ModelCallCompleted {
                                 message: serde_json::to_value(&response)
-                                    .expect("a model answer is plain JSON"),
+                                    .expect("a model answer is plain JSON")
+                                    .into(),
                                 usage: response.usage,
                                 finish_reason: response.finish_reason.clone(),
                             });
@@ -546,7 +546,7 @@ impl Inner {
                     .await;
                 let mut events = vec![Event::ToolCallCompleted(ToolCallCompleted {
                     call_id: call.id.clone(),
-                    output,
+                    output: output.into(),
                 })];
                 let sleep = extra.iter().find_map(|e| match e {
                     Event::SleepStarted(s) => Some(s.clone()),

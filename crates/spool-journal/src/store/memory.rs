@@ -152,7 +152,9 @@ impl MemoryJournal {
                     if let Some(key) = inner.claimed_calls.get(&call).cloned()
                         && let Some(claim) = inner.claims.get_mut(&key)
                     {
-                        claim.settled.get_or_insert((output, seq));
+                        claim
+                            .settled
+                            .get_or_insert_with(|| (std::sync::Arc::unwrap_or_clone(output), seq));
                     }
                 }
                 IndexChange::Release { call_id } => {

@@ -258,7 +258,7 @@ pub(crate) enum IndexChange {
     },
     Settle {
         call_id: String,
-        output: Value,
+        output: std::sync::Arc<Value>,
         seq: Seq,
     },
     Release {

@@ -27,7 +27,7 @@ fn a_recorded_turn_replays_every_result_without_a_permit() {
         model_completed(json!("Done."), 4),
     ]);
     assert!(
-        matches!(c.model_call("h1").unwrap(), ModelStep::Replayed(done) if done.message == json!({"tool": "deploy"}))
+        matches!(c.model_call("h1").unwrap(), ModelStep::Replayed(done) if done.message == json!({"tool": "deploy"}).into())
     );
     assert_eq!(
         c.tool_call(&call).unwrap(),
@@ -152,7 +152,7 @@ fn a_parked_write_stays_parked_until_resolved_and_then_replays_the_resolution() 
         Event::Suspended(parked),
         Event::ToolCallResolved(ToolCallResolved {
             call_id: "c1".into(),
-            output: json!("it ran"),
+            output: json!("it ran").into(),
             operator: Some("ops".into()),
         }),
     ]);
@@ -184,7 +184,7 @@ fn an_operators_resolution_replays_as_the_output_and_an_abandonment_as_such() {
         Event::ToolCallRequested(call.clone()),
         Event::ToolCallResolved(ToolCallResolved {
             call_id: "c1".into(),
-            output: json!("it ran"),
+            output: json!("it ran").into(),
             operator: None,
         }),
     ]);

@@ -137,7 +137,7 @@ fn clearing_empties_the_conversation_and_compaction_replaces_a_range_with_its_su
         [
             &ItemContent::Summary("they said one".into()),
             &ItemContent::User("two".into()),
-            &ItemContent::Assistant(json!("second answer")),
+            &ItemContent::Assistant(json!("second answer").into()),
         ]
     );
     assert_eq!(
@@ -185,7 +185,7 @@ fn a_requested_call_without_completion_is_a_dangling_intent_until_settled() {
             )),
             Event::ToolCallResolved(ToolCallResolved {
                 call_id: "c-write".into(),
-                output: json!("deployed"),
+                output: json!("deployed").into(),
                 operator: Some("ops".into()),
             }),
         ],
@@ -301,4 +301,40 @@ fn an_abandoned_dangling_write_lets_the_turn_go_on_to_fail() {
     );
     assert_eq!(state.suspension, None);
     assert!(state.open_calls.is_empty());
+}
+
+#[test]
+fn a_replayed_conversation_shares_the_logs_messages_and_outputs_instead_of_copying_them() {
+    let envelopes = log(
+        "r",
+        0,
+        vec![
+            created(),
+            started("t1", "deploy"),
+            model_requested("h1"),
+            model_completed(json!({"role": "assistant", "content": "checking"}), 10),
+            Event::ToolCallRequested(tool_call("c1", Effect::Read, None)),
+            tool_done("c1", json!({"rows": [1, 2, 3]})),
+        ],
+    );
+    let state = fold(&envelopes);
+    let (Event::ModelCallCompleted(answer), Event::ToolCallCompleted(done)) =
+        (&envelopes[3].event, &envelopes[5].event)
+    else {
+        panic!("the log holds an answer at 3 and a completion at 5");
+    };
+    let [
+        _,
+        ItemContent::Assistant(message),
+        ItemContent::ToolResult { output, .. },
+    ] = state
+        .conversation
+        .iter()
+        .map(|item| &item.content)
+        .collect::<Vec<_>>()[..]
+    else {
+        panic!("the conversation is input, answer, tool result");
+    };
+    assert!(std::sync::Arc::ptr_eq(message, &answer.message));
+    assert!(std::sync::Arc::ptr_eq(output, &done.output));
 }

@@ -94,7 +94,6 @@ proptest! {
                 let by_itself = alone.read(id, Seq(0)).await.unwrap();
                 prop_assert_eq!(&together, &by_itself);
                 prop_assert_eq!(fold(&together), fold(&by_itself));
-                prop_assert_eq!(spool_journal::fold::fold_owned(together.clone()), fold(&together), "the owned fold is the same fold");
             }
             Ok(())
         })?;

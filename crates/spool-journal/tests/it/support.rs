@@ -52,7 +52,7 @@ pub(crate) fn model_requested(hash: &str) -> Event {
 
 pub(crate) fn model_completed(message: Value, input_tokens: u64) -> Event {
     Event::ModelCallCompleted(ModelCallCompleted {
-        message,
+        message: message.into(),
         usage: Some(Usage {
             input_tokens,
             output_tokens: 1,
@@ -74,7 +74,7 @@ pub(crate) fn tool_call(call_id: &str, effect: Effect, key: Option<&str>) -> Too
 pub(crate) fn tool_done(call_id: &str, output: Value) -> Event {
     Event::ToolCallCompleted(ToolCallCompleted {
         call_id: call_id.into(),
-        output,
+        output: output.into(),
     })
 }
 

@@ -253,7 +253,7 @@ async fn a_run_calls_a_command_tool_from_the_definition_and_records_its_output()
         .unwrap()
         .into_iter()
         .find_map(|e| match e.event {
-            Event::ToolCallCompleted(c) => Some(c.output),
+            Event::ToolCallCompleted(c) => Some(std::sync::Arc::unwrap_or_clone(c.output)),
             _ => None,
         });
     assert_eq!(output, Some(json!({"ok": true})));

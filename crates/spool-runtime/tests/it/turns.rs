@@ -640,7 +640,7 @@ async fn input_that_fails_a_tools_schema_is_a_recorded_invalid_input_failure_the
         .unwrap()
         .into_iter()
         .filter_map(|e| match e.event {
-            Event::ToolCallCompleted(c) => Some(c.output),
+            Event::ToolCallCompleted(c) => Some(std::sync::Arc::unwrap_or_clone(c.output)),
             _ => None,
         })
         .collect();

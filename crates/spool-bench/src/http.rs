@@ -243,9 +243,13 @@ fn journal_bytes(dir: &std::path::Path) -> anyhow::Result<u64> {
 /// and memory are measured apart from its clients'. The latency of each
 /// line is its arrival time minus the time the journal recorded its event
 /// (or, for a live delta, the time it was sent), measured at every
-/// subscriber; the baseline is the same with one subscriber. Then the
-/// server's resident memory per open stream, beside the server's side of a
-/// bare loopback TCP connection held open.
+/// subscriber. Each turn is sent once every subscriber has the last one's
+/// answer, so a figure is one turn's fan-out, not a queue of turns. The
+/// baseline is the floor of the machine: the same lines written by one
+/// task to as many plain loopback sockets, read and decoded by the same
+/// client code (`spool-bench lines`). Then the server's resident memory per
+/// open stream, beside the server's side of a bare loopback TCP connection
+/// held open.
 pub(crate) fn fanout(scale: Scale) -> anyhow::Result<Vec<Row>> {
     let subscribers = scale.pick(1_000usize, 50);
     let turns = scale.pick(20usize, 3);
@@ -261,16 +265,16 @@ pub(crate) fn fanout(scale: Scale) -> anyhow::Result<Vec<Row>> {
         let (close_streams, closing) = watch::channel(false);
         let (url, stop) = start(HttpChannel::new(runtime, closing).handler()).await?;
         let client = Client::new(&url)?;
-        let one = latencies(&client, &url, "fanout-one", 1, turns).await?;
         let many = latencies(&client, &url, "fanout-many", subscribers, turns).await?;
+        let bare = bare_fanout(subscribers, turns).await?;
         let mut rows = Vec::new();
         for (label, p) in [("p50", 0.5), ("p99", 0.99), ("max", 1.0)] {
             let mut row = Row::new(
                 format!("stream-fanout/{subscribers} subscribers {label}"),
                 percentile(&many, p) * 1e3,
                 "ms",
-                format!("1 subscriber {label}"),
-                percentile(&one, p) * 1e3,
+                format!("bare sockets {label}"),
+                percentile(&bare, p) * 1e3,
             )
             .lower_is_better();
             if label == "p99" {
@@ -331,8 +335,8 @@ impl Peer {
 }
 
 /// Opens `subscribers` streams on a fresh run from another process, sends
-/// `turns` messages, and returns every line's latency (seconds, sorted) at
-/// every subscriber.
+/// `turns` messages, each once every subscriber has the last one's answer,
+/// and returns every line's latency (seconds, sorted) at every subscriber.
 async fn latencies(
     client: &Client,
     url: &str,
@@ -360,6 +364,56 @@ async fn latencies(
                 &json!({"text": format!("turn {turn}")}),
             )
             .await?;
+        anyhow::ensure!(peer.line().await? == "turn", "the subscribers lost a turn");
+    }
+    let mut all: Vec<f64> = serde_json::from_str(&peer.line().await?)?;
+    peer.finish().await?;
+    all.sort_by(f64::total_cmp);
+    Ok(all)
+}
+
+/// The floor of a fan-out on this machine: one task writes a stream line
+/// (stamped as it is made) to `subscribers` plain loopback sockets in turn,
+/// `rounds` times, each once the reader process has every line of the last;
+/// returns every line's latency (seconds, sorted) at every reader.
+async fn bare_fanout(subscribers: usize, rounds: usize) -> anyhow::Result<Vec<f64>> {
+    use tokio::io::AsyncWriteExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?.to_string();
+    let accepting = tokio::spawn(async move {
+        let mut sockets = Vec::with_capacity(subscribers);
+        for _ in 0..subscribers {
+            let (socket, _) = listener.accept().await?;
+            socket.set_nodelay(true)?;
+            sockets.push(socket);
+        }
+        anyhow::Ok(sockets)
+    });
+    let mut peer = Peer::start(&[
+        "lines".into(),
+        addr,
+        subscribers.to_string(),
+        rounds.to_string(),
+    ])
+    .await?;
+    let mut sockets = accepting.await??;
+    for round in 0..rounds {
+        let line = spool_wire::http::StreamEvent {
+            run_id: "run-bare".into(),
+            seq: round as u64,
+            kind: spool_wire::http::StreamEventType::RunResponse,
+            time: time::OffsetDateTime::now_utc(),
+            turn_id: Some(format!("turn-{round}")),
+            text: Some("echo: turn".into()),
+            state: Some(spool_wire::http::RunState::Completed),
+            data: None,
+        };
+        let mut bytes = serde_json::to_vec(&line)?;
+        bytes.push(b'\n');
+        for socket in &mut sockets {
+            socket.write_all(&bytes).await?;
+        }
+        anyhow::ensure!(peer.line().await? == "turn", "the readers lost a line");
     }
     let mut all: Vec<f64> = serde_json::from_str(&peer.line().await?)?;
     peer.finish().await?;
@@ -441,30 +495,92 @@ pub(crate) fn subscribe(args: &[String]) -> anyhow::Result<()> {
             tokio::io::copy(&mut stdin, &mut tokio::io::sink()).await?;
             return anyhow::Ok(());
         }
+        let (answered, answers) = tokio::sync::mpsc::unbounded_channel();
         let mut readers = Vec::with_capacity(count);
         for mut lines in streams {
+            let answered = answered.clone();
             readers.push(tokio::spawn(async move {
                 let mut seen = Vec::new();
-                let mut answered = 0;
-                while answered < responses {
+                let mut answers = 0;
+                while answers < responses {
                     let Some(line) = lines.next().await? else {
                         anyhow::bail!("a stream ended early");
                     };
                     let latency = time::OffsetDateTime::now_utc() - line.time;
                     seen.push(latency.as_seconds_f64());
                     if line.kind == spool_wire::http::StreamEventType::RunResponse {
-                        answered += 1;
+                        answers += 1;
+                        let _ = answered.send(());
                     }
                 }
                 anyhow::Ok(seen)
             }));
         }
-        let mut all = Vec::new();
-        for reader in readers {
-            all.extend(reader.await??);
+        drop(answered);
+        collect(readers, answers, count, responses).await
+    })
+}
+
+/// Says `turn` each time all `count` readers have had one more answer,
+/// then every latency the readers saw, as one JSON array.
+async fn collect(
+    readers: Vec<tokio::task::JoinHandle<anyhow::Result<Vec<f64>>>>,
+    mut answers: tokio::sync::mpsc::UnboundedReceiver<()>,
+    count: usize,
+    rounds: usize,
+) -> anyhow::Result<()> {
+    for _ in 0..rounds {
+        for _ in 0..count {
+            answers
+                .recv()
+                .await
+                .context("a reader ended before its last answer")?;
         }
-        say(&serde_json::to_string(&all)?)?;
-        anyhow::Ok(())
+        say("turn")?;
+    }
+    let mut all = Vec::new();
+    for reader in readers {
+        all.extend(reader.await??);
+    }
+    say(&serde_json::to_string(&all)?)?;
+    Ok(())
+}
+
+/// `spool-bench lines ADDR COUNT ROUNDS`: opens COUNT plain TCP
+/// connections to ADDR, says `ready`, reads ROUNDS stream lines from each
+/// (saying `turn` after each round), and prints every line's latency as one
+/// JSON array: the bare fan-out `stream-fanout` is measured beside.
+pub(crate) fn lines(args: &[String]) -> anyhow::Result<()> {
+    use tokio::io::AsyncBufReadExt;
+    let [addr, count, rounds] = args else {
+        anyhow::bail!("usage: spool-bench lines ADDR COUNT ROUNDS");
+    };
+    let count: usize = count.parse()?;
+    let rounds: usize = rounds.parse()?;
+    tokio()?.block_on(async {
+        let mut sockets = Vec::with_capacity(count);
+        for _ in 0..count {
+            sockets.push(tokio::net::TcpStream::connect(addr.as_str()).await?);
+        }
+        say("ready")?;
+        let (answered, answers) = tokio::sync::mpsc::unbounded_channel();
+        let mut readers = Vec::with_capacity(count);
+        for socket in sockets {
+            let answered = answered.clone();
+            readers.push(tokio::spawn(async move {
+                let mut lines = tokio::io::BufReader::new(socket).lines();
+                let mut seen = Vec::with_capacity(rounds);
+                for _ in 0..rounds {
+                    let line = lines.next_line().await?.context("a socket closed early")?;
+                    let event: spool_wire::http::StreamEvent = serde_json::from_str(&line)?;
+                    seen.push((time::OffsetDateTime::now_utc() - event.time).as_seconds_f64());
+                    let _ = answered.send(());
+                }
+                anyhow::Ok(seen)
+            }));
+        }
+        drop(answered);
+        collect(readers, answers, count, rounds).await
     })
 }
 

@@ -58,6 +58,7 @@ fn run() -> anyhow::Result<()> {
     match all.first().map(String::as_str) {
         Some("subscribe") => return http::subscribe(&all[1..]),
         Some("connect") => return http::connect(&all[1..]),
+        Some("lines") => return http::lines(&all[1..]),
         _ => {}
     }
     let mut scale = Scale { quick: false };

@@ -140,7 +140,14 @@ enum Accepted {
 
 async fn accept(listener: &Listener) -> std::io::Result<Accepted> {
     match listener {
-        Listener::Tcp(listener) => listener.accept().await.map(|(s, _)| Accepted::Tcp(s)),
+        Listener::Tcp(listener) => {
+            let (stream, _) = listener.accept().await?;
+            // A stream line goes out as it is written: Nagle's algorithm
+            // would hold a small line back while an earlier one waits for
+            // its acknowledgement.
+            stream.set_nodelay(true)?;
+            Ok(Accepted::Tcp(stream))
+        }
         Listener::Unix(listener, _) => listener.accept().await.map(|(s, _)| Accepted::Unix(s)),
     }
 }

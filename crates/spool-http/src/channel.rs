@@ -42,6 +42,7 @@ pub struct HttpChannel {
     agent: Option<String>,
     closing: watch::Receiver<bool>,
     mounted: Vec<(String, crate::server::Handler)>,
+    lines: Arc<crate::lines::LineCache>,
 }
 
 /// Every route the channel serves, as `(method, path)` under
@@ -96,6 +97,7 @@ impl HttpChannel {
             agent: None,
             closing,
             mounted: Vec::new(),
+            lines: Arc::default(),
         }
     }
 
@@ -594,6 +596,7 @@ impl HttpChannel {
         let (sender, channel_body) = ChannelBody::new(STREAM_QUEUE);
         let mut closing = self.closing.clone();
         let run = run.clone();
+        let lines = Arc::clone(&self.lines);
         tokio::spawn(async move {
             let mut last = cursor;
             loop {
@@ -606,9 +609,23 @@ impl HttpChannel {
                 // catching up after a burst is woken and written to once.
                 let mut bytes = Vec::new();
                 let lagged = loop {
-                    let line = stream_line(&run, &mut last, &item);
-                    serde_json::to_writer(&mut bytes, &line).expect("stream lines are plain JSON");
-                    bytes.push(b'\n');
+                    match &item {
+                        StreamItem::Event(envelope) => {
+                            last = Some(envelope.seq);
+                            bytes.extend_from_slice(&lines.line(envelope, |envelope| {
+                                let mut line = serde_json::to_vec(&stream_event(envelope))
+                                    .expect("stream lines are plain JSON");
+                                line.push(b'\n');
+                                Bytes::from(line)
+                            }));
+                        }
+                        item => {
+                            let line = stream_line(&run, &mut last, item);
+                            serde_json::to_writer(&mut bytes, &line)
+                                .expect("stream lines are plain JSON");
+                            bytes.push(b'\n');
+                        }
+                    }
                     if matches!(item, StreamItem::Lagged { .. }) {
                         break true;
                     }

@@ -9,6 +9,7 @@
 pub mod body;
 pub mod channel;
 pub mod client;
+mod lines;
 pub mod server;
 pub mod token;
 

@@ -42,8 +42,8 @@ pub struct LiveDelta {
 /// What a subscriber receives.
 #[derive(Clone, Debug, PartialEq)]
 pub enum StreamItem {
-    /// A durable event.
-    Event(Envelope),
+    /// A durable event, shared with the run's other subscribers.
+    Event(Arc<Envelope>),
     /// A live delta.
     Delta(LiveDelta),
     /// The subscriber fell behind and its stream ends here; resume after
@@ -81,13 +81,13 @@ struct Shared {
 /// the lock and the rest copy from here.
 #[derive(Debug, Default)]
 struct Recent {
-    events: VecDeque<Envelope>,
+    events: VecDeque<Arc<Envelope>>,
 }
 
 impl Recent {
     /// The events from `start` up to (not including) `head`, when all of
     /// them are here.
-    fn covering(&self, start: Seq, head: Seq) -> Option<Vec<Envelope>> {
+    fn covering(&self, start: Seq, head: Seq) -> Option<Vec<Arc<Envelope>>> {
         if head <= start {
             return Some(Vec::new());
         }
@@ -103,7 +103,7 @@ impl Recent {
 
     /// Keeps `read` (contiguous events just read from the journal), joined
     /// to what is here when they meet, else in its place.
-    fn remember(&mut self, read: &[Envelope]) {
+    fn remember(&mut self, read: &[Arc<Envelope>]) {
         let Some(first) = read.first() else { return };
         let end = self.events.back().map(|e| e.seq.next());
         match end {
@@ -364,7 +364,10 @@ impl Subscription {
     /// (and verified) from the journal and shared. Only one subscriber of a
     /// run reads the journal at a time; the others woken by the same append
     /// find its read in the recent events when they get the lock.
-    async fn read_from(&self, start: Seq) -> Result<Vec<Envelope>, spool_journal::JournalError> {
+    async fn read_from(
+        &self,
+        start: Seq,
+    ) -> Result<Vec<Arc<Envelope>>, spool_journal::JournalError> {
         let recent = |head: Seq| {
             self.recent
                 .recent
@@ -379,7 +382,13 @@ impl Subscription {
         if let Some(events) = recent(*self.positions.borrow()) {
             return Ok(events);
         }
-        let events = self.journal.read(&self.run, start).await?;
+        let events: Vec<Arc<Envelope>> = self
+            .journal
+            .read(&self.run, start)
+            .await?
+            .into_iter()
+            .map(Arc::new)
+            .collect();
         self.recent
             .recent
             .lock()
@@ -403,7 +412,7 @@ impl Subscription {
     async fn catch_up(&mut self) -> Result<(), spool_journal::JournalError> {
         for envelope in self.journal.read(&self.run, self.next).await? {
             self.next = envelope.seq.next();
-            self.ready.push_back(StreamItem::Event(envelope));
+            self.ready.push_back(StreamItem::Event(Arc::new(envelope)));
         }
         Ok(())
     }

@@ -1,0 +1,123 @@
+//! Encoded stream lines shared by every subscriber of a run: a journal
+//! event's line depends on the event alone, so when an append wakes a
+//! thousand subscribers the first encodes it and the rest copy its bytes.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Mutex, PoisonError};
+
+use bytes::Bytes;
+use spool_journal::{Envelope, RunId, Seq};
+
+/// How many encoded lines are kept, across runs; the oldest go first.
+pub(crate) const CACHED_LINES: usize = 1024;
+
+/// The most recently encoded journal-event lines, by run and position.
+/// A position's event never changes (the journal only appends), so a line
+/// kept here is never stale.
+#[derive(Debug, Default)]
+pub(crate) struct LineCache {
+    inner: Mutex<Lines>,
+}
+
+#[derive(Debug, Default)]
+struct Lines {
+    by_event: HashMap<(RunId, Seq), Bytes>,
+    oldest_first: VecDeque<(RunId, Seq)>,
+}
+
+impl LineCache {
+    /// The event's stream line with its newline, encoded by `encode` the
+    /// first time it is asked for.
+    pub(crate) fn line(
+        &self,
+        envelope: &Envelope,
+        encode: impl FnOnce(&Envelope) -> Bytes,
+    ) -> Bytes {
+        let key = (envelope.run_id.clone(), envelope.seq);
+        if let Some(line) = self.lock().by_event.get(&key) {
+            return line.clone();
+        }
+        // Encoded outside the lock: two subscribers missing at once both
+        // encode, and the bytes they get are the same.
+        let line = encode(envelope);
+        let mut lines = self.lock();
+        if !lines.by_event.contains_key(&key) {
+            if lines.oldest_first.len() == CACHED_LINES
+                && let Some(oldest) = lines.oldest_first.pop_front()
+            {
+                lines.by_event.remove(&oldest);
+            }
+            lines.oldest_first.push_back(key.clone());
+            lines.by_event.insert(key, line.clone());
+        }
+        line
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Lines> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.lock().by_event.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use spool_journal::Event;
+    use spool_journal::event::RunCreated;
+
+    fn envelope(run: &str, seq: u64) -> Envelope {
+        Envelope {
+            run_id: RunId::new(run).unwrap(),
+            seq: Seq(seq),
+            recorded_at: time::OffsetDateTime::UNIX_EPOCH,
+            event: Event::RunCreated(RunCreated::default()),
+        }
+    }
+
+    #[test]
+    fn an_events_line_is_encoded_once_however_many_subscribers_ask() {
+        let cache = LineCache::default();
+        let mut encoded = 0;
+        for _ in 0..1000 {
+            let line = cache.line(&envelope("r", 3), |_| {
+                encoded += 1;
+                Bytes::from_static(b"{\"seq\":3}\n")
+            });
+            assert_eq!(&line[..], b"{\"seq\":3}\n");
+        }
+        assert_eq!(encoded, 1);
+    }
+
+    #[test]
+    fn the_cache_keeps_at_most_its_bound_and_forgets_the_oldest_first() {
+        let cache = LineCache::default();
+        for seq in 0..(CACHED_LINES as u64 + 10) {
+            cache.line(&envelope("r", seq), |e| Bytes::from(e.seq.to_string()));
+        }
+        assert_eq!(cache.len(), CACHED_LINES);
+        let mut encoded = false;
+        cache.line(&envelope("r", 0), |_| {
+            encoded = true;
+            Bytes::new()
+        });
+        assert!(encoded, "the oldest line was forgotten and encoded again");
+        let mut encoded = false;
+        cache.line(&envelope("r", CACHED_LINES as u64 + 9), |_| {
+            encoded = true;
+            Bytes::new()
+        });
+        assert!(!encoded, "the newest line is still kept");
+    }
+
+    #[test]
+    fn lines_of_different_runs_at_the_same_position_are_kept_apart() {
+        let cache = LineCache::default();
+        let a = cache.line(&envelope("a", 1), |_| Bytes::from_static(b"a"));
+        let b = cache.line(&envelope("b", 1), |_| Bytes::from_static(b"b"));
+        assert_eq!((&a[..], &b[..]), (&b"a"[..], &b"b"[..]));
+    }
+}

@@ -558,10 +558,7 @@ pub(crate) fn lines(args: &[String]) -> anyhow::Result<()> {
     let count: usize = count.parse()?;
     let rounds: usize = rounds.parse()?;
     tokio()?.block_on(async {
-        let mut sockets = Vec::with_capacity(count);
-        for _ in 0..count {
-            sockets.push(tokio::net::TcpStream::connect(addr.as_str()).await?);
-        }
+        let sockets = connect_all(addr, count).await?;
         say("ready")?;
         let (answered, answers) = tokio::sync::mpsc::unbounded_channel();
         let mut readers = Vec::with_capacity(count);
@@ -592,15 +589,21 @@ pub(crate) fn connect(args: &[String]) -> anyhow::Result<()> {
     };
     let count: usize = count.parse()?;
     tokio()?.block_on(async {
-        let mut held = Vec::with_capacity(count);
-        for _ in 0..count {
-            held.push(tokio::net::TcpStream::connect(addr.as_str()).await?);
-        }
+        let held = connect_all(addr, count).await?;
         say("ready")?;
         tokio::io::copy(&mut tokio::io::stdin(), &mut tokio::io::sink()).await?;
         drop(held);
         anyhow::Ok(())
     })
+}
+
+/// `count` plain TCP connections to `addr`.
+async fn connect_all(addr: &str, count: usize) -> std::io::Result<Vec<tokio::net::TcpStream>> {
+    let mut sockets = Vec::with_capacity(count);
+    for _ in 0..count {
+        sockets.push(tokio::net::TcpStream::connect(addr).await?);
+    }
+    Ok(sockets)
 }
 
 /// One line to the parent process.

@@ -20,11 +20,11 @@
 //! let at = |seq, event| Envelope { run_id: run.clone(), seq: Seq(seq), recorded_at: time::OffsetDateTime::UNIX_EPOCH, event };
 //! let log = vec![
 //!     at(1, Event::ModelCallRequested(ModelCallRequested { request_hash: "sha256:aa".into(), new_messages: vec![] })),
-//!     at(2, Event::ModelCallCompleted(ModelCallCompleted { message: json!("hi"), usage: None, finish_reason: None })),
+//!     at(2, Event::ModelCallCompleted(ModelCallCompleted { message: json!("hi").into(), usage: None, finish_reason: None })),
 //! ];
 //! let mut cursor = ReplayCursor::new(log, Seq(3));
 //! let ModelStep::Replayed(done) = cursor.model_call("sha256:aa").unwrap() else { panic!() };
-//! assert_eq!(done.message, json!("hi"));
+//! assert_eq!(*done.message, json!("hi"));
 //! // The record is exhausted: the next call is live, and only now may act.
 //! let ModelStep::Live(permit) = cursor.model_call("sha256:bb").unwrap() else { panic!() };
 //! assert!(!permit.intent_recorded());

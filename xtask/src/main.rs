@@ -15,7 +15,7 @@ mod tidy;
 const USAGE: &str = "usage: cargo xtask <command>
 
 commands:
-  ci                   fmt check, clippy, nextest, doctests, tidy (what CI runs)
+  ci                   fmt check, clippy, nextest, doctests, rustdoc, tidy (what CI runs)
   tidy                 check the crate layering and file conventions
   bench [--quick] [--only NAME]
                        build in release mode and run the benchmarks; prints a
@@ -54,7 +54,7 @@ fn main() -> ExitCode {
 /// Everything CI checks, in order, stopping at the first failure.
 fn ci() -> Result<()> {
     let root = root();
-    let steps: [(&str, &[&str]); 4] = [
+    let steps: [(&str, &[&str]); 5] = [
         ("format", &["fmt", "--all", "--check"]),
         (
             "clippy",
@@ -79,14 +79,22 @@ fn ci() -> Result<()> {
             ],
         ),
         ("doctests", &["test", "--doc", "--workspace", "--locked"]),
+        ("docs", &["doc", "--no-deps", "--workspace", "--locked"]),
     ];
     for (name, args) in steps {
         section(name);
-        let status = cargo()
+        let mut command = cargo();
+        command
             .args(args)
             .current_dir(&root)
             // Snapshot tests must compare, never write, under CI.
-            .env("INSTA_UPDATE", "no")
+            .env("INSTA_UPDATE", "no");
+        if name == "docs" {
+            // A broken doc link or stray HTML in a doc comment fails, as
+            // clippy's warnings do.
+            command.env("RUSTDOCFLAGS", "-D warnings");
+        }
+        let status = command
             .status()
             .with_context(|| format!("starting cargo for {name}"))?;
         if !status.success() {

@@ -2,7 +2,7 @@
 //!
 //! The pure core ([`event`], [`fold`], [`cursor`], [`chain`]) does no I/O
 //! and reads no clock: given the same log it gives the same answers,
-//! anywhere. Stores sit behind the [`Journal`](store::Journal) trait:
+//! anywhere. Stores sit behind the [`Journal`] trait:
 //! [`store::sqlite::SqliteJournal`] (the embedded default: WAL,
 //! `synchronous=FULL`, one group-committing writer thread) and
 //! [`store::memory::MemoryJournal`] (tests, and hosts that need no

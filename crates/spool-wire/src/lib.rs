@@ -13,7 +13,7 @@
 //! | [`pod`] | 003 | Pod JSONL methods, events and history items |
 //! | [`sentinel`] | 004 | suspension, sleep and failure sentinels inside tool completions |
 //! | [`canonical`] | 004 | RFC 8785 canonical JSON and `sha256:` content hashes |
-//! | [`line`] | — | a bounded line splitter for every JSONL reader |
+//! | [`line`](mod@line) | — | a bounded line splitter for every JSONL reader |
 //! | [`validate`] | — | check one message of a named kind and re-encode it |
 //!
 //! Rules the families share: codes are additive, so an unknown code decodes

@@ -1,4 +1,4 @@
-//! `echo`: answers "echo: <the last user message>", streamed word by word.
+//! `echo`: answers `echo: <the last user message>`, streamed word by word.
 //! The embedded default: Spool runs end to end with no model configured.
 
 use spool_journal::event::Usage;

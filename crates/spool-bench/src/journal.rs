@@ -125,6 +125,70 @@ fn naive_appends(duration: Duration, bytes: usize) -> anyhow::Result<f64> {
     Ok(n as f64 / start.elapsed().as_secs_f64())
 }
 
+/// How the events of a commit are laid out in a plain SQLite table.
+#[derive(Clone, Copy)]
+enum Layout {
+    /// Clustered by `(run_id, seq)`, as Spool's `events` table.
+    ByRun,
+    /// In arrival order, with a `(run_id, seq)` index for a run's reads.
+    ArrivalIndexed,
+    /// In arrival order, nothing else.
+    Arrival,
+}
+
+/// Plain SQLite at Spool's batch size, one thread, `synchronous=FULL`:
+/// `batch` events of 64 runs in turn per transaction, in `layout`. What
+/// SQLite itself allows for each layout, without Spool's work around it.
+fn plain_sqlite_appends(
+    duration: Duration,
+    batch: usize,
+    bytes: usize,
+    layout: Layout,
+) -> anyhow::Result<f64> {
+    let dir = tempfile::tempdir()?;
+    let mut conn = rusqlite::Connection::open(dir.path().join("plain.db"))?;
+    conn.execute_batch(
+        "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA wal_autocheckpoint=10000;",
+    )?;
+    conn.execute_batch(match layout {
+        Layout::ByRun => {
+            "CREATE TABLE events (run_id TEXT NOT NULL, seq INTEGER NOT NULL, body BLOB NOT NULL,
+                                  hash BLOB NOT NULL, PRIMARY KEY (run_id, seq)) WITHOUT ROWID;"
+        }
+        Layout::ArrivalIndexed => {
+            "CREATE TABLE events (id INTEGER PRIMARY KEY, run_id TEXT NOT NULL, seq INTEGER NOT NULL,
+                                  body BLOB NOT NULL, hash BLOB NOT NULL);
+             CREATE UNIQUE INDEX events_run ON events (run_id, seq);"
+        }
+        Layout::Arrival => {
+            "CREATE TABLE events (id INTEGER PRIMARY KEY, run_id TEXT NOT NULL, seq INTEGER NOT NULL,
+                                  body BLOB NOT NULL, hash BLOB NOT NULL);"
+        }
+    })?;
+    let body = vec![b'x'; bytes];
+    let hash = [7u8; 32];
+    let runs: Vec<String> = (0..64).map(|i| format!("run-{i}")).collect();
+    let mut seqs = [0i64; 64];
+    let start = Instant::now();
+    let mut n = 0usize;
+    while start.elapsed() < duration {
+        let transaction = conn.transaction()?;
+        {
+            let mut insert = transaction.prepare_cached(
+                "INSERT INTO events (run_id, seq, body, hash) VALUES (?1, ?2, ?3, ?4)",
+            )?;
+            for _ in 0..batch {
+                let run = n % runs.len();
+                seqs[run] += 1;
+                insert.execute(rusqlite::params![runs[run], seqs[run], body, hash])?;
+                n += 1;
+            }
+        }
+        transaction.commit()?;
+    }
+    Ok(n as f64 / start.elapsed().as_secs_f64())
+}
+
 /// A raw append-only file, `fdatasync` after every batch of `batch`
 /// records: the disk's limit at that batch size.
 fn raw_file_appends(duration: Duration, batch: usize, bytes: usize) -> anyhow::Result<f64> {
@@ -182,6 +246,20 @@ pub(crate) fn append(scale: Scale) -> anyhow::Result<Vec<Row>> {
                 format!("raw fdatasync, batch {group:.1}"),
                 raw,
             ));
+            let batch = group.round().max(1.0) as usize;
+            for (layout, label) in [
+                (Layout::ByRun, "by run"),
+                (Layout::ArrivalIndexed, "in arrival order, indexed"),
+                (Layout::Arrival, "in arrival order"),
+            ] {
+                rows.push(Row::new(
+                    format!("journal-append/{runs} runs, plain SQLite {label}"),
+                    plain_sqlite_appends(duration, batch, bytes, layout)?,
+                    "events/s",
+                    format!("raw fdatasync, batch {group:.1}"),
+                    raw,
+                ));
+            }
         } else {
             rows.push(vs_raw);
             rows.push(vs_naive);

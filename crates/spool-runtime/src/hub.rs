@@ -78,7 +78,7 @@ struct Shared {
 /// A watched run's latest durable events, contiguous by position, as read
 /// (and verified) from the journal by one of its subscribers. When an
 /// append wakes a thousand subscribers, the first reads the journal under
-/// the lock and the rest copy from here.
+/// the lock and the rest share what it read.
 #[derive(Debug, Default)]
 struct Recent {
     events: VecDeque<Arc<Envelope>>,

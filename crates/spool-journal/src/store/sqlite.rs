@@ -178,7 +178,8 @@ CREATE UNIQUE INDEX claims_holder ON claims (run_id, call_id);
 /// and syncs the file; ten times the window writes each hot page once per
 /// hundred commits: +16 % appends/s at 64 runs with `synchronous=FULL`,
 /// +28 % with `NORMAL` (`cargo xtask bench --only journal-append`, three
-/// runs each). The WAL stays bounded: about 40 MiB at the most.
+/// runs each). Unless a long read holds a checkpoint back, the WAL stays
+/// under about 40 MiB.
 const WAL_CHECKPOINT_PAGES: u32 = 10_000;
 
 /// What a WAL file is cut back to after a checkpoint empties it, should a

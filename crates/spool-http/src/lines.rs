@@ -21,7 +21,9 @@ pub(crate) struct LineCache {
 
 #[derive(Debug, Default)]
 struct Lines {
-    by_event: HashMap<(RunId, Seq), Bytes>,
+    /// By run, then position: a lookup borrows the run's id, so the
+    /// thousand subscribers asking for one line allocate nothing.
+    by_run: HashMap<RunId, HashMap<Seq, Bytes>>,
     oldest_first: VecDeque<(RunId, Seq)>,
 }
 
@@ -33,22 +35,30 @@ impl LineCache {
         envelope: &Envelope,
         encode: impl FnOnce(&Envelope) -> Bytes,
     ) -> Bytes {
-        let key = (envelope.run_id.clone(), envelope.seq);
-        if let Some(line) = self.lock().by_event.get(&key) {
-            return line.clone();
+        let (run, seq) = (&envelope.run_id, envelope.seq);
+        if let Some(line) = self.lock().get(run, seq) {
+            return line;
         }
         // Encoded outside the lock: two subscribers missing at once both
         // encode, and the bytes they get are the same.
         let line = encode(envelope);
         let mut lines = self.lock();
-        if !lines.by_event.contains_key(&key) {
+        if lines.get(run, seq).is_none() {
             if lines.oldest_first.len() == CACHED_LINES
-                && let Some(oldest) = lines.oldest_first.pop_front()
+                && let Some((old_run, old_seq)) = lines.oldest_first.pop_front()
+                && let Some(run_lines) = lines.by_run.get_mut(&old_run)
             {
-                lines.by_event.remove(&oldest);
+                run_lines.remove(&old_seq);
+                if run_lines.is_empty() {
+                    lines.by_run.remove(&old_run);
+                }
             }
-            lines.oldest_first.push_back(key.clone());
-            lines.by_event.insert(key, line.clone());
+            lines.oldest_first.push_back((run.clone(), seq));
+            lines
+                .by_run
+                .entry(run.clone())
+                .or_default()
+                .insert(seq, line.clone());
         }
         line
     }
@@ -59,7 +69,13 @@ impl LineCache {
 
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.lock().by_event.len()
+        self.lock().by_run.values().map(HashMap::len).sum()
+    }
+}
+
+impl Lines {
+    fn get(&self, run: &RunId, seq: Seq) -> Option<Bytes> {
+        self.by_run.get(run)?.get(&seq).cloned()
     }
 }
 

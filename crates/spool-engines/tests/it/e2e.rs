@@ -13,12 +13,12 @@ use spool_journal::event::Event;
 use spool_journal::fold::Status;
 use spool_journal::store::memory::MemoryJournal;
 use spool_journal::{Journal, RunId, Seq, TurnId};
-use spool_runtime::engine::{CallContext, Delta, Message, ModelRequest};
+use spool_runtime::engine::{CallContext, Delta};
 use spool_runtime::runtime::{Accepted, MessageRequest, StartRequest};
 use spool_runtime::{Engine, RunView, Runtime};
 use tokio_util::sync::CancellationToken;
 
-use crate::replay::{Replay, Reply};
+use crate::replay::{Replay, Reply, hello};
 
 fn runtime(engine: Arc<dyn Engine>) -> (Runtime, Arc<MemoryJournal>) {
     let journal = Arc::new(MemoryJournal::new());
@@ -119,17 +119,7 @@ async fn full_turns(engine: Arc<dyn Engine>) {
         run: RunId::new("e2e-direct").unwrap(),
         ordinal: 0,
     };
-    let request = ModelRequest {
-        messages: vec![
-            Message::System {
-                content: "You are terse.".into(),
-            },
-            Message::User {
-                content: "Say hello.".into(),
-            },
-        ],
-        tools: vec![],
-    };
+    let request = hello();
     let response = tokio::time::timeout(
         Duration::from_secs(300),
         engine.call(&context, &request, &push, &CancellationToken::new()),

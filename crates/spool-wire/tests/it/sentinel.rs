@@ -169,3 +169,16 @@ fn content_string_renders_strings_bare_and_everything_else_canonically() {
     let value: Value = serde_json::from_str(r#"{"b": 1, "a": [2.0, "x"]}"#).unwrap();
     assert_eq!(content_string(&value), r#"{"a":[2,"x"],"b":1}"#);
 }
+
+#[test]
+fn a_completion_read_from_text_that_is_not_json_is_refused_as_not_json() {
+    for text in ["", "{\"__spool_sleep\":", "tomorrow", "{\"a\":1} trailing"] {
+        assert!(
+            matches!(
+                spool_wire::sentinel::Recorded::decode(text),
+                Err(spool_wire::sentinel::RecordedError::NotJson(_))
+            ),
+            "{text:?}"
+        );
+    }
+}

@@ -26,7 +26,7 @@ const ONE_TURN: &str = r#"{"text": "done"}"#;
 /// A model call that asks for approval, so the run parks in `waiting`.
 const PARKS: &str = r#"{"tool_calls": [{"id": "c1", "name": "request_approval", "arguments": {"prompt": "Deploy?"}}]}"#;
 
-fn tokio() -> anyhow::Result<tokio::runtime::Runtime> {
+pub(crate) fn tokio() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -34,7 +34,7 @@ fn tokio() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 /// A server on a free loopback port; stops when the sender is dropped.
-async fn start(
+pub(crate) async fn start(
     handler: spool_http::server::Handler,
 ) -> anyhow::Result<(String, watch::Sender<bool>)> {
     let listener = Listener::tcp("127.0.0.1:0").await?;
@@ -87,7 +87,7 @@ async fn load(
     Ok((latencies.len() as f64 / elapsed, latencies))
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
+pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }

@@ -11,6 +11,7 @@ use std::process::ExitCode;
 
 mod http;
 mod journal;
+mod long;
 mod report;
 mod wire;
 
@@ -40,6 +41,7 @@ const BENCHES: &[(&str, Bench)] = &[
     ("http-runs", http::runs),
     ("parked-runs", http::parked),
     ("stream-fanout", http::fanout),
+    ("long-run", long::run),
 ];
 
 fn main() -> ExitCode {

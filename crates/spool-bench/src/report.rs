@@ -68,6 +68,14 @@ impl Row {
         self
     }
 
+    /// The same row with a ceiling on the ratio: for a figure that must
+    /// stay near its baseline (a late turn beside an early one).
+    pub(crate) fn ratio_at_most(mut self, target: f64) -> Self {
+        self.target = Some(format!("ratio <= {target}"));
+        self.met = Some(self.ratio <= target);
+        self
+    }
+
     /// The same row with a target on the figure.
     pub(crate) fn figure_at_least(mut self, target: f64) -> Self {
         self.target = Some(format!(">= {} {}", human(target), self.unit));

@@ -41,7 +41,7 @@ impl Dialect for Anthropic {
     fn body(&self, request: &ModelRequest, settings: &Settings) -> Value {
         let mut system = Vec::new();
         let mut turns: Vec<(&str, Vec<Value>)> = Vec::new();
-        for message in &request.messages {
+        for message in request.messages() {
             let (role, blocks) = match message {
                 Message::System { content } => {
                     system.push(content.as_str());
@@ -91,9 +91,9 @@ impl Dialect for Anthropic {
         if !system.is_empty() {
             body["system"] = system.join("\n\n").into();
         }
-        if !request.tools.is_empty() {
+        if !request.tools().is_empty() {
             body["tools"] = request
-                .tools
+                .tools()
                 .iter()
                 .map(|tool| {
                     json!({

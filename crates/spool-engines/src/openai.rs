@@ -36,16 +36,16 @@ impl Dialect for OpenAi {
     }
 
     fn body(&self, request: &ModelRequest, settings: &Settings) -> Value {
-        let messages: Vec<Value> = request.messages.iter().map(message).collect();
+        let messages: Vec<Value> = request.messages().map(message).collect();
         let mut body = json!({
             "model": self.model,
             "messages": messages,
             "stream": true,
             "stream_options": { "include_usage": true },
         });
-        if !request.tools.is_empty() {
+        if !request.tools().is_empty() {
             body["tools"] = request
-                .tools
+                .tools()
                 .iter()
                 .map(|tool| {
                     json!({
@@ -363,12 +363,12 @@ mod tests {
 
     #[test]
     fn the_answer_cap_is_sent_under_the_name_the_endpoint_reads() {
-        let request = ModelRequest {
-            messages: vec![Message::User {
+        let request = ModelRequest::new(
+            vec![Message::User {
                 content: "hi".into(),
             }],
-            tools: vec![],
-        };
+            vec![],
+        );
         let dialect = OpenAi { model: "m".into() };
         let mut settings = Settings::new("https://api.openai.com/v1");
         settings.max_tokens = Some(64);

@@ -458,13 +458,13 @@ fn summary_request(messages: &[Message]) -> ModelRequest {
         transcript.push_str(text);
         transcript.push('\n');
     }
-    ModelRequest {
-        messages: vec![
+    ModelRequest::new(
+        vec![
             Message::System {
                 content: "Summarize the conversation you are given so it can continue from the summary alone: keep every fact, decision, open question and commitment; drop pleasantries.".into(),
             },
             Message::User { content: transcript },
         ],
-        tools: Vec::new(),
-    }
+        Vec::new(),
+    )
 }

@@ -33,8 +33,8 @@
 use serde_json::Value;
 
 use crate::event::{
-    Effect, Envelope, Event, ModelCallCompleted, Resumed, SleepStarted, Suspended,
-    ToolCallAbandoned, ToolCallRequested,
+    Effect, Envelope, Event, ModelCallCompleted, ModelCallRequested, Resumed, SleepStarted,
+    Suspended, ToolCallAbandoned, ToolCallRequested,
 };
 use crate::id::Seq;
 
@@ -311,6 +311,16 @@ impl ReplayCursor {
                 }
             }
             _ => Err(self.diverged(at, format!("sleep for call {call_id}"))),
+        }
+    }
+
+    /// The next recorded action, when it is a model call: its hash says
+    /// which form of request hash the record was made with.
+    #[must_use]
+    pub fn peek_model_call(&self) -> Option<&ModelCallRequested> {
+        match &self.log[self.next_action()?].event {
+            Event::ModelCallRequested(requested) => Some(requested),
+            _ => None,
         }
     }
 

@@ -2,8 +2,11 @@
 //! ([`Message`]), what it is asked ([`ModelRequest`]), what it streams
 //! ([`Delta`]) and what it answers ([`ModelResponse`]).
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 use spool_journal::event::Usage;
 use tokio_util::sync::CancellationToken;
 
@@ -62,25 +65,183 @@ pub struct ToolSpec {
     pub input_schema: Value,
 }
 
-/// One model call's request.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// One model call's request: the conversation a model sees, system prompt
+/// first, and the tools it may call.
+///
+/// The earlier part of the conversation is shared with the runtime's
+/// in-memory copy of the run, not copied for every call, so a request at a
+/// run's turn 2,000 costs what turn 10's does. Read the conversation with
+/// [`ModelRequest::messages`]; it serializes as `{"messages": [...],
+/// "tools": [...]}`.
+#[derive(Clone, Debug)]
 pub struct ModelRequest {
-    /// The whole conversation, system prompt first.
-    pub messages: Vec<Message>,
-    /// The tools the model may call.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub tools: Vec<ToolSpec>,
+    /// The shared start of the conversation.
+    earlier: Arc<Vec<Message>>,
+    /// What follows it: this turn's messages.
+    recent: Vec<Message>,
+    /// The tools, shared by every request of a runtime.
+    tools: Arc<[ToolSpec]>,
 }
 
+/// The prefix of a request hash made by [`ModelRequest::hash`]: a chain over
+/// the messages, so a long run's next hash costs only its new messages.
+pub const REQUEST_HASH_PREFIX: &str = "sha256-chain:";
+
 impl ModelRequest {
+    /// A request for `messages` (system prompt first) and `tools`.
+    #[must_use]
+    pub fn new(messages: Vec<Message>, tools: Vec<ToolSpec>) -> Self {
+        Self {
+            earlier: Arc::new(Vec::new()),
+            recent: messages,
+            tools: tools.into(),
+        }
+    }
+
+    /// A request whose conversation is `earlier`, shared, then `recent`.
+    pub(crate) fn shared(
+        earlier: Arc<Vec<Message>>,
+        recent: Vec<Message>,
+        tools: Arc<[ToolSpec]>,
+    ) -> Self {
+        Self {
+            earlier,
+            recent,
+            tools,
+        }
+    }
+
+    /// The conversation, system prompt first.
+    pub fn messages(&self) -> impl DoubleEndedIterator<Item = &Message> + Clone {
+        self.earlier.iter().chain(&self.recent)
+    }
+
+    /// How many messages the conversation has.
+    #[must_use]
+    pub fn message_count(&self) -> usize {
+        self.earlier.len() + self.recent.len()
+    }
+
+    /// The tools the model may call.
+    #[must_use]
+    pub fn tools(&self) -> &[ToolSpec] {
+        &self.tools
+    }
+
     /// The request's content hash: what the journal records, and what a
-    /// replay must reproduce.
+    /// replay must reproduce. A chain over the messages' canonical JSON,
+    /// then the tools' (see [`RequestHasher`]).
     #[must_use]
     pub fn hash(&self) -> String {
+        let mut hasher = RequestHasher::default();
+        for message in self.messages() {
+            hasher.push(message);
+        }
+        hasher.finish(&tools_digest(&self.tools))
+    }
+
+    /// The hash version-1 logs recorded: the content hash of the whole
+    /// request's JSON. A turn recorded by an earlier Spool replays against
+    /// it, so an upgrade never turns an in-flight run into a divergence.
+    #[must_use]
+    pub fn hash_v1(&self) -> String {
         let value = serde_json::to_value(self)
             .expect("a model request is plain JSON and always serializes");
         spool_wire::canonical::content_hash(&value)
     }
+}
+
+impl PartialEq for ModelRequest {
+    fn eq(&self, other: &Self) -> bool {
+        self.message_count() == other.message_count()
+            && self.messages().eq(other.messages())
+            && self.tools == other.tools
+    }
+}
+
+impl Serialize for ModelRequest {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        struct Messages<'a>(&'a ModelRequest);
+        impl Serialize for Messages<'_> {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.collect_seq(self.0.messages())
+            }
+        }
+        let fields = if self.tools.is_empty() { 1 } else { 2 };
+        let mut out = serializer.serialize_struct("ModelRequest", fields)?;
+        out.serialize_field("messages", &Messages(self))?;
+        if !self.tools.is_empty() {
+            out.serialize_field("tools", &*self.tools)?;
+        }
+        out.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for ModelRequest {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        struct Wire {
+            messages: Vec<Message>,
+            #[serde(default)]
+            tools: Vec<ToolSpec>,
+        }
+        let wire = Wire::deserialize(deserializer)?;
+        Ok(Self::new(wire.messages, wire.tools))
+    }
+}
+
+/// Builds a request hash message by message: SHA-256 over the previous
+/// link and the next message's canonical JSON, closed with the tools'
+/// digest. The runtime keeps a run's chain up to its current turn, so each
+/// model call hashes only what is new.
+#[derive(Clone, Debug)]
+pub struct RequestHasher {
+    link: [u8; 32],
+}
+
+impl Default for RequestHasher {
+    fn default() -> Self {
+        Self {
+            link: Sha256::digest(b"spool model request v2").into(),
+        }
+    }
+}
+
+impl RequestHasher {
+    /// Adds the conversation's next message.
+    pub fn push(&mut self, message: &Message) {
+        let value = serde_json::to_value(message).expect("a message is plain JSON");
+        let mut next = Sha256::new();
+        next.update(self.link);
+        next.update(spool_wire::canonical::canonical_json(&value).as_bytes());
+        self.link = next.finalize().into();
+    }
+
+    /// The hash of the conversation so far with tools whose digest is
+    /// `tools` (see [`tools_digest`]).
+    #[must_use]
+    pub fn finish(&self, tools: &[u8; 32]) -> String {
+        let mut last = Sha256::new();
+        last.update(self.link);
+        last.update(tools);
+        let mut out = String::with_capacity(REQUEST_HASH_PREFIX.len() + 64);
+        out.push_str(REQUEST_HASH_PREFIX);
+        for byte in last.finalize() {
+            for nibble in [byte >> 4, byte & 0x0f] {
+                out.push(char::from_digit(u32::from(nibble), 16).expect("a nibble is below 16"));
+            }
+        }
+        out
+    }
+}
+
+/// The SHA-256 of the tools' canonical JSON, the last link of a request
+/// hash: computed once per runtime, since its tools do not change.
+#[must_use]
+pub fn tools_digest(tools: &[ToolSpec]) -> [u8; 32] {
+    let value = serde_json::to_value(tools).expect("tool specs are plain JSON");
+    Sha256::digest(spool_wire::canonical::canonical_json(&value).as_bytes()).into()
 }
 
 /// What a model streams while it answers. Live only: deltas are never

@@ -10,6 +10,9 @@ pub enum RuntimeError {
     /// No such run.
     #[error("no run {0}")]
     RunNotFound(RunId),
+    /// No run holds the address.
+    #[error("no run holds address {0}")]
+    AddressNotFound(spool_journal::Address),
     /// A turn is running; the operation needs an idle run.
     #[error("run {0} has a turn in progress")]
     RunActive(RunId),
@@ -66,11 +69,19 @@ pub enum RuntimeError {
 }
 
 impl RuntimeError {
+    /// The run's journal cannot be replayed into a conversation.
+    pub(crate) fn corrupt(run: &RunId, reason: String) -> Self {
+        Self::ConversationCorrupt {
+            run: run.clone(),
+            reason,
+        }
+    }
+
     /// The HTTP channel's code for this error.
     #[must_use]
     pub fn code(&self) -> ErrorCode {
         match self {
-            Self::RunNotFound(_) => ErrorCode::RunNotFound,
+            Self::RunNotFound(_) | Self::AddressNotFound(_) => ErrorCode::RunNotFound,
             Self::RunActive(_) => ErrorCode::RunActive,
             Self::RunWaiting(_) => ErrorCode::RunWaiting,
             Self::RunNotWaiting { .. } => ErrorCode::RunNotWaiting,

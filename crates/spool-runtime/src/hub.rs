@@ -157,6 +157,8 @@ impl Hub {
                 deltas.ring.pop_front();
             }
             deltas.ring.push_back(live.clone());
+            // Refused only when nobody listens; the ring has it for whoever
+            // subscribes next.
             let _ = deltas.sender.send(live);
         });
     }

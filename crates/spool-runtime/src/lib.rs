@@ -14,22 +14,26 @@
 #![warn(missing_docs)]
 
 pub mod agent;
+mod budget;
 pub mod channel;
+mod driver;
 pub mod engine;
 pub mod engines;
 pub mod error;
+mod history;
 pub mod hub;
 pub mod ids;
-pub mod runtime;
+mod runs;
+mod runtime;
 pub mod tool;
 pub mod tools;
-mod turn;
 pub mod view;
 
 pub use channel::{AuthError, Authenticator, Channel, Credentials};
 pub use engine::{Engine, Message, ModelRequest, ModelResponse};
 pub use error::RuntimeError;
 pub use ids::{IdSource, SequentialIds, UniqueIds};
+pub use runs::DEFAULT_CACHED_RUNS;
 pub use runtime::{
     Accepted, CancelOutcome, MessageRequest, Recovery, Runtime, RuntimeBuilder, StartRequest,
 };

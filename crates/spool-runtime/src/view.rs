@@ -4,8 +4,10 @@
 use serde_json::Value;
 use spool_journal::event::{Suspended, Usage};
 use spool_journal::fold::{ItemContent, State, Status};
-use spool_journal::{Envelope, Event, RunId, Seq, TurnId};
+use spool_journal::{RunId, Seq, TurnId};
 use spool_wire::http::SuspendKind;
+
+use crate::runs::Locked;
 
 /// A run's state and latest boundary result.
 #[derive(Clone, Debug, PartialEq)]
@@ -28,7 +30,7 @@ pub struct RunView {
     pub title: Option<String>,
 }
 
-/// A run's conversation, state and cursor, from one replay.
+/// A run's conversation, state and cursor, read at one position.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Snapshot {
     /// The state.
@@ -39,28 +41,27 @@ pub struct Snapshot {
 }
 
 impl RunView {
-    pub(crate) fn from_log(run: &RunId, log: &[Envelope], state: &State) -> Self {
-        // The last turn's usage: what its completion recorded.
-        let usage = log.iter().rev().find_map(|e| match &e.event {
-            Event::TurnCompleted(done) if Some(&done.turn_id) == state.turn.as_ref() => done.usage,
-            _ => None,
-        });
+    pub(crate) fn of(locked: &Locked) -> Self {
+        let cached = locked.cached();
+        let state = &cached.state;
         Self {
-            run_id: run.clone(),
+            run_id: locked.run().clone(),
             status: state.status.clone(),
             turn_id: state.turn.clone(),
             cursor: state.last_seq,
             response: state.response.clone(),
             suspend: state.suspension.clone().or_else(|| budget_suspend(state)),
-            usage,
+            // The last turn's usage: what its completion recorded.
+            usage: cached.turn_usage,
             title: state.title().map(str::to_owned),
         }
     }
 }
 
 impl Snapshot {
-    pub(crate) fn from_log(run: &RunId, log: &[Envelope], state: &State) -> Self {
-        let messages = state
+    pub(crate) fn of(locked: &Locked) -> Self {
+        let messages = locked
+            .state()
             .conversation
             .iter()
             .map(|item| match &item.content {
@@ -85,7 +86,7 @@ impl Snapshot {
             })
             .collect();
         Self {
-            view: RunView::from_log(run, log, state),
+            view: RunView::of(locked),
             messages,
         }
     }

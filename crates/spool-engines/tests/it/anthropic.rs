@@ -44,8 +44,8 @@ async fn a_recorded_text_answer_streams_as_text_deltas_with_usage() {
 #[tokio::test]
 async fn the_request_is_a_streamed_message_with_tool_results_in_the_users_turn() {
     let server = Replay::start(vec![Reply::transcript("anthropic/text.sse")]).await;
-    let request = ModelRequest {
-        messages: vec![
+    let request = ModelRequest::new(
+        vec![
             Message::System {
                 content: "sys".into(),
             },
@@ -79,12 +79,12 @@ async fn the_request_is_a_streamed_message_with_tool_results_in_the_users_turn()
                 content: "thanks".into(),
             },
         ],
-        tools: vec![ToolSpec {
+        vec![ToolSpec {
             name: "get_weather".into(),
             description: "Weather for a city.".into(),
             input_schema: json!({"type": "object"}),
         }],
-    };
+    );
     call(&engine(&server.url), "an-request", &request)
         .await
         .result

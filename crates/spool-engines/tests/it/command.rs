@@ -17,12 +17,12 @@ fn engine(script: &str, timeout: Duration) -> CommandEngine {
 }
 
 fn hello() -> ModelRequest {
-    ModelRequest {
-        messages: vec![Message::User {
+    ModelRequest::new(
+        vec![Message::User {
             content: "Say hello.".into(),
         }],
-        tools: vec![],
-    }
+        vec![],
+    )
 }
 
 #[tokio::test]

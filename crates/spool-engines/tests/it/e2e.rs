@@ -14,7 +14,7 @@ use spool_journal::fold::Status;
 use spool_journal::store::memory::MemoryJournal;
 use spool_journal::{Journal, RunId, Seq, TurnId};
 use spool_runtime::engine::{CallContext, Delta};
-use spool_runtime::runtime::{Accepted, MessageRequest, StartRequest};
+use spool_runtime::{Accepted, MessageRequest, StartRequest};
 use spool_runtime::{Engine, RunView, Runtime};
 use tokio_util::sync::CancellationToken;
 

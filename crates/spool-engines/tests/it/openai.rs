@@ -76,8 +76,8 @@ async fn a_recorded_text_answer_streams_as_text_deltas_with_usage() {
 #[tokio::test]
 async fn the_request_is_a_streamed_chat_completion_with_the_key_in_its_header() {
     let server = Replay::start(vec![Reply::transcript("openai/text.sse")]).await;
-    let request = ModelRequest {
-        messages: vec![
+    let request = ModelRequest::new(
+        vec![
             Message::System {
                 content: "sys".into(),
             },
@@ -97,12 +97,12 @@ async fn the_request_is_a_streamed_chat_completion_with_the_key_in_its_header() 
                 content: "sunny".into(),
             },
         ],
-        tools: vec![ToolSpec {
+        vec![ToolSpec {
             name: "get_weather".into(),
             description: "Weather for a city.".into(),
             input_schema: json!({"type": "object"}),
         }],
-    };
+    );
     let mut settings = settings(&server.url);
     settings.max_tokens = Some(64);
     let engine = OpenAiEngine::new("smollm2", settings).unwrap();

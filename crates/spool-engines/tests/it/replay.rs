@@ -255,8 +255,8 @@ async fn answer(mut socket: Box<dyn Socket>, reply: Reply) {
 
 /// The request most tests send: a system prompt and a greeting.
 pub(crate) fn hello() -> ModelRequest {
-    ModelRequest {
-        messages: vec![
+    ModelRequest::new(
+        vec![
             Message::System {
                 content: "You are terse.".into(),
             },
@@ -264,8 +264,8 @@ pub(crate) fn hello() -> ModelRequest {
                 content: "Say hello.".into(),
             },
         ],
-        tools: vec![],
-    }
+        vec![],
+    )
 }
 
 /// One call's outcome: the deltas in order and the result.

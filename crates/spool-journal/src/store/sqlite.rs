@@ -229,6 +229,8 @@ impl Owner {
         match file.try_lock() {
             Ok(()) => {}
             Err(std::fs::TryLockError::WouldBlock) => {
+                // The holder's pid is a courtesy in the message; without
+                // it the refusal stands all the same.
                 let mut holder = String::new();
                 let _ = file.read_to_string(&mut holder);
                 return Err(JournalError::InUse {
@@ -569,6 +571,7 @@ impl Writer {
         {
             broken = Some(error.to_string());
         }
+        let committing = std::time::Instant::now();
         let failure = match broken {
             Some(reason) => Some(reason),
             None => self
@@ -578,9 +581,14 @@ impl Writer {
                 .map(|e| format!("commit failed: {e}")),
         };
         if let Some(reason) = failure {
+            tracing::error!(operations = done.len(), %reason, "a group commit failed; nothing of it was recorded");
             // Nothing of this batch is durable; say so to every caller, and
             // forget cached heads in case the failure left them doubtful.
-            let _ = self.conn.execute_batch("ROLLBACK");
+            if let Err(error) = self.conn.execute_batch("ROLLBACK") {
+                // SQLite rolls a failed COMMIT back itself; a ROLLBACK with
+                // no transaction open is refused, and that is harmless.
+                tracing::debug!(%error, "rollback after a failed commit");
+            }
             self.heads.clear();
             for entry in done {
                 entry.fail(&reason);
@@ -591,6 +599,12 @@ impl Writer {
             self.heads.clear();
         }
         self.heads.extend(pending);
+        // The commit's time is its fsync's, nearly all of it.
+        tracing::debug!(
+            operations = done.len(),
+            commit_ms = committing.elapsed().as_secs_f64() * 1e3,
+            "group commit"
+        );
         // Durable now: count it, tell subscribers, then answer callers.
         self.counters
             .commits
@@ -605,6 +619,8 @@ impl Writer {
                         self.watchers.notify(&run, next);
                         envelopes
                     });
+                    // A caller that stopped waiting (its request was
+                    // dropped) is told nothing; the append stands.
                     let _ = reply.send(result);
                 }
                 Done::Claim(reply, result) => {
@@ -671,6 +687,7 @@ impl Done {
 
     fn fail(self, reason: &str) {
         let error = JournalError::Storage(format!("nothing was recorded: {reason}"));
+        // As in a commit: a caller that stopped waiting needs no answer.
         match self {
             Self::Append(reply, _) => {
                 let _ = reply.send(Err(error));
@@ -904,7 +921,12 @@ fn read_events(conn: &Connection, run: &RunId, from: Seq) -> Result<Vec<Envelope
     // from the same snapshot.
     conn.execute_batch("BEGIN").map_err(storage)?;
     let result = read_snapshot(conn, run, from);
-    let _ = conn.execute_batch("COMMIT");
+    // Ending a read transaction cannot lose data, but a connection left
+    // inside one would refuse the next BEGIN: roll back instead.
+    if let Err(error) = conn.execute_batch("COMMIT") {
+        tracing::warn!(%error, "ending a read transaction failed; rolling it back");
+        conn.execute_batch("ROLLBACK").map_err(storage)?;
+    }
     result
 }
 
@@ -1011,7 +1033,9 @@ fn migrate(conn: &Connection) -> Result<(), JournalError> {
             "BEGIN IMMEDIATE; {SCHEMA} INSERT INTO meta (key, value) VALUES ('schema_version', '{SCHEMA_VERSION}'); COMMIT;"
         ))
         .map_err(|e| {
-            let _ = conn.execute_batch("ROLLBACK");
+            if let Err(error) = conn.execute_batch("ROLLBACK") {
+                tracing::debug!(%error, "rollback after a failed schema creation");
+            }
             storage(e)
         })?;
     }

@@ -213,7 +213,7 @@ async fn drive(journal_dir: PathBuf, work: PathBuf, limit: Option<u64>) -> Resul
     loop {
         let view = match runtime.lookup(&address).await {
             Ok(view) => view,
-            Err(RuntimeError::RunNotFound(_)) => {
+            Err(RuntimeError::AddressNotFound(_)) => {
                 let request = StartRequest {
                     text: INPUTS[0].into(),
                     address: Some(address.clone()),

@@ -23,8 +23,7 @@ impl Engine for EchoEngine {
     ) -> BoxFuture<'a, Result<ModelResponse, EngineError>> {
         Box::pin(async move {
             let input = request
-                .messages
-                .iter()
+                .messages()
                 .rev()
                 .find_map(|m| match m {
                     Message::User { content } => Some(content.as_str()),
@@ -33,20 +32,22 @@ impl Engine for EchoEngine {
                 .unwrap_or("");
             let text = format!("echo: {input}");
             super::stream_words(&text, std::time::Duration::ZERO, deltas, cancel).await?;
-            let words = |t: &str| t.split_whitespace().count() as u64;
+            // About four bytes a token, the usual rule of thumb. Reading
+            // lengths rather than words keeps a long run's call as cheap
+            // as a short one's, which is what the echo engine is for.
+            let bytes: usize = request
+                .messages()
+                .map(|m| match m {
+                    Message::System { content }
+                    | Message::User { content }
+                    | Message::Tool { content, .. }
+                    | Message::Assistant { content, .. } => content.len(),
+                })
+                .sum();
             Ok(ModelResponse {
                 usage: Some(Usage {
-                    input_tokens: request
-                        .messages
-                        .iter()
-                        .map(|m| match m {
-                            Message::System { content }
-                            | Message::User { content }
-                            | Message::Tool { content, .. } => words(content),
-                            Message::Assistant { content, .. } => words(content),
-                        })
-                        .sum(),
-                    output_tokens: words(&text),
+                    input_tokens: bytes.div_ceil(4) as u64,
+                    output_tokens: text.len().div_ceil(4) as u64,
                 }),
                 text,
                 finish_reason: Some("stop".into()),

@@ -294,8 +294,8 @@ async fn a_runtime_built_from_a_definition_uses_its_prompt_engine_tools_and_budg
         settle(&runtime, &run, &turn).await.response.as_deref(),
         Some("scripted hello")
     );
-    let expected = spool_runtime::ModelRequest {
-        messages: vec![
+    let expected = spool_runtime::ModelRequest::new(
+        vec![
             spool_runtime::Message::System {
                 content: "Be brief.".into(),
             },
@@ -303,8 +303,8 @@ async fn a_runtime_built_from_a_definition_uses_its_prompt_engine_tools_and_budg
                 content: "hi".into(),
             },
         ],
-        tools: vec![],
-    };
+        vec![],
+    );
     let recorded = journal
         .read(&run, Seq(0))
         .await

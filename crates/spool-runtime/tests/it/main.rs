@@ -10,6 +10,8 @@ mod channels;
 mod concurrency;
 mod gate;
 mod hub;
+mod incremental;
 mod recovery;
+mod supervision;
 mod support;
 mod turns;

@@ -737,8 +737,8 @@ async fn compaction_replaces_older_context_with_the_engines_summary_for_the_mode
     );
     settle(&runtime, &run, &next).await;
     // The model saw the summary in place of the first turn.
-    let model_saw = spool_runtime::engine::ModelRequest {
-        messages: vec![
+    let model_saw = spool_runtime::engine::ModelRequest::new(
+        vec![
             spool_runtime::Message::User {
                 content: "Summary of the conversation so far: 2 messages so far".into(),
             },
@@ -746,8 +746,8 @@ async fn compaction_replaces_older_context_with_the_engines_summary_for_the_mode
                 content: "two".into(),
             },
         ],
-        tools: spool_runtime::Tools::builtin().specs(),
-    };
+        spool_runtime::Tools::builtin().specs(),
+    );
     let recorded = journal
         .read(&run, Seq(0))
         .await

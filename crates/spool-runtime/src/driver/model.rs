@@ -1,0 +1,423 @@
+//! A turn's model steps: the conversation taken from the run's cached
+//! history, steered input picked up before each call, budgets checked
+//! before a new intent, the intent written ahead of the call, the answer
+//! recorded after it.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::Deserialize;
+use spool_journal::cursor::{ModelStep, ReplayCursor};
+use spool_journal::event::{
+    ModelCallCompleted, ModelCallRequested, TurnCancelled, TurnCompleted, TurnFailed, Usage,
+};
+use spool_journal::{Event, RunId, Seq, TurnId};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::caught;
+use super::tool_call::Step;
+use crate::budget::{self, Verdict};
+use crate::engine::{
+    CallContext, EngineError, Message, ModelRequest, ModelResponse, REQUEST_HASH_PREFIX,
+    RequestHasher,
+};
+use crate::error::RuntimeError;
+use crate::runs::{Cached, Locked};
+use crate::runtime::Inner;
+
+/// One turn being driven: where it is, and the conversation it builds.
+pub(super) struct TurnCtx {
+    pub(super) run: RunId,
+    pub(super) turn: TurnId,
+    pub(super) token: CancellationToken,
+    pub(super) cursor: ReplayCursor,
+    /// The conversation before this turn, shared with the run's cache.
+    earlier: Arc<Vec<Message>>,
+    /// The hash chain over `earlier` and `answered`.
+    hasher: RequestHasher,
+    /// This turn's messages the model has already answered, with its
+    /// answers.
+    answered: Vec<Message>,
+    /// The turn's context, shown before the newest messages only.
+    context: Option<Message>,
+    /// Messages for the next call: the input, steered input, tool results.
+    pub(super) pending: Vec<Message>,
+    /// The run's model calls before the next one.
+    ordinal: u64,
+    /// Where steered input not yet picked up starts.
+    steer_from: Seq,
+    usage: Usage,
+}
+
+/// What a model step came to.
+enum ModelOutcome {
+    Answered(ModelResponse),
+    /// The turn ended or parked; the driver looks at the run again.
+    Stopped,
+}
+
+impl TurnCtx {
+    /// The turn the cache shows in progress.
+    fn begin(
+        locked: &Locked,
+        turn: TurnId,
+        token: CancellationToken,
+    ) -> Result<Self, RuntimeError> {
+        let cached = locked.cached();
+        let run = locked.run().clone();
+        let start = match cached.turn_log.first().map(|e| (e.seq, &e.event)) {
+            Some((seq, Event::TurnStarted(start))) if start.turn_id == turn => (seq, start),
+            _ => {
+                return Err(RuntimeError::corrupt(
+                    &run,
+                    format!("turn {turn} has no turn_started"),
+                ));
+            }
+        };
+        let (started_at, start) = start;
+        Ok(Self {
+            cursor: ReplayCursor::new(cached.turn_log[1..].to_vec(), cached.next()),
+            earlier: Arc::clone(cached.history.messages()),
+            hasher: cached.history.hasher().clone(),
+            answered: Vec::new(),
+            context: (!start.context.is_empty()).then(|| Message::User {
+                content: format!("Context for this turn only:\n{}", start.context.join("\n")),
+            }),
+            pending: vec![Message::User {
+                content: start.input.clone(),
+            }],
+            ordinal: cached.calls_before_turn,
+            steer_from: started_at.next(),
+            usage: Usage::default(),
+            run,
+            turn,
+            token,
+        })
+    }
+
+    /// Whether the cache still shows this turn in progress: a reset or a
+    /// racing end may have closed it.
+    fn is_current(&self, cached: &Cached) -> bool {
+        matches!(
+            cached.turn_log.first().map(|e| &e.event),
+            Some(Event::TurnStarted(start)) if start.turn_id == self.turn
+        )
+    }
+
+    /// Picks up input steered into this turn before the next recorded
+    /// action (all of it, live).
+    fn take_steered(&mut self, cached: &Cached) {
+        let boundary = self.cursor.next_action_seq().unwrap_or(Seq(u64::MAX));
+        let Some(base) = cached.turn_log.first().map(|e| e.seq) else {
+            return;
+        };
+        // The turn's log is contiguous from its `turn_started`.
+        let skip = usize::try_from(self.steer_from.0.saturating_sub(base.0)).unwrap_or(usize::MAX);
+        for envelope in cached.turn_log.iter().skip(skip) {
+            if envelope.seq >= boundary {
+                break;
+            }
+            if let Event::InputSteered(steered) = &envelope.event
+                && steered.turn_id == self.turn
+            {
+                self.pending.push(Message::User {
+                    content: steered.input.clone(),
+                });
+            }
+        }
+        self.steer_from = boundary.min(cached.next());
+    }
+
+    /// This turn's messages for the next call, after the shared history.
+    fn recent(&self) -> Vec<Message> {
+        let mut recent = self.answered.clone();
+        recent.extend(self.context.clone());
+        recent.extend(self.pending.iter().cloned());
+        recent
+    }
+
+    /// The next request's hash, in the form the record at this step was
+    /// made with: a turn recorded by an earlier Spool replays against the
+    /// version-1 hash of the whole request.
+    fn hash(&self, request: &ModelRequest, tools_digest: &[u8; 32]) -> String {
+        let recorded_v1 = self
+            .cursor
+            .peek_model_call()
+            .is_some_and(|recorded| !recorded.request_hash.starts_with(REQUEST_HASH_PREFIX));
+        if recorded_v1 {
+            return request.hash_v1();
+        }
+        let mut hasher = self.hasher.clone();
+        for message in self.context.iter().chain(&self.pending) {
+            hasher.push(message);
+        }
+        hasher.finish(tools_digest)
+    }
+
+    /// The model answered: what was pending and the answer join the
+    /// conversation.
+    fn answered(&mut self, response: &ModelResponse) {
+        for message in self.pending.drain(..) {
+            self.hasher.push(&message);
+            self.answered.push(message);
+        }
+        let message = response.message();
+        self.hasher.push(&message);
+        self.answered.push(message);
+        self.ordinal += 1;
+        if let Some(used) = response.usage {
+            self.usage += used;
+        }
+    }
+
+    /// Lets the shared history go before the turn ends, so the cache folds
+    /// the turn into it in place rather than copying it.
+    pub(super) fn release(&mut self) {
+        self.earlier = Arc::default();
+    }
+}
+
+impl Inner {
+    pub(super) async fn run_turn(self: &Arc<Self>, run: &RunId) -> Result<(), RuntimeError> {
+        // The token first, then the state: a cancel between the two is seen
+        // either as its recorded request or on this token. Taken after the
+        // read, a token cancelled meanwhile would pass for the last turn's
+        // and be replaced, and the cancel lost.
+        let token = self.token(run);
+        let locked = self.lock(run).await?;
+        let state = locked.state();
+        let Some(turn) = state.turn.clone() else {
+            return Err(RuntimeError::corrupt(
+                run,
+                "a running run has no turn".into(),
+            ));
+        };
+        let span = tracing::info_span!("turn", run_id = %run, turn_id = %turn);
+        if state.cancel_requested.is_some() || token.is_cancelled() {
+            drop(locked);
+            return self.cancelled(run, &turn).instrument(span).await;
+        }
+        let ctx = TurnCtx::begin(&locked, turn, token)?;
+        drop(locked);
+        self.walk(ctx).instrument(span).await
+    }
+
+    /// Model step, tool steps, and again, until the turn ends or parks.
+    async fn walk(self: &Arc<Self>, mut ctx: TurnCtx) -> Result<(), RuntimeError> {
+        loop {
+            if ctx.token.is_cancelled() {
+                ctx.release();
+                return self.cancelled(&ctx.run, &ctx.turn).await;
+            }
+            let response = match self.model_step(&mut ctx).await? {
+                ModelOutcome::Answered(response) => response,
+                ModelOutcome::Stopped => return Ok(()),
+            };
+            ctx.answered(&response);
+            if response.tool_calls.is_empty() {
+                let done = Event::TurnCompleted(TurnCompleted {
+                    turn_id: ctx.turn.clone(),
+                    response: Some(response.text),
+                    usage: Some(ctx.usage),
+                });
+                ctx.release();
+                return self.end_turn(&ctx.run, done).await;
+            }
+            for call in &response.tool_calls {
+                match self.tool_step(&mut ctx, call).await? {
+                    Step::Result(content) => ctx.pending.push(Message::Tool {
+                        call_id: call.id.clone(),
+                        content,
+                    }),
+                    Step::Parked => {
+                        self.hub.end_turn(&ctx.run);
+                        return Ok(());
+                    }
+                    Step::Ended => return Ok(()),
+                }
+            }
+        }
+    }
+
+    /// One model call: replayed from the record, or made live with its
+    /// intent written ahead.
+    async fn model_step(&self, ctx: &mut TurnCtx) -> Result<ModelOutcome, RuntimeError> {
+        // Live, the intent is written under the run's lock together with
+        // the steered input read for it, so a replay finds exactly the
+        // input that request carried.
+        let live = ctx.cursor.is_exhausted();
+        let locked = self.lock(&ctx.run).await?;
+        if !ctx.is_current(locked.cached()) {
+            return Ok(ModelOutcome::Stopped);
+        }
+        ctx.take_steered(locked.cached());
+        let mut locked = live.then_some(locked);
+        let request = ModelRequest::shared(
+            Arc::clone(&ctx.earlier),
+            ctx.recent(),
+            Arc::clone(&self.tool_specs),
+        );
+        let hash = ctx.hash(&request, &self.tools_digest);
+        let step = ctx
+            .cursor
+            .model_call(&hash)
+            .map_err(|d| RuntimeError::corrupt(&ctx.run, d.to_string()))?;
+        let permit = match step {
+            ModelStep::Replayed(done) => {
+                drop(locked);
+                let response = ModelResponse::deserialize(&*done.message).map_err(|e| {
+                    RuntimeError::corrupt(
+                        &ctx.run,
+                        format!("a recorded model answer does not decode: {e}"),
+                    )
+                })?;
+                return Ok(ModelOutcome::Answered(response));
+            }
+            ModelStep::Live(permit) => permit,
+        };
+        if let (false, Some(held)) = (permit.intent_recorded(), locked.as_mut()) {
+            // Budgets are checked from recorded data, and only before a new
+            // intent: a replayed call, or a dangling one being made again,
+            // passed them when it was recorded.
+            match budget::verdict(
+                &self.budgets,
+                self.pricing.as_ref(),
+                &held.cached().turn_log,
+                &ctx.turn,
+            ) {
+                Verdict::Within => {}
+                Verdict::Exceeded(exceeded) => {
+                    held.append(&*self.journal, vec![Event::BudgetExceeded(exceeded)])
+                        .await?;
+                    drop(locked);
+                    self.hub.end_turn(&ctx.run);
+                    return Ok(ModelOutcome::Stopped);
+                }
+                Verdict::Refused(message) => {
+                    drop(locked);
+                    ctx.release();
+                    let failed = Event::TurnFailed(TurnFailed {
+                        turn_id: ctx.turn.clone(),
+                        code: "budget".into(),
+                        message,
+                    });
+                    self.end_turn(&ctx.run, failed).await?;
+                    return Ok(ModelOutcome::Stopped);
+                }
+            }
+            let new_messages = ctx
+                .pending
+                .iter()
+                .map(|m| serde_json::to_value(m).expect("messages are plain JSON"))
+                .collect();
+            let intent = Event::ModelCallRequested(ModelCallRequested {
+                request_hash: hash,
+                new_messages,
+            });
+            held.append(&*self.journal, vec![intent]).await?;
+            ctx.steer_from = held.cached().next();
+        }
+        drop(locked);
+        let answer = self.call_engine(ctx, &request).await;
+        drop(request);
+        match answer {
+            Ok(response) => {
+                let event = Event::ModelCallCompleted(ModelCallCompleted {
+                    message: serde_json::to_value(&response)
+                        .expect("a model answer is plain JSON")
+                        .into(),
+                    usage: response.usage,
+                    finish_reason: response.finish_reason.clone(),
+                });
+                self.append(&ctx.run, vec![event]).await?;
+                Ok(ModelOutcome::Answered(response))
+            }
+            Err(CallFailed::Engine(EngineError::Cancelled)) => {
+                ctx.release();
+                self.cancelled(&ctx.run, &ctx.turn).await?;
+                Ok(ModelOutcome::Stopped)
+            }
+            Err(failure) => {
+                ctx.release();
+                let (code, message) = match failure {
+                    CallFailed::Engine(error) => (error.code(), error.to_string()),
+                    CallFailed::Panicked(panic) => {
+                        ("internal", format!("the engine panicked: {panic}"))
+                    }
+                };
+                let failed = Event::TurnFailed(TurnFailed {
+                    turn_id: ctx.turn.clone(),
+                    code: code.into(),
+                    message,
+                });
+                self.end_turn(&ctx.run, failed).await?;
+                Ok(ModelOutcome::Stopped)
+            }
+        }
+    }
+
+    /// Calls the engine in a span of its own, deltas going to the hub; a
+    /// panic in the engine is an answer too.
+    async fn call_engine(
+        &self,
+        ctx: &TurnCtx,
+        request: &ModelRequest,
+    ) -> Result<ModelResponse, CallFailed> {
+        let context = CallContext {
+            run: ctx.run.clone(),
+            ordinal: ctx.ordinal,
+        };
+        let (hub, run, turn, after) = (&self.hub, &ctx.run, &ctx.turn, ctx.steer_from);
+        let publish = |delta| hub.publish(run, turn, after, delta);
+        let span = tracing::info_span!(
+            "model_call",
+            ordinal = ctx.ordinal,
+            messages = request.message_count(),
+            outcome = tracing::field::Empty,
+            duration_ms = tracing::field::Empty,
+        );
+        let started = Instant::now();
+        let answer = caught(|| self.engine.call(&context, request, &publish, &ctx.token))
+            .instrument(span.clone())
+            .await;
+        let answer = match answer {
+            Ok(Ok(response)) => Ok(response),
+            Ok(Err(error)) => Err(CallFailed::Engine(error)),
+            Err(panic) => Err(CallFailed::Panicked(panic)),
+        };
+        span.record("duration_ms", started.elapsed().as_secs_f64() * 1e3);
+        span.record(
+            "outcome",
+            match &answer {
+                Ok(_) => "answered",
+                Err(CallFailed::Engine(error)) => error.code(),
+                Err(CallFailed::Panicked(_)) => "panicked",
+            },
+        );
+        if let Err(CallFailed::Panicked(panic)) = &answer {
+            tracing::error!(parent: &span, run_id = %run, %panic, "the engine panicked");
+        }
+        answer
+    }
+
+    pub(super) async fn cancelled(&self, run: &RunId, turn: &TurnId) -> Result<(), RuntimeError> {
+        let event = Event::TurnCancelled(TurnCancelled {
+            turn_id: turn.clone(),
+        });
+        self.end_turn(run, event).await
+    }
+
+    /// Records the turn's last event and closes its live deltas.
+    pub(super) async fn end_turn(&self, run: &RunId, event: Event) -> Result<(), RuntimeError> {
+        self.append(run, vec![event]).await?;
+        self.hub.end_turn(run);
+        Ok(())
+    }
+}
+
+/// Why a model call gave no answer.
+enum CallFailed {
+    Engine(EngineError),
+    Panicked(String),
+}

@@ -1,0 +1,305 @@
+//! The runs this process keeps in memory: each run's folded state, its
+//! head, the model's view of its conversation and its current turn's
+//! events, advanced event by event as this process appends. No command
+//! reads a run's log from the start while the run is cached; the log is
+//! read (and its hash chain verified) once, when the run is first touched
+//! or after it was evicted.
+//!
+//! Every append of this process goes through a [`Locked`] run, so the
+//! cache and the journal cannot drift apart: the lock is held from the
+//! read of the state, through the checks, to the append and the fold of
+//! what was appended.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use spool_journal::event::Usage;
+use spool_journal::fold::State;
+use spool_journal::{Envelope, Event, Journal, JournalError, RunId, Seq};
+use tokio::sync::OwnedMutexGuard;
+
+use crate::error::RuntimeError;
+use crate::history::History;
+
+/// How many runs stay cached by default. A cached run costs its state and
+/// its model history, about what its log holds; a parked one-turn run a
+/// few KiB. Runs in use are never evicted, so more may be in memory while
+/// more are busy.
+pub const DEFAULT_CACHED_RUNS: usize = 4096;
+
+/// A bounded map from run to its cached state and lock, least recently
+/// used first out.
+pub(crate) struct Runs {
+    map: Mutex<Map>,
+    capacity: usize,
+    system: Option<Arc<str>>,
+}
+
+#[derive(Default)]
+struct Map {
+    slots: HashMap<RunId, Slot>,
+    /// A counter, not a clock: the order in which slots were last used.
+    tick: u64,
+}
+
+struct Slot {
+    entry: Arc<tokio::sync::Mutex<Cached>>,
+    used: u64,
+}
+
+impl Runs {
+    pub(crate) fn new(capacity: usize, system: Option<Arc<str>>) -> Self {
+        Self {
+            map: Mutex::new(Map::default()),
+            capacity: capacity.max(1),
+            system,
+        }
+    }
+
+    /// The run's slot, made empty (to be loaded) when it has none.
+    fn entry(&self, run: &RunId) -> Arc<tokio::sync::Mutex<Cached>> {
+        let mut map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
+        map.tick += 1;
+        let tick = map.tick;
+        if let Some(slot) = map.slots.get_mut(run) {
+            slot.used = tick;
+            return Arc::clone(&slot.entry);
+        }
+        if map.slots.len() >= self.capacity {
+            evict(&mut map.slots, self.capacity);
+        }
+        let entry = Arc::new(tokio::sync::Mutex::new(Cached::new(self.system.clone())));
+        map.slots.insert(
+            run.clone(),
+            Slot {
+                entry: Arc::clone(&entry),
+                used: tick,
+            },
+        );
+        entry
+    }
+
+    /// Drops the run's slot unless someone holds it: a run that does not
+    /// exist keeps no memory.
+    fn forget(&self, run: &RunId) {
+        let mut map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
+        if map
+            .slots
+            .get(run)
+            .is_some_and(|slot| Arc::strong_count(&slot.entry) == 1)
+        {
+            map.slots.remove(run);
+        }
+    }
+
+    /// How many runs are cached.
+    pub(crate) fn len(&self) -> usize {
+        self.map
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .slots
+            .len()
+    }
+}
+
+/// Evicts the least recently used slots nobody holds, down to seven
+/// eighths of `capacity`, so a full map is swept once per many inserts
+/// rather than on each one. A slot held by a task (a lock waited for or
+/// taken, a driver between steps) stays: its lock must stay the one lock.
+fn evict(slots: &mut HashMap<RunId, Slot>, capacity: usize) {
+    let keep = capacity - capacity / 8;
+    let mut idle: Vec<(u64, RunId)> = slots
+        .iter()
+        .filter(|(_, slot)| Arc::strong_count(&slot.entry) == 1)
+        .map(|(run, slot)| (slot.used, run.clone()))
+        .collect();
+    idle.sort_unstable_by_key(|(used, _)| *used);
+    let excess = slots.len().saturating_sub(keep);
+    for (_, run) in idle.into_iter().take(excess) {
+        slots.remove(&run);
+    }
+}
+
+/// What the runtime keeps of one run.
+#[derive(Debug)]
+pub(crate) struct Cached {
+    /// Whether the log has been read into this entry.
+    loaded: bool,
+    /// The run's next position.
+    next: Seq,
+    /// The folded state.
+    pub(crate) state: State,
+    /// The model's conversation before the current turn's `turn_started`.
+    pub(crate) history: History,
+    /// The current turn's events from its `turn_started` on, while a turn
+    /// is in progress (running or parked); empty otherwise.
+    pub(crate) turn_log: Vec<Envelope>,
+    /// Turns started so far.
+    pub(crate) turns: u64,
+    /// Model calls requested before the current turn.
+    pub(crate) calls_before_turn: u64,
+    calls: u64,
+    /// The usage the current (or last) turn's completion recorded.
+    pub(crate) turn_usage: Option<Usage>,
+}
+
+impl Cached {
+    fn new(system: Option<Arc<str>>) -> Self {
+        Self {
+            loaded: false,
+            next: Seq(0),
+            state: State::default(),
+            history: History::new(system),
+            turn_log: Vec::new(),
+            turns: 0,
+            calls_before_turn: 0,
+            calls: 0,
+            turn_usage: None,
+        }
+    }
+
+    /// The run's next position (the number of its events).
+    pub(crate) fn next(&self) -> Seq {
+        self.next
+    }
+
+    /// Folds one appended (or read) event.
+    fn apply(&mut self, envelope: Envelope) {
+        self.state.apply(&envelope);
+        self.next = envelope.seq.next();
+        match &envelope.event {
+            Event::TurnStarted(_) => {
+                self.settle_turn_log();
+                self.turns += 1;
+                self.calls_before_turn = self.calls;
+                self.turn_usage = None;
+            }
+            Event::ModelCallRequested(_) => self.calls += 1,
+            Event::TurnCompleted(done) if self.state.turn.as_ref() == Some(&done.turn_id) => {
+                self.turn_usage = done.usage;
+            }
+            _ => {}
+        }
+        if self.state.status.is_active() {
+            self.turn_log.push(envelope);
+        } else {
+            self.settle_turn_log();
+            self.history.apply(&envelope);
+        }
+    }
+
+    /// Moves the finished turn's events into the history.
+    fn settle_turn_log(&mut self) {
+        for envelope in self.turn_log.drain(..) {
+            self.history.apply(&envelope);
+        }
+    }
+
+    /// Reads what the journal holds past this entry's head.
+    async fn load(&mut self, journal: &dyn Journal, run: &RunId) -> Result<(), JournalError> {
+        let system = self.history.system();
+        if !self.loaded {
+            *self = Self::new(system);
+        }
+        for envelope in journal.read(run, self.next).await? {
+            self.apply(envelope);
+        }
+        self.loaded = true;
+        Ok(())
+    }
+}
+
+/// One run, locked, with its cached state: how every command reads a run
+/// and appends to it. Dropping it lets the run go.
+pub(crate) struct Locked {
+    run: RunId,
+    guard: OwnedMutexGuard<Cached>,
+}
+
+impl std::fmt::Debug for Locked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Locked").field("run", &self.run).finish()
+    }
+}
+
+impl Locked {
+    /// Locks `run`, reading its log once if it is not cached.
+    pub(crate) async fn existing(
+        runs: &Runs,
+        journal: &dyn Journal,
+        run: &RunId,
+    ) -> Result<Self, RuntimeError> {
+        let mut guard = runs.entry(run).lock_owned().await;
+        if !guard.loaded {
+            guard.load(journal, run).await?;
+        }
+        if guard.next == Seq(0) {
+            drop(guard);
+            runs.forget(run);
+            return Err(RuntimeError::RunNotFound(run.clone()));
+        }
+        Ok(Self {
+            run: run.clone(),
+            guard,
+        })
+    }
+
+    /// Locks a run this process is about to create under a fresh id: it
+    /// has no log to read.
+    pub(crate) async fn fresh(runs: &Runs, run: &RunId) -> Self {
+        let mut guard = runs.entry(run).lock_owned().await;
+        if !guard.loaded {
+            *guard = Cached::new(runs.system.clone());
+            guard.loaded = true;
+        }
+        Self {
+            run: run.clone(),
+            guard,
+        }
+    }
+
+    /// The run.
+    pub(crate) fn run(&self) -> &RunId {
+        &self.run
+    }
+
+    /// The cached run.
+    pub(crate) fn cached(&self) -> &Cached {
+        &self.guard
+    }
+
+    /// The folded state.
+    pub(crate) fn state(&self) -> &State {
+        &self.guard.state
+    }
+
+    /// Appends `events` at the run's head and folds them in. On a refusal
+    /// (an address or operation id taken, a malformed append) nothing was
+    /// written and the cache stands; on any other failure it is read
+    /// again from the journal next time, since the log may have moved.
+    pub(crate) async fn append(
+        &mut self,
+        journal: &dyn Journal,
+        events: Vec<Event>,
+    ) -> Result<(), RuntimeError> {
+        match journal.append(&self.run, self.guard.next, events).await {
+            Ok(envelopes) => {
+                for envelope in envelopes {
+                    self.guard.apply(envelope);
+                }
+                Ok(())
+            }
+            Err(error) => {
+                if !matches!(
+                    error,
+                    JournalError::AddressTaken { .. }
+                        | JournalError::OperationTaken { .. }
+                        | JournalError::InvalidAppend { .. }
+                ) {
+                    self.guard.loaded = false;
+                }
+                Err(error.into())
+            }
+        }
+    }
+}

@@ -1,0 +1,141 @@
+//! `RuntimeBuilder`: what a runtime is made of, with the defaults an
+//! embedder gets by saying nothing.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use spool_journal::Journal;
+
+use super::{Inner, Runtime};
+use crate::engine::{Engine, tools_digest};
+use crate::hub::Hub;
+use crate::runs::{DEFAULT_CACHED_RUNS, Runs};
+use crate::tool::Tools;
+
+/// Builds a runtime.
+pub struct RuntimeBuilder {
+    journal: Arc<dyn Journal>,
+    engine: Arc<dyn Engine>,
+    tools: Tools,
+    system_prompt: Option<String>,
+    budgets: crate::agent::Budgets,
+    pricing: Option<crate::agent::Pricing>,
+    ids: Arc<dyn crate::ids::IdSource>,
+    cached_runs: usize,
+}
+
+impl std::fmt::Debug for RuntimeBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RuntimeBuilder").finish_non_exhaustive()
+    }
+}
+
+impl RuntimeBuilder {
+    pub(super) fn new(journal: Arc<dyn Journal>) -> Self {
+        Self {
+            journal,
+            engine: Arc::new(crate::engines::EchoEngine),
+            tools: Tools::builtin(),
+            system_prompt: None,
+            budgets: crate::agent::Budgets::default(),
+            pricing: None,
+            ids: Arc::new(crate::ids::UniqueIds),
+            cached_runs: DEFAULT_CACHED_RUNS,
+        }
+    }
+
+    /// The model engine (the echo engine by default).
+    #[must_use]
+    pub fn engine(mut self, engine: Arc<dyn Engine>) -> Self {
+        self.engine = engine;
+        self
+    }
+
+    /// The tools (the built-ins by default).
+    #[must_use]
+    pub fn tools(mut self, tools: Tools) -> Self {
+        self.tools = tools;
+        self
+    }
+
+    /// The system prompt.
+    #[must_use]
+    pub fn system_prompt(mut self, prompt: impl Into<String>) -> Self {
+        self.system_prompt = Some(prompt.into());
+        self
+    }
+
+    /// The budgets checked before each model call (none by default).
+    #[must_use]
+    pub fn budgets(mut self, budgets: crate::agent::Budgets) -> Self {
+        self.budgets = budgets;
+        self
+    }
+
+    /// What the engine's model costs, for the cost budget.
+    #[must_use]
+    pub fn pricing(mut self, pricing: crate::agent::Pricing) -> Self {
+        self.pricing = Some(pricing);
+        self
+    }
+
+    /// How many runs stay in memory between commands (4,096 by default):
+    /// a cached run is answered and driven without reading its log; an
+    /// evicted one has its log read once when it is next touched.
+    #[must_use]
+    pub fn cached_runs(mut self, runs: usize) -> Self {
+        self.cached_runs = runs;
+        self
+    }
+
+    /// Everything an agent definition says: system prompt, tools, budgets,
+    /// pricing, and the engine when the runtime provides it (`echo`,
+    /// `scripted:`); other engine specs are set with
+    /// [`RuntimeBuilder::engine`].
+    ///
+    /// # Errors
+    ///
+    /// When the tools or a script do not load.
+    pub fn agent(mut self, loaded: &crate::agent::Loaded) -> Result<Self, String> {
+        let definition = &loaded.definition;
+        self.system_prompt
+            .clone_from(&definition.agent.system_prompt);
+        self.tools = definition.tools(&loaded.base)?;
+        self.budgets = definition.budgets;
+        self.pricing = definition.pricing;
+        if let Some(engine) = definition.builtin_engine(&loaded.base)? {
+            self.engine = engine;
+        }
+        Ok(self)
+    }
+
+    /// Where run and turn ids come from (unique, time-ordered ids by
+    /// default).
+    #[must_use]
+    pub fn ids(mut self, ids: Arc<dyn crate::ids::IdSource>) -> Self {
+        self.ids = ids;
+        self
+    }
+
+    /// The runtime, with nothing running yet: call [`Runtime::recover`].
+    #[must_use]
+    pub fn build(self) -> Runtime {
+        let tool_specs: Arc<[_]> = self.tools.specs().into();
+        Runtime {
+            inner: Arc::new(Inner {
+                journal: self.journal,
+                engine: self.engine,
+                tools: self.tools,
+                tools_digest: tools_digest(&tool_specs),
+                tool_specs,
+                budgets: self.budgets,
+                pricing: self.pricing,
+                ids: self.ids,
+                hub: Hub::default(),
+                driving: Mutex::new(HashMap::new()),
+                runs: Runs::new(self.cached_runs, self.system_prompt.map(Arc::from)),
+                sleeping: Mutex::new(HashSet::new()),
+            }),
+        }
+    }
+}

@@ -1,0 +1,453 @@
+//! The commands: what changes a run. Each locks the run (its state comes
+//! from the cache), checks, appends, and lets the lock go before it wakes
+//! the run's driver, which takes the same lock.
+
+use spool_journal::event::{
+    AddressBinding, Answer, CancelRequested, Compacted, ContextCleared, InputQueued, InputSteered,
+    Resumed, RunCreated, RunRetired, ToolCallAbandoned, ToolCallResolved, TurnStarted,
+};
+use spool_journal::fold::Status;
+use spool_journal::{Event, JournalError, RunId, TurnId};
+use spool_wire::http::{SuspendKind, TurnPolicy};
+
+use super::{Accepted, CancelOutcome, MessageRequest, Runtime, StartRequest};
+use crate::error::RuntimeError;
+use crate::runs::Locked;
+
+impl Runtime {
+    /// Starts a run (or messages one through an address, or returns an
+    /// operation id's earlier run).
+    ///
+    /// # Errors
+    ///
+    /// `BadRequest` for an operation id without a principal or with an
+    /// address; `OperationConflict` for an operation id reused with a
+    /// different request; as [`Runtime::send`] for a message through an
+    /// address.
+    pub async fn start(&self, request: StartRequest) -> Result<Accepted, RuntimeError> {
+        if let Some(operation_id) = &request.operation_id {
+            let Some(principal) = &request.principal else {
+                return Err(RuntimeError::BadRequest(
+                    "`operation_id` needs a verified principal".into(),
+                ));
+            };
+            if request.address.is_some() {
+                return Err(RuntimeError::BadRequest(
+                    "`operation_id` cannot accompany `address`".into(),
+                ));
+            }
+            if let Some(run) = self
+                .inner
+                .journal
+                .find_operation(principal, operation_id)
+                .await?
+            {
+                return self.replay_operation(run, operation_id, &request).await;
+            }
+        }
+        if let Some(address) = &request.address
+            && let Some(run) = self.inner.journal.find_address(address).await?
+        {
+            return self.send(&run, request.into_message()).await;
+        }
+        let run = self.inner.ids.run_id();
+        let turn = self.inner.ids.turn_id(&run, 1);
+        let created = Event::RunCreated(RunCreated {
+            address: request.address.clone(),
+            operation_id: request.operation_id.clone(),
+            request_hash: request.operation_id.as_ref().map(|_| request.hash()),
+            title: request.title.clone(),
+            kind: request.kind.clone(),
+            principal: request.principal.clone(),
+        });
+        let started = Event::TurnStarted(TurnStarted {
+            turn_id: turn.clone(),
+            input: request.text.clone(),
+            context: request.context.clone(),
+            policy: request.policy.clone().unwrap_or(TurnPolicy::Steer),
+            from_queue: None,
+        });
+        let mut locked = Locked::fresh(&self.inner.runs, &run).await;
+        match locked
+            .append(&*self.inner.journal, vec![created, started])
+            .await
+        {
+            Ok(()) => {}
+            // Someone else took the address or the operation id first: go
+            // through what they made.
+            Err(RuntimeError::Journal(JournalError::AddressTaken { run, .. })) => {
+                return self.send(&run, request.into_message()).await;
+            }
+            Err(RuntimeError::Journal(JournalError::OperationTaken { run, operation_id })) => {
+                return self.replay_operation(run, &operation_id, &request).await;
+            }
+            Err(other) => return Err(other),
+        }
+        drop(locked);
+        self.inner.clone().ensure_driver(&run);
+        Ok(Accepted::Started { run, turn })
+    }
+
+    async fn replay_operation(
+        &self,
+        run: RunId,
+        operation_id: &str,
+        request: &StartRequest,
+    ) -> Result<Accepted, RuntimeError> {
+        let locked = self.inner.lock(&run).await?;
+        let recorded = locked
+            .state()
+            .created
+            .as_ref()
+            .and_then(|created| created.request_hash.clone());
+        drop(locked);
+        if recorded.as_deref() == Some(request.hash().as_str()) {
+            Ok(Accepted::Replayed { run })
+        } else {
+            Err(RuntimeError::OperationConflict {
+                operation_id: operation_id.to_owned(),
+                run,
+            })
+        }
+    }
+
+    /// Sends a message to an existing run: a new turn when it is idle;
+    /// steered into or queued after the running turn when it is busy.
+    ///
+    /// # Errors
+    ///
+    /// `RunNotFound`, `RunRetired`, or `RunWaiting` (answer it with
+    /// [`Runtime::respond`]).
+    pub async fn send(
+        &self,
+        run: &RunId,
+        message: MessageRequest,
+    ) -> Result<Accepted, RuntimeError> {
+        let policy = message.policy.clone().unwrap_or(TurnPolicy::Steer);
+        if let TurnPolicy::Unknown(policy) = &policy {
+            return Err(RuntimeError::BadRequest(format!(
+                "unknown turn policy `{policy}`"
+            )));
+        }
+        let locked = self.inner.lock(run).await?;
+        let state = locked.state();
+        let (events, accepted) = match (&state.status, &state.turn) {
+            (Status::Retired, _) => return Err(RuntimeError::RunRetired(run.clone())),
+            (Status::Waiting(_), _) => return Err(RuntimeError::RunWaiting(run.clone())),
+            (Status::Running, Some(turn)) => match policy {
+                TurnPolicy::Queue => (
+                    vec![Event::InputQueued(InputQueued {
+                        input: message.text,
+                        context: message.context,
+                    })],
+                    Accepted::Queued { run: run.clone() },
+                ),
+                _ => (
+                    vec![Event::InputSteered(InputSteered {
+                        turn_id: turn.clone(),
+                        input: message.text,
+                    })],
+                    Accepted::Steered {
+                        run: run.clone(),
+                        turn: turn.clone(),
+                    },
+                ),
+            },
+            _ => {
+                let turn = self.inner.ids.turn_id(run, locked.cached().turns + 1);
+                (
+                    vec![Event::TurnStarted(TurnStarted {
+                        turn_id: turn.clone(),
+                        input: message.text,
+                        context: message.context,
+                        policy,
+                        from_queue: None,
+                    })],
+                    Accepted::Started {
+                        run: run.clone(),
+                        turn,
+                    },
+                )
+            }
+        };
+        self.append_and_drive(locked, events).await?;
+        Ok(accepted)
+    }
+
+    /// Answers a waiting run. Each answer is checked against the schema the
+    /// suspension recorded before `resumed` is written.
+    ///
+    /// # Errors
+    ///
+    /// `RunNotWaiting` when the run is not waiting for an answer, or
+    /// `turn` names an older turn; `InvalidAnswer` when an answer does not
+    /// fit.
+    pub async fn respond(
+        &self,
+        run: &RunId,
+        turn: Option<&TurnId>,
+        answers: Vec<Answer>,
+    ) -> Result<(), RuntimeError> {
+        if answers.is_empty() {
+            return Err(RuntimeError::BadRequest(
+                "at least one answer is needed".into(),
+            ));
+        }
+        let locked = self.inner.lock(run).await?;
+        let state = locked.state();
+        let not_waiting = || RuntimeError::RunNotWaiting {
+            run: run.clone(),
+            turn: turn.cloned(),
+        };
+        if let (Status::Waiting(SuspendKind::Budget), Some(current)) = (&state.status, &state.turn)
+        {
+            // A budget is answered with a verdict: approve to extend it,
+            // reject to end the turn.
+            if turn.is_some_and(|t| t != current) {
+                return Err(not_waiting());
+            }
+            if answers.iter().any(|a| a.approved.is_none()) {
+                return Err(RuntimeError::InvalidAnswer {
+                    run: run.clone(),
+                    reason:
+                        "a budget is answered with `approved`: true extends it, false ends the turn"
+                            .into(),
+                });
+            }
+            let resumed = Event::Resumed(Resumed {
+                turn_id: current.clone(),
+                answers,
+            });
+            return self.append_and_drive(locked, vec![resumed]).await;
+        }
+        let Some(suspension) = &state.suspension else {
+            return Err(if state.status == Status::Retired {
+                RuntimeError::RunRetired(run.clone())
+            } else {
+                not_waiting()
+            });
+        };
+        if matches!(suspension.kind, SuspendKind::Reconciliation) {
+            return Err(RuntimeError::BadRequest(
+                "a reconciliation is settled with resolve or abandon, not an answer".into(),
+            ));
+        }
+        if turn.is_some_and(|t| t != &suspension.turn_id) {
+            return Err(not_waiting());
+        }
+        if let Some(schema) = &suspension.input_schema {
+            for answer in &answers {
+                let value = serde_json::to_value(answer).expect("an answer is plain JSON");
+                crate::tool::check_answer(schema, &value).map_err(|reason| {
+                    RuntimeError::InvalidAnswer {
+                        run: run.clone(),
+                        reason,
+                    }
+                })?;
+            }
+        }
+        let resumed = Event::Resumed(Resumed {
+            turn_id: suspension.turn_id.clone(),
+            answers,
+        });
+        self.append_and_drive(locked, vec![resumed]).await
+    }
+
+    /// Asks the running turn to stop. Durable: a cancel recorded before a
+    /// crash is applied on recovery. Cooperative: the model stream stops at
+    /// once and running tools are signalled; the turn ends `cancelled`.
+    ///
+    /// # Errors
+    ///
+    /// `RunNotFound`.
+    pub async fn cancel(
+        &self,
+        run: &RunId,
+        turn: Option<&TurnId>,
+    ) -> Result<CancelOutcome, RuntimeError> {
+        let mut locked = self.inner.lock(run).await?;
+        let state = locked.state();
+        if turn.is_some() && turn != state.turn.as_ref() {
+            return Ok(CancelOutcome::Stale {
+                current: state.turn.clone(),
+            });
+        }
+        let (true, Some(current)) = (state.status.is_active(), state.turn.clone()) else {
+            return Ok(CancelOutcome::NotActive);
+        };
+        if state.cancel_requested.is_none() {
+            let event = Event::CancelRequested(CancelRequested {
+                turn_id: Some(current.clone()),
+            });
+            locked.append(&*self.inner.journal, vec![event]).await?;
+        }
+        drop(locked);
+        self.inner.cancel_turn(run);
+        // A parked turn has no driver to notice; start one to end it.
+        self.inner.clone().ensure_driver(run);
+        Ok(CancelOutcome::Requested(current))
+    }
+
+    /// Retires a run for good and frees its addresses in `namespace` (all
+    /// of them, since a retired run holds none). A running turn is
+    /// cancelled first.
+    ///
+    /// # Errors
+    ///
+    /// `RunNotFound`; `RunRetired` when it already is.
+    pub async fn reset(&self, run: &RunId, reason: Option<String>) -> Result<(), RuntimeError> {
+        self.inner.cancel_turn(run);
+        let mut locked = self.inner.lock(run).await?;
+        let state = locked.state();
+        if state.status == Status::Retired {
+            return Err(RuntimeError::RunRetired(run.clone()));
+        }
+        let mut events: Vec<Event> = state
+            .addresses
+            .iter()
+            .map(|a| Event::AddressUnbound(AddressBinding { address: a.clone() }))
+            .collect();
+        events.push(Event::RunRetired(RunRetired { reason }));
+        locked.append(&*self.inner.journal, events).await
+    }
+
+    /// Drops the model's context; the run and its log remain.
+    ///
+    /// # Errors
+    ///
+    /// `RunNotFound`, `RunRetired`, or `RunActive` while a turn is in
+    /// progress.
+    pub async fn clear(&self, run: &RunId) -> Result<(), RuntimeError> {
+        let mut locked = self.idle(run).await?;
+        locked
+            .append(
+                &*self.inner.journal,
+                vec![Event::ContextCleared(ContextCleared {})],
+            )
+            .await
+    }
+
+    /// Summarizes older context through the engine.
+    ///
+    /// # Errors
+    ///
+    /// `CompactionUnsupported` when the engine cannot, `Engine` when it
+    /// failed; as [`Runtime::clear`] otherwise.
+    pub async fn compact(&self, run: &RunId) -> Result<(), RuntimeError> {
+        let mut locked = self.idle(run).await?;
+        // An idle run's whole history is in the cache's model view.
+        let messages = std::sync::Arc::clone(locked.cached().history.messages());
+        let summary = self
+            .inner
+            .engine
+            .compact(&messages)
+            .await
+            .map_err(|e| match e {
+                crate::engine::EngineError::CompactionUnsupported => {
+                    RuntimeError::CompactionUnsupported
+                }
+                other => RuntimeError::Engine(other),
+            })?;
+        drop(messages);
+        let conversation = &locked.state().conversation;
+        let (Some(first), Some(last)) = (conversation.first(), conversation.last()) else {
+            return Ok(());
+        };
+        let event = Event::Compacted(Compacted {
+            summary,
+            from: first.seq,
+            to: last.seq,
+        });
+        locked.append(&*self.inner.journal, vec![event]).await
+    }
+
+    /// Settles a dangling write an operator checked: it happened, with this
+    /// output. The run goes on.
+    ///
+    /// # Errors
+    ///
+    /// `RunNotWaiting` unless the run waits on reconciliation of `call_id`.
+    pub async fn resolve(
+        &self,
+        run: &RunId,
+        call_id: &str,
+        output: serde_json::Value,
+        operator: Option<String>,
+    ) -> Result<(), RuntimeError> {
+        self.settle(
+            run,
+            call_id,
+            Event::ToolCallResolved(ToolCallResolved {
+                call_id: call_id.into(),
+                output: output.into(),
+                operator,
+            }),
+        )
+        .await
+    }
+
+    /// Gives a dangling write up: it did not happen, or should not count.
+    /// The turn fails rather than guess.
+    ///
+    /// # Errors
+    ///
+    /// As [`Runtime::resolve`].
+    pub async fn abandon(
+        &self,
+        run: &RunId,
+        call_id: &str,
+        reason: Option<String>,
+        operator: Option<String>,
+    ) -> Result<(), RuntimeError> {
+        self.settle(
+            run,
+            call_id,
+            Event::ToolCallAbandoned(ToolCallAbandoned {
+                call_id: call_id.into(),
+                reason,
+                operator,
+            }),
+        )
+        .await
+    }
+
+    async fn settle(&self, run: &RunId, call_id: &str, event: Event) -> Result<(), RuntimeError> {
+        let locked = self.inner.lock(run).await?;
+        let waiting_on_it = locked.state().suspension.as_ref().is_some_and(|s| {
+            s.kind == SuspendKind::Reconciliation && s.call_id.as_deref() == Some(call_id)
+        });
+        if !waiting_on_it {
+            return Err(RuntimeError::RunNotWaiting {
+                run: run.clone(),
+                turn: None,
+            });
+        }
+        self.append_and_drive(locked, vec![event]).await
+    }
+
+    /// Appends `events` while the run is locked, lets the lock go, and
+    /// makes sure a driver picks the run up: how a message, an answer or a
+    /// settlement sets a run moving.
+    async fn append_and_drive(
+        &self,
+        mut locked: Locked,
+        events: Vec<Event>,
+    ) -> Result<(), RuntimeError> {
+        locked.append(&*self.inner.journal, events).await?;
+        let run = locked.run().clone();
+        // The driver takes the same lock.
+        drop(locked);
+        self.inner.clone().ensure_driver(&run);
+        Ok(())
+    }
+
+    /// The run, locked, when no turn is in progress.
+    async fn idle(&self, run: &RunId) -> Result<Locked, RuntimeError> {
+        let locked = self.inner.lock(run).await?;
+        match locked.state().status {
+            Status::Retired => Err(RuntimeError::RunRetired(run.clone())),
+            Status::Running | Status::Waiting(_) => Err(RuntimeError::RunActive(run.clone())),
+            _ => Ok(locked),
+        }
+    }
+}

@@ -1,0 +1,156 @@
+//! The `Runtime`: the API every transport rides on. It turns calls (start,
+//! message, respond, cancel, reset, clear, compact) into journal events and
+//! drives each run's turns in a task of its own, detached from the caller.
+//!
+//! `builder` makes one, `requests` holds what callers pass and get back,
+//! `commands` changes runs and `queries` reads them. Every command locks
+//! the run through [`crate::runs::Locked`], which holds its cached state.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use spool_journal::fold::Status;
+use spool_journal::{Event, Journal, RunId};
+use tokio_util::sync::CancellationToken;
+
+use crate::engine::{Engine, ToolSpec};
+use crate::error::RuntimeError;
+use crate::hub::Hub;
+use crate::runs::{Locked, Runs};
+use crate::tool::Tools;
+
+mod builder;
+mod commands;
+mod queries;
+mod requests;
+
+pub use builder::RuntimeBuilder;
+pub use requests::{Accepted, CancelOutcome, MessageRequest, Recovery, StartRequest};
+
+/// A cheap-to-clone handle on the runtime.
+#[derive(Clone)]
+pub struct Runtime {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("tools", &self.inner.tools)
+            .finish_non_exhaustive()
+    }
+}
+
+pub(crate) struct Inner {
+    pub(crate) journal: Arc<dyn Journal>,
+    pub(crate) engine: Arc<dyn Engine>,
+    pub(crate) tools: Tools,
+    /// What the model is told of the tools, made once.
+    pub(crate) tool_specs: Arc<[ToolSpec]>,
+    /// The last link of every request hash (see `RequestHasher`).
+    pub(crate) tools_digest: [u8; 32],
+    pub(crate) budgets: crate::agent::Budgets,
+    pub(crate) pricing: Option<crate::agent::Pricing>,
+    pub(crate) ids: Arc<dyn crate::ids::IdSource>,
+    pub(crate) hub: Hub,
+    /// Runs with a driver task.
+    pub(crate) driving: Mutex<HashMap<RunId, Driving>>,
+    /// The runs in memory, each with the lock its appends take.
+    pub(crate) runs: Runs,
+    /// Runs with a wake-up armed.
+    pub(crate) sleeping: Mutex<HashSet<RunId>>,
+}
+
+/// A run's driver task, as the runtime tracks it.
+#[derive(Debug, Default)]
+pub(crate) struct Driving {
+    /// Cancels the current turn.
+    pub(crate) token: CancellationToken,
+    /// Set when there may be new work; the driver looks again before it
+    /// stops.
+    pub(crate) dirty: bool,
+}
+
+impl Runtime {
+    /// A runtime on `journal` with the echo engine and the built-in tools.
+    #[must_use]
+    pub fn builder(journal: Arc<dyn Journal>) -> RuntimeBuilder {
+        RuntimeBuilder::new(journal)
+    }
+
+    /// Resumes what the journal says was in progress: runs that were
+    /// running (their recorded steps are replayed, never re-run), cancels
+    /// recorded before a stop, queued input, and sleeps (re-armed). Waiting
+    /// runs stay waiting.
+    ///
+    /// A run whose log cannot be read (its hash chain does not verify, say)
+    /// is left alone and reported in [`Recovery::unreadable`]: one bad run
+    /// must not keep a server from starting. Requests for it answer
+    /// `conversation_corrupt`.
+    ///
+    /// # Errors
+    ///
+    /// When the journal cannot be listed.
+    pub async fn recover(&self) -> Result<Recovery, RuntimeError> {
+        let mut recovery = Recovery::default();
+        for summary in self.inner.journal.runs().await? {
+            match summary.status {
+                Status::Running => {
+                    self.inner.clone().ensure_driver(&summary.run_id);
+                    recovery.resumed += 1;
+                }
+                Status::Retired | Status::Pending => {}
+                _ => {
+                    let locked = match self.inner.lock(&summary.run_id).await {
+                        Ok(locked) => locked,
+                        Err(error) => {
+                            tracing::error!(run_id = %summary.run_id, %error, "a run's log cannot be read; it is left as it is");
+                            recovery.unreadable.push((summary.run_id, error));
+                            continue;
+                        }
+                    };
+                    let state = locked.state();
+                    if let Some(sleep) = state.sleep.clone() {
+                        drop(locked);
+                        self.inner.arm_sleep(&summary.run_id, sleep);
+                        recovery.resumed += 1;
+                    } else if !state.queued.is_empty() || state.cancel_requested.is_some() {
+                        drop(locked);
+                        self.inner.clone().ensure_driver(&summary.run_id);
+                        recovery.resumed += 1;
+                    }
+                }
+            }
+        }
+        Ok(recovery)
+    }
+}
+
+impl Inner {
+    /// Fires the cancel token of the run's current turn, if a driver runs.
+    pub(crate) fn cancel_turn(&self, run: &RunId) {
+        if let Some(driving) = self
+            .driving
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(run)
+        {
+            driving.token.cancel();
+        }
+    }
+
+    /// Locks an existing run with its cached state.
+    ///
+    /// # Errors
+    ///
+    /// `RunNotFound`; a journal error when its log must be read and cannot.
+    pub(crate) async fn lock(&self, run: &RunId) -> Result<Locked, RuntimeError> {
+        Locked::existing(&self.runs, &*self.journal, run).await
+    }
+
+    /// Appends at the run's head, under the run's lock.
+    pub(crate) async fn append(&self, run: &RunId, events: Vec<Event>) -> Result<(), RuntimeError> {
+        let mut locked = self.lock(run).await?;
+        locked.append(&*self.journal, events).await
+    }
+}

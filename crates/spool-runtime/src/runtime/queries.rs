@@ -1,0 +1,150 @@
+//! The queries: what reads a run. Each is answered from the run's cached
+//! state; none reads a log from the start while the run is cached.
+
+use std::sync::Arc;
+
+use spool_journal::event::RunCreated;
+use spool_journal::fold::Status;
+use spool_journal::{Address, Event, JournalError, RunId, Seq, TurnId};
+
+use super::Runtime;
+use crate::error::RuntimeError;
+use crate::hub::Subscription;
+use crate::runs::Locked;
+use crate::view::{RunView, Snapshot};
+
+impl Runtime {
+    /// A run's state and latest boundary result.
+    ///
+    /// # Errors
+    ///
+    /// `RunNotFound`.
+    pub async fn get(&self, run: &RunId) -> Result<RunView, RuntimeError> {
+        let locked = self.inner.lock(run).await?;
+        Ok(RunView::of(&locked))
+    }
+
+    /// A run's conversation, state and cursor.
+    ///
+    /// # Errors
+    ///
+    /// `RunNotFound`.
+    pub async fn snapshot(&self, run: &RunId) -> Result<Snapshot, RuntimeError> {
+        let locked = self.inner.lock(run).await?;
+        Ok(Snapshot::of(&locked))
+    }
+
+    /// The run an address is bound to, without creating one.
+    ///
+    /// # Errors
+    ///
+    /// `AddressNotFound` when no run holds the address.
+    pub async fn lookup(&self, address: &Address) -> Result<RunView, RuntimeError> {
+        let run = self
+            .inner
+            .journal
+            .find_address(address)
+            .await?
+            .ok_or_else(|| RuntimeError::AddressNotFound(address.clone()))?;
+        self.get(&run).await
+    }
+
+    /// The run an address is bound to, creating a pending run (and no model
+    /// turn) when there is none: subscribe to it before the first message.
+    ///
+    /// # Errors
+    ///
+    /// When the journal fails.
+    pub async fn ensure(&self, address: &Address) -> Result<RunView, RuntimeError> {
+        if let Some(run) = self.inner.journal.find_address(address).await? {
+            return self.get(&run).await;
+        }
+        let run = self.inner.ids.run_id();
+        let created = Event::RunCreated(RunCreated {
+            address: Some(address.clone()),
+            ..RunCreated::default()
+        });
+        let mut locked = Locked::fresh(&self.inner.runs, &run).await;
+        match locked.append(&*self.inner.journal, vec![created]).await {
+            Ok(()) => Ok(RunView::of(&locked)),
+            Err(RuntimeError::Journal(JournalError::AddressTaken { run, .. })) => {
+                drop(locked);
+                self.get(&run).await
+            }
+            Err(other) => Err(other),
+        }
+    }
+
+    /// Every run, most recently updated first.
+    ///
+    /// # Errors
+    ///
+    /// When the journal fails.
+    pub async fn list(&self) -> Result<Vec<spool_journal::store::RunSummary>, RuntimeError> {
+        Ok(self.inner.journal.runs().await?)
+    }
+
+    /// A run's events after `cursor` (the last position the caller saw),
+    /// then live events, with no gap and no duplicate.
+    ///
+    /// # Errors
+    ///
+    /// `RunNotFound`.
+    pub async fn subscribe(
+        &self,
+        run: &RunId,
+        cursor: Option<Seq>,
+    ) -> Result<Subscription, RuntimeError> {
+        drop(self.inner.lock(run).await?);
+        Ok(Subscription::open(
+            &self.inner.hub,
+            Arc::clone(&self.inner.journal),
+            run.clone(),
+            cursor,
+        )
+        .await?)
+    }
+
+    /// Waits until `turn` of `run` reaches a boundary (completed, waiting,
+    /// failed or cancelled), and returns the run then. `turn` is one this
+    /// runtime handed out for the run: a turn that is no longer the run's
+    /// current one was overtaken by a later turn, so it is over.
+    ///
+    /// # Errors
+    ///
+    /// `RunNotFound`.
+    pub async fn wait_for(&self, run: &RunId, turn: &TurnId) -> Result<RunView, RuntimeError> {
+        let mut positions = self.inner.journal.subscribe(run).await?;
+        loop {
+            {
+                let locked = self.inner.lock(run).await?;
+                let state = locked.state();
+                let over = state.turn.as_ref() != Some(turn)
+                    || matches!(
+                        state.status,
+                        Status::Completed
+                            | Status::Failed
+                            | Status::Cancelled
+                            | Status::Waiting(_)
+                            | Status::Retired
+                    );
+                if over {
+                    return Ok(RunView::of(&locked));
+                }
+            }
+            // The appender folds into the cache before it lets the lock
+            // go, so the state read after this wake-up holds the append.
+            if positions.changed().await.is_err() {
+                return Err(RuntimeError::Journal(JournalError::Closed));
+            }
+        }
+    }
+
+    /// How many runs are in memory now: at most what
+    /// [`RuntimeBuilder::cached_runs`](crate::RuntimeBuilder::cached_runs)
+    /// allows, plus those in use.
+    #[must_use]
+    pub fn cached_runs(&self) -> usize {
+        self.inner.runs.len()
+    }
+}

@@ -1,0 +1,126 @@
+//! What callers pass the runtime and what they get back.
+
+use serde_json::json;
+use spool_journal::{Address, Principal, RunId, TurnId};
+use spool_wire::http::TurnPolicy;
+
+use crate::error::RuntimeError;
+
+/// What [`Runtime::recover`](crate::Runtime::recover) did.
+#[derive(Debug, Default)]
+pub struct Recovery {
+    /// Runs resumed (driven again, or their sleep re-armed).
+    pub resumed: usize,
+    /// Runs whose log could not be read, and why; left as they are.
+    pub unreadable: Vec<(RunId, RuntimeError)>,
+}
+
+/// Starting a run, or a message through an address.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StartRequest {
+    /// The user's input.
+    pub text: String,
+    /// A channel address; created on first use, a message to its run after.
+    pub address: Option<Address>,
+    /// An idempotency key; needs `principal`.
+    pub operation_id: Option<String>,
+    /// The verified caller.
+    pub principal: Option<Principal>,
+    /// A listing title, for a new run.
+    pub title: Option<String>,
+    /// The surface kind, for a new run.
+    pub kind: Option<String>,
+    /// Input for this turn only.
+    pub context: Vec<String>,
+    /// `steer` (default) or `queue`, when the run is busy.
+    pub policy: Option<TurnPolicy>,
+}
+
+/// A message to an existing run.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MessageRequest {
+    /// The user's input.
+    pub text: String,
+    /// Input for this turn only.
+    pub context: Vec<String>,
+    /// `steer` (default) or `queue`, when the run is busy.
+    pub policy: Option<TurnPolicy>,
+}
+
+/// What became of a message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Accepted {
+    /// A new turn started.
+    Started {
+        /// The run.
+        run: RunId,
+        /// The turn.
+        turn: TurnId,
+    },
+    /// Steered into the running turn.
+    Steered {
+        /// The run.
+        run: RunId,
+        /// The running turn.
+        turn: TurnId,
+    },
+    /// Queued to run after the running turn.
+    Queued {
+        /// The run.
+        run: RunId,
+    },
+    /// An operation id's earlier run, returned without another turn.
+    Replayed {
+        /// The run.
+        run: RunId,
+    },
+}
+
+impl Accepted {
+    /// The run concerned.
+    #[must_use]
+    pub fn run(&self) -> &RunId {
+        match self {
+            Self::Started { run, .. }
+            | Self::Steered { run, .. }
+            | Self::Queued { run }
+            | Self::Replayed { run } => run,
+        }
+    }
+}
+
+/// The outcome of a cancel command.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CancelOutcome {
+    /// Recorded; the turn will end `cancelled`.
+    Requested(TurnId),
+    /// Nothing was running.
+    NotActive,
+    /// The named turn is not the current one.
+    Stale {
+        /// The current turn, if any.
+        current: Option<TurnId>,
+    },
+}
+
+impl StartRequest {
+    pub(super) fn into_message(self) -> MessageRequest {
+        MessageRequest {
+            text: self.text,
+            context: self.context,
+            policy: self.policy,
+        }
+    }
+
+    /// What an operation id is held to: the same key with another body is
+    /// a conflict.
+    pub(super) fn hash(&self) -> String {
+        spool_wire::canonical::content_hash(&json!({
+            "text": self.text,
+            "title": self.title,
+            "kind": self.kind,
+            "context": self.context,
+            "policy": self.policy.as_ref().map(TurnPolicy::as_str),
+        }))
+    }
+}

@@ -1,0 +1,289 @@
+//! The runtime's in-memory runs: a command never reads a cached run's log
+//! from the start, the cache stays within its bound, an evicted run is
+//! read once and goes on where it was, and a turn recorded by an earlier
+//! Spool (version-1 request hashes) replays without a divergence.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use serde_json::json;
+use spool_journal::event::{ModelCallRequested, RunCreated, TurnStarted};
+use spool_journal::store::memory::MemoryJournal;
+use spool_journal::store::{BoxFuture, CallRef, Claim, ClaimKey, RunSummary};
+use spool_journal::{Address, Envelope, Event, Journal, JournalError, Principal, RunId, Seq};
+use spool_runtime::{Accepted, MessageRequest, Runtime, StartRequest, Tools};
+use spool_wire::http::TurnPolicy;
+use tokio::sync::watch;
+
+use crate::support::{begin, settle};
+
+/// A memory journal that counts the reads of a log from its start.
+#[derive(Default)]
+struct Counting {
+    inner: MemoryJournal,
+    reads_from_start: AtomicUsize,
+}
+
+impl Journal for Counting {
+    fn append<'a>(
+        &'a self,
+        run: &'a RunId,
+        expected: Seq,
+        events: Vec<Event>,
+    ) -> BoxFuture<'a, Result<Vec<Envelope>, JournalError>> {
+        self.inner.append(run, expected, events)
+    }
+
+    fn read<'a>(
+        &'a self,
+        run: &'a RunId,
+        from: Seq,
+    ) -> BoxFuture<'a, Result<Vec<Envelope>, JournalError>> {
+        if from == Seq(0) {
+            self.reads_from_start.fetch_add(1, Ordering::SeqCst);
+        }
+        self.inner.read(run, from)
+    }
+
+    fn runs(&self) -> BoxFuture<'_, Result<Vec<RunSummary>, JournalError>> {
+        self.inner.runs()
+    }
+
+    fn find_address<'a>(
+        &'a self,
+        address: &'a Address,
+    ) -> BoxFuture<'a, Result<Option<RunId>, JournalError>> {
+        self.inner.find_address(address)
+    }
+
+    fn find_operation<'a>(
+        &'a self,
+        principal: &'a Principal,
+        operation_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<RunId>, JournalError>> {
+        self.inner.find_operation(principal, operation_id)
+    }
+
+    fn claim<'a>(
+        &'a self,
+        key: &'a ClaimKey,
+        holder: &'a CallRef,
+    ) -> BoxFuture<'a, Result<Claim, JournalError>> {
+        self.inner.claim(key, holder)
+    }
+
+    fn subscribe<'a>(
+        &'a self,
+        run: &'a RunId,
+    ) -> BoxFuture<'a, Result<watch::Receiver<Seq>, JournalError>> {
+        self.inner.subscribe(run)
+    }
+}
+
+async fn turn(runtime: &Runtime, run: &RunId, text: &str) -> spool_runtime::RunView {
+    let message = MessageRequest {
+        text: text.into(),
+        ..MessageRequest::default()
+    };
+    let Accepted::Started { turn, .. } = runtime.send(run, message).await.unwrap() else {
+        panic!("an idle run starts a turn");
+    };
+    settle(runtime, run, &turn).await
+}
+
+#[tokio::test]
+async fn no_command_reads_a_cached_runs_log_from_the_start() {
+    let journal = Arc::new(Counting::default());
+    let runtime = Runtime::builder(Arc::clone(&journal) as Arc<dyn Journal>).build();
+    let (run, first) = begin(&runtime, "hello 0").await;
+    settle(&runtime, &run, &first).await;
+    for n in 1..40 {
+        let view = turn(&runtime, &run, &format!("hello {n}")).await;
+        assert_eq!(
+            view.response.as_deref(),
+            Some(format!("echo: hello {n}").as_str())
+        );
+        runtime.get(&run).await.unwrap();
+        runtime.snapshot(&run).await.unwrap();
+    }
+    runtime.clear(&run).await.unwrap();
+    let view = turn(&runtime, &run, "after the clear").await;
+    assert_eq!(view.response.as_deref(), Some("echo: after the clear"));
+    assert_eq!(
+        journal.reads_from_start.load(Ordering::SeqCst),
+        0,
+        "a run this process created and kept cached is never read from its start"
+    );
+}
+
+#[tokio::test]
+async fn the_cache_holds_no_more_runs_than_its_bound_and_an_evicted_run_reads_back() {
+    let journal = Arc::new(Counting::default());
+    let runtime = Runtime::builder(Arc::clone(&journal) as Arc<dyn Journal>)
+        .cached_runs(8)
+        .build();
+    let mut runs = Vec::new();
+    // Pending runs have no driver, so nothing but this test holds them.
+    for n in 0..50 {
+        let view = runtime
+            .ensure(&Address::new("test", format!("a{n}")))
+            .await
+            .unwrap();
+        runs.push(view.run_id);
+        assert!(
+            runtime.cached_runs() <= 8,
+            "{} runs cached after {n}",
+            runtime.cached_runs()
+        );
+    }
+    assert_eq!(journal.reads_from_start.load(Ordering::SeqCst), 0);
+    // The first run was evicted long ago: it is read once, then cached.
+    let view = runtime.get(&runs[0]).await.unwrap();
+    assert_eq!(view.cursor, Some(Seq(0)));
+    assert_eq!(journal.reads_from_start.load(Ordering::SeqCst), 1);
+    let accepted = runtime
+        .send(
+            &runs[0],
+            MessageRequest {
+                text: "back".into(),
+                ..MessageRequest::default()
+            },
+        )
+        .await
+        .unwrap();
+    let Accepted::Started { turn, .. } = accepted else {
+        panic!("a pending run starts a turn");
+    };
+    let view = settle(&runtime, &runs[0], &turn).await;
+    assert_eq!(view.response.as_deref(), Some("echo: back"));
+    assert_eq!(journal.reads_from_start.load(Ordering::SeqCst), 1);
+    assert!(runtime.cached_runs() <= 8);
+}
+
+#[tokio::test]
+async fn a_run_evicted_between_turns_continues_its_conversation() {
+    let journal: Arc<dyn Journal> = Arc::new(MemoryJournal::new());
+    let runtime = Runtime::builder(Arc::clone(&journal))
+        .cached_runs(1)
+        .system_prompt("be brief")
+        .build();
+    let (run, first) = begin(&runtime, "one").await;
+    settle(&runtime, &run, &first).await;
+    // Another run takes the only place.
+    let (other, other_turn) = begin(&runtime, "other").await;
+    settle(&runtime, &other, &other_turn).await;
+    let view = turn(&runtime, &run, "two").await;
+    assert_eq!(view.response.as_deref(), Some("echo: two"));
+    // The model saw the whole conversation, read back from the log: the
+    // second request's hash chains over the first turn's messages.
+    let log = journal.read(&run, Seq(0)).await.unwrap();
+    let requests: Vec<&ModelCallRequested> = log
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::ModelCallRequested(r) => Some(r),
+            _ => None,
+        })
+        .collect();
+    let saw = spool_runtime::engine::ModelRequest::new(
+        vec![
+            spool_runtime::Message::System {
+                content: "be brief".into(),
+            },
+            spool_runtime::Message::User {
+                content: "one".into(),
+            },
+            spool_runtime::Message::Assistant {
+                content: "echo: one".into(),
+                tool_calls: vec![],
+            },
+            spool_runtime::Message::User {
+                content: "two".into(),
+            },
+        ],
+        Tools::builtin().specs(),
+    );
+    assert_eq!(requests[1].request_hash, saw.hash());
+}
+
+/// A run an earlier Spool left with a model call requested and not
+/// answered, recorded with the version-1 request hash: the content hash of
+/// the whole request's JSON, pinned here as that code computed it.
+async fn older_spools_dangling_call(journal: &Arc<dyn Journal>, hash: &str) -> RunId {
+    let run = RunId::new("run_from_v1").unwrap();
+    let input = "hello from an older Spool";
+    journal
+        .append(
+            &run,
+            Seq(0),
+            vec![
+                Event::RunCreated(RunCreated::default()),
+                Event::TurnStarted(TurnStarted {
+                    turn_id: spool_journal::TurnId::new("turn_from_v1").unwrap(),
+                    input: input.into(),
+                    context: vec![],
+                    policy: TurnPolicy::Steer,
+                    from_queue: None,
+                }),
+                Event::ModelCallRequested(ModelCallRequested {
+                    request_hash: hash.into(),
+                    new_messages: vec![json!({"role": "user", "content": input})],
+                }),
+            ],
+        )
+        .await
+        .unwrap();
+    run
+}
+
+#[tokio::test]
+async fn a_turn_recorded_with_version_1_request_hashes_resumes_without_a_divergence() {
+    let journal: Arc<dyn Journal> = Arc::new(MemoryJournal::new());
+    // sha256 of `{"messages":[{"content":"hello from an older Spool","role":"user"}]}`.
+    let v1 = "sha256:b0ba777bc16d7457a2dd20c2c9d087c4e91bdd17e9020b011ed23d5e04a6794c";
+    let run = older_spools_dangling_call(&journal, v1).await;
+    let runtime = Runtime::builder(Arc::clone(&journal))
+        .tools(Tools::new())
+        .build();
+    assert_eq!(runtime.recover().await.unwrap().resumed, 1);
+    let turn = spool_journal::TurnId::new("turn_from_v1").unwrap();
+    let view = settle(&runtime, &run, &turn).await;
+    assert_eq!(
+        view.response.as_deref(),
+        Some("echo: hello from an older Spool")
+    );
+}
+
+#[tokio::test]
+async fn a_version_1_hash_that_does_not_match_is_still_a_divergence() {
+    let journal: Arc<dyn Journal> = Arc::new(MemoryJournal::new());
+    let wrong = "sha256:0000000000000000000000000000000000000000000000000000000000000000";
+    let run = older_spools_dangling_call(&journal, wrong).await;
+    let runtime = Runtime::builder(Arc::clone(&journal))
+        .tools(Tools::new())
+        .build();
+    runtime.recover().await.unwrap();
+    let turn = spool_journal::TurnId::new("turn_from_v1").unwrap();
+    let view = settle(&runtime, &run, &turn).await;
+    assert_eq!(view.status, spool_journal::fold::Status::Failed);
+    let log = journal.read(&run, Seq(0)).await.unwrap();
+    let Some(Event::TurnFailed(failed)) = log.last().map(|e| &e.event) else {
+        panic!("the turn fails: {log:?}");
+    };
+    assert!(failed.message.contains("diverged"), "{}", failed.message);
+}
+
+#[tokio::test]
+async fn a_request_for_a_run_that_does_not_exist_keeps_nothing_in_memory() {
+    let runtime = Runtime::builder(Arc::new(MemoryJournal::new())).build();
+    for n in 0..20 {
+        let missing = RunId::new(format!("run_missing_{n}")).unwrap();
+        assert!(runtime.get(&missing).await.is_err());
+    }
+    assert_eq!(runtime.cached_runs(), 0);
+    let start = StartRequest {
+        text: "real".into(),
+        ..StartRequest::default()
+    };
+    runtime.start(start).await.unwrap();
+    assert_eq!(runtime.cached_runs(), 1);
+}

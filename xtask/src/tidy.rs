@@ -87,13 +87,40 @@ const NEVER_NAMES: &[(&str, &[&str])] = &[
     ("spool-otel", &["rusqlite", "tokio-postgres"]),
 ];
 
+/// Transport vocabularies the domain must not use: the journal and the
+/// runtime speak `spool_wire::run`, and each transport maps it to its own
+/// words at its edge. Checked in their sources (tests may use anything).
+const DOMAIN_NEVER_USES: &[(&str, &[&str])] = &[
+    (
+        "crates/spool-journal/src",
+        &[
+            "spool_wire::http",
+            "spool_wire::rpc",
+            "spool_wire::pod",
+            "spool_wire::bus",
+        ],
+    ),
+    (
+        "crates/spool-runtime/src",
+        &[
+            "spool_wire::http",
+            "spool_wire::rpc",
+            "spool_wire::pod",
+            "spool_wire::bus",
+        ],
+    ),
+];
+
 pub(crate) fn run(root: &Path) -> Result<()> {
     let mut problems = Vec::new();
     problems.extend(layering(root)?);
     problems.extend(file_openers(root)?);
+    problems.extend(domain_vocabulary(root)?);
     problems.extend(toolchain(root)?);
     if problems.is_empty() {
-        crate::say("tidy: crate layering, file openers and toolchain pin are in order");
+        crate::say(
+            "tidy: crate layering, file openers, the domain's vocabulary and toolchain pin are in order",
+        );
         return Ok(());
     }
     for problem in &problems {
@@ -229,6 +256,26 @@ fn file_openers(root: &Path) -> Result<Vec<String>> {
                     .display()
                     .to_string();
                 problems.push(format!("{shown} does not open with a `//!` line"));
+            }
+        }
+    }
+    Ok(problems)
+}
+
+/// The journal and the runtime name no transport's types.
+fn domain_vocabulary(root: &Path) -> Result<Vec<String>> {
+    let mut problems = Vec::new();
+    for (dir, banned) in DOMAIN_NEVER_USES {
+        let mut files = Vec::new();
+        rust_files(&root.join(dir), &mut files)?;
+        for file in files {
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("reading {}", file.display()))?;
+            for name in banned.iter().filter(|name| text.contains(*name)) {
+                let shown = file.strip_prefix(root).unwrap_or(&file).display();
+                problems.push(format!(
+                    "{shown} uses `{name}`: the domain speaks `spool_wire::run`"
+                ));
             }
         }
     }

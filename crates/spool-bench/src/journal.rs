@@ -14,7 +14,7 @@ use spool_journal::event::{
 use spool_journal::fold::fold as fold_log;
 use spool_journal::store::sqlite::{Durability, Options, SqliteJournal};
 use spool_journal::{Envelope, Event, Journal, RunId, Seq, TurnId};
-use spool_wire::http::TurnPolicy;
+use spool_wire::run::TurnPolicy;
 
 use crate::Scale;
 use crate::report::Row;

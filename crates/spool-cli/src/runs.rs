@@ -137,7 +137,7 @@ async fn show(journal: &SqliteJournal, run: &str, json: bool) -> anyhow::Result<
 fn describe(status: &Status) -> String {
     match status {
         Status::Waiting(kind) => format!("waiting ({kind})"),
-        other => other.as_wire().to_string(),
+        other => other.state().to_string(),
     }
 }
 

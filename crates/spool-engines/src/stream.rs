@@ -232,7 +232,7 @@ impl<D: Dialect> HttpEngine<D> {
                 provider = D::NAME,
                 run = %context.run,
                 attempt,
-                code = failure.error.code(),
+                code = %failure.error.code(),
                 error = %failure.error,
                 delay_ms = (!give_up).then(|| u64::try_from(delay.as_millis()).unwrap_or(u64::MAX)),
                 from_provider = failure.after.is_some(),

@@ -13,8 +13,8 @@ use spool_journal::{Address, Envelope, Event, Principal, RunId, Seq};
 use spool_runtime::engine::Delta;
 use spool_runtime::hub::StreamItem;
 use spool_runtime::{
-    Accepted, Authenticator, Credentials, MessageRequest, RunView, Runtime, RuntimeError,
-    StartRequest,
+    Accepted, Authenticator, Credentials, ErrorKind, MessageRequest, RunView, Runtime,
+    RuntimeError, StartRequest,
 };
 use spool_wire::http::{
     self as wire, AddressReply, CancelReply, CancelStatus, ErrorCode, Info, MessageRun, Respond,
@@ -365,7 +365,7 @@ impl HttpChannel {
             .map(|run| {
                 json!({
                     "id": run.run_id,
-                    "state": run.status.as_wire(),
+                    "state": wire::RunState::from(run.status.state()),
                     "title": run.title,
                     "updated": run.updated_at.format(&time::format_description::well_known::Rfc3339).ok(),
                 })
@@ -409,7 +409,7 @@ impl HttpChannel {
             title: start.title.clone(),
             kind: start.kind.clone(),
             context: start.context.clone().unwrap_or_default(),
-            policy: start.turn_policy.clone(),
+            policy: turn_policy(start.turn_policy.as_ref())?,
         };
         let accepted = self.runtime.start(request).await?;
         self.answer(accepted).await
@@ -428,7 +428,7 @@ impl HttpChannel {
         let request = MessageRequest {
             text: message.text,
             context: message.context.unwrap_or_default(),
-            policy: message.turn_policy,
+            policy: turn_policy(message.turn_policy.as_ref())?,
         };
         let accepted = self.runtime.send(run, request).await?;
         self.answer(accepted).await
@@ -779,12 +779,12 @@ fn principal_of(auth: wire::Principal) -> Principal {
 pub fn reply(view: &RunView) -> RunReply {
     RunReply {
         run_id: view.run_id.to_string(),
-        state: view.status.as_wire(),
+        state: view.status.state().into(),
         turn_id: view.turn_id.as_ref().map(ToString::to_string),
         cursor: view.cursor.map(|s| s.0),
         response: view.response.clone(),
         suspend: view.suspend.as_ref().map(|s| wire::Suspend {
-            kind: s.kind.clone(),
+            kind: s.kind.into(),
             prompt: s.prompt.clone(),
             options: s.options.clone(),
             tool_call_id: s.call_id.clone(),
@@ -797,8 +797,43 @@ pub fn reply(view: &RunView) -> RunReply {
     }
 }
 
+/// The seed's turn policy in the runtime's vocabulary. The decoders refuse
+/// an unknown policy with `unknown_turn_policy` first; this refuses what
+/// is left, should that check ever move.
+fn turn_policy(
+    policy: Option<&wire::TurnPolicy>,
+) -> Result<Option<spool_wire::run::TurnPolicy>, RuntimeError> {
+    policy
+        .map(spool_wire::run::TurnPolicy::try_from)
+        .transpose()
+        .map_err(|unknown| RuntimeError::BadRequest(unknown.to_string()))
+}
+
+/// The channel's code for a runtime error's kind: the HTTP channel's half
+/// of the runtime's error table.
+#[must_use]
+pub fn error_code(kind: ErrorKind) -> ErrorCode {
+    match kind {
+        ErrorKind::RunNotFound | ErrorKind::AddressNotFound => ErrorCode::RunNotFound,
+        // The seed has no first-wins rule; a turn in progress is what
+        // `run_active` says.
+        ErrorKind::RunActive | ErrorKind::TurnInProgress => ErrorCode::RunActive,
+        ErrorKind::RunWaiting => ErrorCode::RunWaiting,
+        ErrorKind::RunNotWaiting => ErrorCode::RunNotWaiting,
+        ErrorKind::RunRetired => ErrorCode::RunRetired,
+        ErrorKind::InvalidAnswer | ErrorKind::BadRequest => ErrorCode::BadRequest,
+        ErrorKind::OperationConflict => ErrorCode::OperationConflict,
+        ErrorKind::CompactionUnsupported => ErrorCode::CompactionUnsupported,
+        ErrorKind::EngineFailed => ErrorCode::EngineFailed,
+        ErrorKind::ConversationCorrupt => ErrorCode::ConversationCorrupt,
+        ErrorKind::OwnedElsewhere => ErrorCode::RunOwnedElsewhere,
+        // Kinds added later map to `internal` until the channel names them.
+        ErrorKind::Storage | ErrorKind::Internal | _ => ErrorCode::Internal,
+    }
+}
+
 fn runtime_error(error: &RuntimeError) -> Response<Body> {
-    let code = error.code();
+    let code = error_code(error.kind());
     if code == ErrorCode::Internal {
         // Details go to the server's log, never the reply.
         tracing::error!(target: "spool::http", error = %error, "internal error");
@@ -881,7 +916,7 @@ fn stream_event(envelope: &Envelope) -> StreamEvent {
         time: envelope.recorded_at,
         turn_id,
         text,
-        state: changes_state.then(|| transition(&Status::Running, event).as_wire()),
+        state: changes_state.then(|| transition(&Status::Running, event).state().into()),
         data: serde_json::to_value(event)
             .ok()
             .and_then(|v| v.get("payload").cloned()),

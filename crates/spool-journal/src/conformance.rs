@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
-use spool_wire::http::{SuspendKind, TurnPolicy};
+use spool_wire::run::{SuspendKind, TurnPolicy};
 
 use crate::event::{
     AddressBinding, Effect, Event, RunCreated, RunRetired, Suspended, ToolCallAbandoned,

@@ -342,7 +342,7 @@ impl ReplayCursor {
         };
         match &self.log[at].event {
             Event::Suspended(s)
-                if s.kind == spool_wire::http::SuspendKind::Reconciliation
+                if s.kind == spool_wire::run::SuspendKind::Reconciliation
                     && s.call_id.as_deref() == Some(call_id) =>
             {
                 self.pos = at + 1;

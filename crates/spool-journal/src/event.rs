@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use spool_wire::http::{SuspendKind, TurnPolicy};
+use spool_wire::run::{Budget, FailureCode, SuspendKind, TurnPolicy};
 use time::OffsetDateTime;
 
 use crate::id::{Address, Principal, RunId, Seq, TurnId};
@@ -314,8 +314,8 @@ pub struct TurnCompleted {
 pub struct TurnFailed {
     /// The turn.
     pub turn_id: TurnId,
-    /// A stable code (`provider_error`, `tool_error`, `budget`, …).
-    pub code: String,
+    /// A stable code (`provider_error`, `internal`, `budget`, …).
+    pub code: FailureCode,
     /// What went wrong, in full.
     pub message: String,
 }
@@ -346,8 +346,8 @@ pub struct Compacted {
 /// `budget_exceeded`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct BudgetExceeded {
-    /// Which budget (`tokens`, `tool_calls`, …).
-    pub budget: String,
+    /// Which budget (`tokens`, `steps_per_turn`, …).
+    pub budget: Budget,
     /// Its limit.
     pub limit: u64,
     /// What was used.

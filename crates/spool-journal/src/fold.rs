@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use serde_json::Value;
-use spool_wire::http::{RunState, SuspendKind};
+use spool_wire::run::{RunState, SuspendKind};
 use time::OffsetDateTime;
 
 use crate::event::{
@@ -56,8 +56,8 @@ pub struct State {
     pub updated_at: Option<OffsetDateTime>,
 }
 
-/// A run's public state.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// A run's public state, with why it waits.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Status {
     /// Created, no turn yet.
     #[default]
@@ -77,9 +77,10 @@ pub enum Status {
 }
 
 impl Status {
-    /// The HTTP channel's name for this state.
+    /// The state in the vocabulary every transport shares; each maps it
+    /// to its own words.
     #[must_use]
-    pub fn as_wire(&self) -> RunState {
+    pub fn state(&self) -> RunState {
         match self {
             Self::Pending => RunState::Pending,
             Self::Running => RunState::Running,
@@ -147,7 +148,7 @@ pub fn transition(status: &Status, event: &Event) -> Status {
         (_, Event::TurnStarted(_) | Event::Resumed(_) | Event::SleepCompleted(_)) => {
             Status::Running
         }
-        (_, Event::Suspended(suspended)) => Status::Waiting(suspended.kind.clone()),
+        (_, Event::Suspended(suspended)) => Status::Waiting(suspended.kind),
         (_, Event::SleepStarted(_)) => Status::Waiting(SuspendKind::Sleep),
         (_, Event::BudgetExceeded(_)) => Status::Waiting(SuspendKind::Budget),
         // An operator settled the dangling write either way: the turn goes
@@ -159,7 +160,7 @@ pub fn transition(status: &Status, event: &Event) -> Status {
         (_, Event::TurnCompleted(_)) => Status::Completed,
         (_, Event::TurnFailed(_)) => Status::Failed,
         (_, Event::TurnCancelled(_)) => Status::Cancelled,
-        (status, _) => status.clone(),
+        (status, _) => *status,
     }
 }
 
@@ -169,7 +170,7 @@ impl Status {
     pub fn encode(&self) -> String {
         match self {
             Self::Waiting(kind) => format!("waiting:{kind}"),
-            other => other.as_wire().as_str().to_owned(),
+            other => other.state().as_str().to_owned(),
         }
     }
 
@@ -177,16 +178,16 @@ impl Status {
     #[must_use]
     pub fn decode(text: &str) -> Option<Self> {
         if let Some(kind) = text.strip_prefix("waiting:") {
-            return Some(Self::Waiting(SuspendKind::parse(kind)));
+            return kind.parse().ok().map(Self::Waiting);
         }
-        Some(match RunState::parse(text) {
+        Some(match text.parse().ok()? {
             RunState::Pending => Self::Pending,
             RunState::Running => Self::Running,
             RunState::Completed => Self::Completed,
             RunState::Failed => Self::Failed,
             RunState::Cancelled => Self::Cancelled,
             RunState::Retired => Self::Retired,
-            RunState::Waiting | RunState::Unknown(_) => return None,
+            RunState::Waiting => return None,
         })
     }
 }

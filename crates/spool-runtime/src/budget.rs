@@ -4,41 +4,27 @@
 use spool_journal::event::{BudgetExceeded, Usage};
 use spool_journal::{Envelope, Event, TurnId};
 
+use spool_wire::run::Budget;
+
 use crate::agent::{Budgets, Pricing};
 
-/// One budget, by the name a `budget_exceeded` records.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Budget {
-    StepsPerTurn,
-    Tokens,
-    WallSeconds,
-    CostMicroUsd,
-}
+/// The budgets this runtime checks, in the order it checks them.
+const CHECKED: [Budget; 4] = [
+    Budget::StepsPerTurn,
+    Budget::Tokens,
+    Budget::WallSeconds,
+    Budget::CostMicroUsd,
+];
 
-impl Budget {
-    const ALL: [Self; 4] = [
-        Self::StepsPerTurn,
-        Self::Tokens,
-        Self::WallSeconds,
-        Self::CostMicroUsd,
-    ];
-
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Self::StepsPerTurn => "steps_per_turn",
-            Self::Tokens => "tokens",
-            Self::WallSeconds => "wall_seconds",
-            Self::CostMicroUsd => "cost_micro_usd",
-        }
-    }
-
-    fn limit(self, budgets: &Budgets) -> Option<u64> {
-        match self {
-            Self::StepsPerTurn => budgets.steps_per_turn,
-            Self::Tokens => budgets.tokens,
-            Self::WallSeconds => budgets.wall_seconds,
-            Self::CostMicroUsd => budgets.cost_micro_usd(),
-        }
+/// A budget's configured limit.
+fn limit(budget: &Budget, budgets: &Budgets) -> Option<u64> {
+    match budget {
+        Budget::StepsPerTurn => budgets.steps_per_turn,
+        Budget::Tokens => budgets.tokens,
+        Budget::WallSeconds => budgets.wall_seconds,
+        Budget::CostMicroUsd => budgets.cost_micro_usd(),
+        // A budget a newer Spool recorded has no limit here.
+        Budget::Unknown(_) => None,
     }
 }
 
@@ -61,7 +47,10 @@ pub(crate) fn verdict(
     turn_log: &[Envelope],
     turn: &TurnId,
 ) -> Verdict {
-    let mut limits = Budget::ALL.map(|budget| (budget, budget.limit(budgets)));
+    let mut limits = CHECKED.map(|budget| {
+        let limit = limit(&budget, budgets);
+        (budget, limit)
+    });
     let mut last: Option<&BudgetExceeded> = None;
     for envelope in turn_log {
         match &envelope.event {
@@ -75,7 +64,7 @@ pub(crate) fn verdict(
                         ));
                     }
                     for (budget, limit) in &mut limits {
-                        if budget.as_str() == exceeded.budget {
+                        if *budget == exceeded.budget {
                             let base = limit.unwrap_or(exceeded.limit);
                             *limit = Some(exceeded.used.saturating_add(base));
                         }
@@ -109,13 +98,14 @@ pub(crate) fn verdict(
             Budget::CostMicroUsd => {
                 pricing.map_or(0, |p| p.micro_usd(spent.input_tokens, spent.output_tokens))
             }
-            Budget::WallSeconds => (time::OffsetDateTime::now_utc() - start.recorded_at)
+            Budget::WallSeconds | Budget::Unknown(_) => (time::OffsetDateTime::now_utc()
+                - start.recorded_at)
                 .whole_seconds()
                 .max(0) as u64,
         };
         if used >= limit {
             return Verdict::Exceeded(BudgetExceeded {
-                budget: budget.as_str().to_owned(),
+                budget,
                 limit,
                 used,
             });

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use spool_journal::event::Usage;
+use spool_wire::run::FailureCode;
 use tokio_util::sync::CancellationToken;
 
 use crate::BoxFuture;
@@ -340,15 +341,15 @@ pub enum EngineError {
 impl EngineError {
     /// The stable code a failed turn records.
     #[must_use]
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> FailureCode {
         match self {
-            Self::Provider(_) => "provider_error",
-            Self::Auth(_) => "auth",
-            Self::Budget(_) => "budget",
-            Self::Timeout(_) => "timeout",
-            Self::Cli(_) => "engine_cli",
-            Self::Cancelled => "cancelled",
-            Self::CompactionUnsupported => "compaction_unsupported",
+            Self::Provider(_) => FailureCode::ProviderError,
+            Self::Auth(_) => FailureCode::Auth,
+            Self::Budget(_) => FailureCode::Budget,
+            Self::Timeout(_) => FailureCode::Timeout,
+            Self::Cli(_) => FailureCode::EngineCli,
+            Self::Cancelled => FailureCode::Cancelled,
+            Self::CompactionUnsupported => FailureCode::CompactionUnsupported,
         }
     }
 }

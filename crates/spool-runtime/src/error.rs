@@ -1,8 +1,47 @@
-//! The runtime's errors, each with the HTTP channel's code, so every
-//! transport maps them the same way.
+//! The runtime's errors and their kinds. The kinds are the runtime's own
+//! table: each transport maps a kind to its own code (HTTP status and
+//! code, JSON-RPC error code, Pod code, bus code) in its own crate, the
+//! way axum maps a handler's error at the edge.
 
 use spool_journal::{JournalError, RunId, TurnId};
-use spool_wire::http::ErrorCode;
+
+/// What kind of refusal or failure an error is, whatever the transport.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// No such run.
+    RunNotFound,
+    /// No run holds the address.
+    AddressNotFound,
+    /// The run has a turn in progress and the operation needs it idle.
+    RunActive,
+    /// The run waits for an answer.
+    RunWaiting,
+    /// The run is not waiting for this answer.
+    RunNotWaiting,
+    /// The run is retired for good.
+    RunRetired,
+    /// A turn was asked for only if none was in progress, and one was.
+    TurnInProgress,
+    /// An answer does not fit the suspension's schema.
+    InvalidAnswer,
+    /// The request is malformed.
+    BadRequest,
+    /// An operation id was reused with another request.
+    OperationConflict,
+    /// The engine cannot compact.
+    CompactionUnsupported,
+    /// The engine failed a call the request needed.
+    EngineFailed,
+    /// The run's log cannot be replayed, or does not verify.
+    ConversationCorrupt,
+    /// Another writer moved the run's log, or holds the journal.
+    OwnedElsewhere,
+    /// The journal's storage failed; nothing was recorded.
+    Storage,
+    /// Anything else: a bug, or a journal that has shut down.
+    Internal,
+}
 
 /// Why a runtime operation was refused.
 #[derive(Debug, thiserror::Error)]
@@ -13,6 +52,16 @@ pub enum RuntimeError {
     /// No run holds the address.
     #[error("no run holds address {0}")]
     AddressNotFound(spool_journal::Address),
+    /// A turn was asked for only if the run was idle
+    /// ([`TurnPolicy::IfIdle`](spool_wire::run::TurnPolicy::IfIdle)), and
+    /// a turn is in progress.
+    #[error("run {run} already has turn {turn} in progress")]
+    TurnInProgress {
+        /// The run.
+        run: RunId,
+        /// The turn in progress.
+        turn: TurnId,
+    },
     /// A turn is running; the operation needs an idle run.
     #[error("run {0} has a turn in progress")]
     RunActive(RunId),
@@ -77,28 +126,35 @@ impl RuntimeError {
         }
     }
 
-    /// The HTTP channel's code for this error.
+    /// What kind of error this is: what a transport maps to its code.
     #[must_use]
-    pub fn code(&self) -> ErrorCode {
+    pub fn kind(&self) -> ErrorKind {
         match self {
-            Self::RunNotFound(_) | Self::AddressNotFound(_) => ErrorCode::RunNotFound,
-            Self::RunActive(_) => ErrorCode::RunActive,
-            Self::RunWaiting(_) => ErrorCode::RunWaiting,
-            Self::RunNotWaiting { .. } => ErrorCode::RunNotWaiting,
-            Self::RunRetired(_) => ErrorCode::RunRetired,
-            Self::InvalidAnswer { .. } | Self::BadRequest(_) => ErrorCode::BadRequest,
-            Self::OperationConflict { .. } => ErrorCode::OperationConflict,
-            Self::CompactionUnsupported => ErrorCode::CompactionUnsupported,
-            Self::Engine(_) => ErrorCode::EngineFailed,
-            Self::ConversationCorrupt { .. } | Self::Journal(JournalError::TamperEvident(_)) => {
-                ErrorCode::ConversationCorrupt
-            }
-            // The run's log moved under this process, or another process
-            // holds the journal: someone else is driving it.
-            Self::Journal(JournalError::Conflict { .. } | JournalError::InUse { .. }) => {
-                ErrorCode::RunOwnedElsewhere
-            }
-            Self::Journal(_) => ErrorCode::Internal,
+            Self::RunNotFound(_) => ErrorKind::RunNotFound,
+            Self::AddressNotFound(_) => ErrorKind::AddressNotFound,
+            Self::TurnInProgress { .. } => ErrorKind::TurnInProgress,
+            Self::RunActive(_) => ErrorKind::RunActive,
+            Self::RunWaiting(_) => ErrorKind::RunWaiting,
+            Self::RunNotWaiting { .. } => ErrorKind::RunNotWaiting,
+            Self::RunRetired(_) => ErrorKind::RunRetired,
+            Self::InvalidAnswer { .. } => ErrorKind::InvalidAnswer,
+            Self::BadRequest(_) => ErrorKind::BadRequest,
+            Self::OperationConflict { .. } => ErrorKind::OperationConflict,
+            Self::CompactionUnsupported => ErrorKind::CompactionUnsupported,
+            Self::Engine(_) => ErrorKind::EngineFailed,
+            Self::ConversationCorrupt { .. } => ErrorKind::ConversationCorrupt,
+            Self::Journal(error) => match error {
+                JournalError::TamperEvident(_) | JournalError::Corrupt { .. } => {
+                    ErrorKind::ConversationCorrupt
+                }
+                // The run's log moved under this process, or another
+                // process holds the journal: someone else is driving it.
+                JournalError::Conflict { .. } | JournalError::InUse { .. } => {
+                    ErrorKind::OwnedElsewhere
+                }
+                JournalError::Storage(_) => ErrorKind::Storage,
+                _ => ErrorKind::Internal,
+            },
         }
     }
 }

@@ -31,7 +31,7 @@ pub mod view;
 
 pub use channel::{AuthError, Authenticator, Channel, Credentials};
 pub use engine::{Engine, Message, ModelRequest, ModelResponse};
-pub use error::RuntimeError;
+pub use error::{ErrorKind, RuntimeError};
 pub use ids::{IdSource, SequentialIds, UniqueIds};
 pub use runs::DEFAULT_CACHED_RUNS;
 pub use runtime::{

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 use spool_journal::event::Effect;
-use spool_wire::http::SuspendKind;
+use spool_wire::run::SuspendKind;
 use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 

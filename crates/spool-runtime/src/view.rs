@@ -5,7 +5,7 @@ use serde_json::Value;
 use spool_journal::event::{Suspended, Usage};
 use spool_journal::fold::{ItemContent, State, Status};
 use spool_journal::{RunId, Seq, TurnId};
-use spool_wire::http::SuspendKind;
+use spool_wire::run::SuspendKind;
 
 use crate::runs::Locked;
 
@@ -46,7 +46,7 @@ impl RunView {
         let state = &cached.state;
         Self {
             run_id: locked.run().clone(),
-            status: state.status.clone(),
+            status: state.status,
             turn_id: state.turn.clone(),
             cursor: state.last_seq,
             response: state.response.clone(),

@@ -84,6 +84,87 @@ macro_rules! string_enum {
 
 pub(crate) use string_enum;
 
+/// Declares a closed string-valued enum: the domain's own vocabulary,
+/// where an unfamiliar value is an error rather than something to carry.
+/// `as_str`, `KNOWN`, `Display`, `FromStr` (refusing with
+/// [`UnknownValue`]) and serde as a plain JSON string; decoding an
+/// unfamiliar string fails and names the values it knows.
+macro_rules! closed_enum {
+    (
+        $(#[$meta:meta])*
+        $vis:vis enum $name:ident as $what:literal {
+            $( $(#[$vmeta:meta])* $variant:ident = $text:literal, )+
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        $vis enum $name {
+            $( $(#[$vmeta])* $variant, )+
+        }
+
+        impl $name {
+            /// Every value, in the order the vocabulary lists them.
+            pub const KNOWN: &'static [Self] = &[$(Self::$variant),+];
+
+            /// The value's name.
+            #[must_use]
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $text,)+
+                }
+            }
+        }
+
+        impl ::std::fmt::Display for $name {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl ::std::str::FromStr for $name {
+            type Err = $crate::code::UnknownValue;
+
+            fn from_str(text: &str) -> Result<Self, Self::Err> {
+                match text {
+                    $($text => Ok(Self::$variant),)+
+                    other => Err($crate::code::UnknownValue {
+                        what: $what,
+                        value: other.to_owned(),
+                        known: &[$($text),+],
+                    }),
+                }
+            }
+        }
+
+        impl ::serde::Serialize for $name {
+            fn serialize<S: ::serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.serialize_str(self.as_str())
+            }
+        }
+
+        impl<'de> ::serde::Deserialize<'de> for $name {
+            fn deserialize<D: ::serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                let text = <::std::borrow::Cow<'de, str> as ::serde::Deserialize>::deserialize(deserializer)?;
+                text.parse().map_err(<D::Error as ::serde::de::Error>::custom)
+            }
+        }
+    };
+}
+
+pub(crate) use closed_enum;
+
+/// A value a closed vocabulary does not hold.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown {what} `{value}` (known: {})", .known.join(", "))]
+pub struct UnknownValue {
+    /// What kind of value it was meant to be (`turn policy`).
+    pub what: &'static str,
+    /// The value as given.
+    pub value: String,
+    /// The values the vocabulary holds.
+    pub known: &'static [&'static str],
+}
+
 /// A message that did not decode: a stable protocol code and a sentence
 /// saying why.
 ///

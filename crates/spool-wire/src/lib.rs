@@ -12,6 +12,7 @@
 //! | [`http`] | 002 | the HTTP channel's request and reply bodies, states, suspensions, error codes with their statuses |
 //! | [`pod`] | 003 | Pod JSONL methods, events and history items |
 //! | [`sentinel`] | 004 | suspension, sleep and failure sentinels inside tool completions |
+//! | [`run`] | — | the vocabulary every transport shares: run states, suspension kinds, turn policies |
 //! | [`canonical`] | 004 | RFC 8785 canonical JSON and `sha256:` content hashes |
 //! | [`line`](mod@line) | — | a bounded line splitter for every JSONL reader |
 //! | [`validate`] | — | check one message of a named kind and re-encode it |
@@ -36,6 +37,7 @@ pub mod http;
 pub mod line;
 pub mod pod;
 pub mod rpc;
+pub mod run;
 pub mod sentinel;
 pub mod validate;
 

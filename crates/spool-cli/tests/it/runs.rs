@@ -5,7 +5,7 @@ use std::process::{Command, Output};
 use spool_journal::event::{RunCreated, TurnCompleted, TurnStarted};
 use spool_journal::store::sqlite::{FILE_NAME, Options, SqliteJournal};
 use spool_journal::{Event, Journal, RunId, Seq, TurnId};
-use spool_wire::http::TurnPolicy;
+use spool_wire::run::TurnPolicy;
 
 fn journal_with_one_run(dir: &std::path::Path) {
     let runtime = tokio::runtime::Builder::new_current_thread()

@@ -183,7 +183,7 @@ async fn an_error_event_after_text_fails_the_call_without_a_retry() {
     let outcome = call(&engine(&server.url), "an-midstream", &hello()).await;
     assert_eq!(text_of(&outcome.deltas), "Hello");
     let error = outcome.result.unwrap_err();
-    assert_eq!(error.code(), "provider_error");
+    assert_eq!(error.code().as_str(), "provider_error");
     assert!(error.to_string().contains("overloaded_error"), "{error}");
     assert_eq!(server.received().len(), 1);
 }
@@ -235,7 +235,7 @@ async fn refusals_are_classified_by_status_and_error_type() {
             .await
             .result
             .unwrap_err();
-        assert_eq!(error.code(), code, "HTTP {status}");
+        assert_eq!(error.code().as_str(), code, "HTTP {status}");
         assert!(error.to_string().contains(kind), "{error}");
         assert_eq!(server.received().len(), 1, "HTTP {status} is not retried");
     }
@@ -255,6 +255,9 @@ async fn a_connection_cut_mid_message_fails_without_a_retry() {
         !outcome.deltas.is_empty(),
         "part of the answer streamed before the cut"
     );
-    assert_eq!(outcome.result.unwrap_err().code(), "provider_error");
+    assert_eq!(
+        outcome.result.unwrap_err().code().as_str(),
+        "provider_error"
+    );
     assert_eq!(server.received().len(), 1);
 }

@@ -58,7 +58,7 @@ async fn a_failing_command_is_engine_cli_with_stderr_in_the_log_only() {
     )
     .await;
     let error = outcome.result.unwrap_err();
-    assert_eq!(error.code(), "engine_cli");
+    assert_eq!(error.code().as_str(), "engine_cli");
     assert!(error.to_string().contains("exited with 3"), "{error}");
     assert!(
         !error.to_string().contains("secret detail"),
@@ -82,7 +82,7 @@ async fn a_command_over_its_time_is_killed_as_engine_cli() {
     )
     .await;
     let error = outcome.result.unwrap_err();
-    assert_eq!(error.code(), "engine_cli");
+    assert_eq!(error.code().as_str(), "engine_cli");
     assert!(error.to_string().contains("timed out"), "{error}");
 }
 
@@ -137,6 +137,6 @@ async fn more_output_than_the_cap_is_engine_cli() {
     )
     .await;
     let error = outcome.result.unwrap_err();
-    assert_eq!(error.code(), "engine_cli");
+    assert_eq!(error.code().as_str(), "engine_cli");
     assert!(error.to_string().contains("more than"), "{error}");
 }

@@ -91,7 +91,7 @@ async fn a_provider_refusal_fails_the_turn_with_its_stable_code_and_no_key() {
             _ => None,
         })
         .expect("the failure is recorded");
-    assert_eq!(failed.code, "auth");
+    assert_eq!(failed.code.as_str(), "auth");
     let recorded =
         serde_json::to_string(&events.iter().map(|e| &e.event).collect::<Vec<_>>()).unwrap();
     assert!(!recorded.contains("sk-ant-never-recorded"));
@@ -237,11 +237,11 @@ async fn compaction_asks_the_provider_for_a_summary_and_a_refusal_is_engine_fail
         .as_str()
         .unwrap();
     assert!(transcript.contains("user: Say hello."), "{transcript}");
-    // A refused summary is the channel's engine_failed, naming `auth`.
+    // A refused summary is an engine failure, naming `auth`.
     let error = runtime.compact(&run).await.unwrap_err();
     assert_eq!(
-        error.code(),
-        spool_wire::http::ErrorCode::EngineFailed,
+        error.kind(),
+        spool_runtime::ErrorKind::EngineFailed,
         "{error}"
     );
     assert!(error.to_string().starts_with("auth:"), "{error}");

@@ -221,7 +221,7 @@ async fn an_error_after_streamed_text_fails_the_call_without_a_retry() {
     let outcome = call(&engine(&server.url), "oa-midstream", &hello()).await;
     assert_eq!(text_of(&outcome.deltas), "Partial answer");
     let error = outcome.result.unwrap_err();
-    assert_eq!(error.code(), "provider_error");
+    assert_eq!(error.code().as_str(), "provider_error");
     assert!(error.to_string().contains("server_error"), "{error}");
     assert_eq!(
         server.received().len(),
@@ -280,7 +280,7 @@ async fn an_exhausted_quota_is_a_budget_failure_at_once() {
         .await
         .result
         .unwrap_err();
-    assert_eq!(error.code(), "budget");
+    assert_eq!(error.code().as_str(), "budget");
     assert_eq!(
         server.received().len(),
         1,
@@ -294,7 +294,7 @@ async fn server_errors_are_retried_up_to_the_limit_then_fail_as_provider_errors(
     let server = Replay::start(vec![refusal(), refusal(), refusal(), refusal()]).await;
     let engine = engine(&server.url);
     let error = call(&engine, "oa-503", &hello()).await.result.unwrap_err();
-    assert_eq!(error.code(), "provider_error");
+    assert_eq!(error.code().as_str(), "provider_error");
     assert_eq!(
         error,
         EngineError::Provider("HTTP 503 (server_error)".into())
@@ -316,7 +316,7 @@ async fn a_refused_key_is_an_auth_failure_that_never_shows_the_key() {
     .await;
     let engine = engine(&server.url);
     let error = call(&engine, "oa-401", &hello()).await.result.unwrap_err();
-    assert_eq!(error.code(), "auth");
+    assert_eq!(error.code().as_str(), "auth");
     assert_eq!(server.received().len(), 1);
     assert!(!error.to_string().contains(KEY), "{error}");
     assert!(!format!("{error:?}").contains(KEY));
@@ -339,7 +339,7 @@ async fn a_connection_cut_mid_answer_fails_without_a_retry() {
         "part of the answer streamed before the cut"
     );
     let error = outcome.result.unwrap_err();
-    assert_eq!(error.code(), "provider_error");
+    assert_eq!(error.code().as_str(), "provider_error");
     assert_eq!(server.received().len(), 1);
 }
 
@@ -371,7 +371,7 @@ async fn a_silent_stream_times_out_as_timeout() {
     settings.idle_timeout = Duration::from_millis(200);
     let engine = OpenAiEngine::new("smollm2", settings).unwrap();
     let error = call(&engine, "oa-idle", &hello()).await.result.unwrap_err();
-    assert_eq!(error.code(), "timeout");
+    assert_eq!(error.code().as_str(), "timeout");
 }
 
 #[tokio::test]
@@ -384,7 +384,7 @@ async fn the_request_timeout_bounds_the_whole_call() {
         .await
         .result
         .unwrap_err();
-    assert_eq!(error.code(), "timeout");
+    assert_eq!(error.code().as_str(), "timeout");
     assert!(error.to_string().contains("no complete answer"), "{error}");
 }
 
@@ -415,7 +415,7 @@ async fn an_unreachable_server_is_retried_then_a_provider_error() {
         .await
         .result
         .unwrap_err();
-    assert_eq!(error.code(), "provider_error");
+    assert_eq!(error.code().as_str(), "provider_error");
     assert_eq!(
         log_lines("run=oa-refused")
             .iter()
@@ -438,7 +438,7 @@ async fn a_server_that_answers_without_streaming_is_a_provider_error_at_once() {
         .await
         .result
         .unwrap_err();
-    assert_eq!(error.code(), "provider_error");
+    assert_eq!(error.code().as_str(), "provider_error");
     assert!(error.to_string().contains("application/json"), "{error}");
     assert_eq!(server.received().len(), 1);
 }
@@ -492,7 +492,7 @@ async fn a_certificate_nobody_vouches_for_fails_at_once_without_retries() {
         .await
         .result
         .unwrap_err();
-    assert_eq!(error.code(), "provider_error");
+    assert_eq!(error.code().as_str(), "provider_error");
     assert!(error.to_string().contains("certificate"), "{error}");
     let attempts = log_lines("run=oa-untrusted");
     assert_eq!(
@@ -574,7 +574,7 @@ async fn a_proxy_that_wants_credentials_is_an_auth_failure_at_once() {
         .await
         .result
         .unwrap_err();
-    assert_eq!(error.code(), "auth", "{error}");
+    assert_eq!(error.code().as_str(), "auth", "{error}");
     assert!(error.to_string().contains("407"), "{error}");
     assert_eq!(
         proxy.heads().len(),

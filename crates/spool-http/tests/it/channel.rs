@@ -649,3 +649,30 @@ async fn unknown_fields_in_run_requests_are_tolerated() {
     assert_eq!(message.json()["response"], "echo: again");
     server.stop().await;
 }
+
+#[test]
+fn runtime_error_kinds_map_to_the_channels_codes_and_statuses() {
+    use spool_http::channel::error_code;
+    use spool_journal::{JournalError, RunId, Seq, TurnId};
+    use spool_runtime::{ErrorKind, RuntimeError};
+    use spool_wire::http::ErrorCode;
+    let moved = RuntimeError::Journal(JournalError::Conflict {
+        run: RunId::new("r").unwrap(),
+        expected: Seq(3),
+        actual: Seq(4),
+    });
+    assert_eq!(error_code(moved.kind()), ErrorCode::RunOwnedElsewhere);
+    assert_eq!(error_code(moved.kind()).status(), Some(409));
+    let full = RuntimeError::Journal(JournalError::Storage("disk full".into()));
+    assert_eq!(error_code(full.kind()), ErrorCode::Internal);
+    let busy = RuntimeError::TurnInProgress {
+        run: RunId::new("r").unwrap(),
+        turn: TurnId::new("t").unwrap(),
+    };
+    assert_eq!(error_code(busy.kind()), ErrorCode::RunActive);
+    assert_eq!(
+        error_code(ErrorKind::AddressNotFound),
+        ErrorCode::RunNotFound
+    );
+    assert_eq!(error_code(ErrorKind::InvalidAnswer), ErrorCode::BadRequest);
+}

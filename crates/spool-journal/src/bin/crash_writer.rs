@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use spool_journal::event::{RunCreated, TurnStarted};
 use spool_journal::store::sqlite::{Options, SqliteJournal};
 use spool_journal::{Event, Journal, RunId, Seq, TurnId};
-use spool_wire::http::TurnPolicy;
+use spool_wire::run::TurnPolicy;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();

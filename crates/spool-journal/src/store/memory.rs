@@ -236,7 +236,7 @@ impl Journal for MemoryJournal {
                 .iter()
                 .map(|(run, (head, _))| RunSummary {
                     run_id: run.clone(),
-                    status: head.status.clone(),
+                    status: head.status,
                     title: head.title.clone(),
                     created_at: head.created_at,
                     updated_at: head.updated_at,

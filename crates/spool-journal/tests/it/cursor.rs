@@ -6,7 +6,7 @@ use serde_json::json;
 use spool_journal::cursor::{ModelStep, ReplayCursor, SleepStep, SuspendStep, ToolStep};
 use spool_journal::event::*;
 use spool_journal::{Event, Seq};
-use spool_wire::http::SuspendKind;
+use spool_wire::run::SuspendKind;
 
 use crate::support::*;
 

@@ -5,7 +5,7 @@ use serde_json::json;
 use spool_journal::event::*;
 use spool_journal::fold::{ItemContent, Status, fold, transition};
 use spool_journal::{Event, Seq};
-use spool_wire::http::{RunState, SuspendKind};
+use spool_wire::run::{RunState, SuspendKind};
 
 use crate::support::*;
 
@@ -36,7 +36,7 @@ fn a_run_moves_through_the_public_states_a_turn_at_a_time() {
         assert_eq!(&fold(&envelopes[..=n]).status, status, "after event {n}");
     }
     let state = fold(&envelopes);
-    assert_eq!(state.status.as_wire(), RunState::Completed);
+    assert_eq!(state.status.state(), RunState::Completed);
     assert_eq!(state.response.as_deref(), Some("Deployed."));
     assert_eq!(state.turn, Some(turn("t1")));
     assert_eq!(state.last_seq, Some(Seq(4)));
@@ -202,24 +202,27 @@ fn a_requested_call_without_completion_is_a_dangling_intent_until_settled() {
 
 #[test]
 fn statuses_encode_for_listings_and_decode_back() {
+    let waiting = SuspendKind::KNOWN.iter().map(|kind| Status::Waiting(*kind));
     for status in [
         Status::Pending,
         Status::Running,
-        Status::Waiting(SuspendKind::Reconciliation),
-        Status::Waiting(SuspendKind::Unknown("quorum".into())),
         Status::Completed,
         Status::Failed,
         Status::Cancelled,
         Status::Retired,
-    ] {
-        assert_eq!(
-            Status::decode(&status.encode()),
-            Some(status.clone()),
-            "{status:?}"
-        );
+    ]
+    .into_iter()
+    .chain(waiting)
+    {
+        assert_eq!(Status::decode(&status.encode()), Some(status), "{status:?}");
     }
     assert_eq!(Status::decode("waiting"), None, "waiting always says why");
     assert_eq!(Status::decode("bogus"), None);
+    assert_eq!(
+        Status::decode("waiting:quorum"),
+        None,
+        "a kind this version does not know is refused, not carried"
+    );
 }
 
 #[test]
@@ -260,7 +263,7 @@ fn queued_input_waits_in_the_state_until_a_turn_takes_it() {
                 turn_id: turn("t2"),
                 input: "second".into(),
                 context: vec![],
-                policy: spool_wire::http::TurnPolicy::Queue,
+                policy: spool_wire::run::TurnPolicy::Queue,
                 from_queue: Some(Seq(2)),
             }),
         ],

@@ -11,7 +11,7 @@ use spool_journal::event::*;
 use spool_journal::fold::fold;
 use spool_journal::store::memory::MemoryJournal;
 use spool_journal::{Address, Event, Journal, Seq};
-use spool_wire::http::SuspendKind;
+use spool_wire::run::SuspendKind;
 
 use crate::support::*;
 

@@ -3,7 +3,7 @@
 use serde_json::{Value, json};
 use spool_journal::event::*;
 use spool_journal::{Envelope, Event, RunId, Seq, TurnId};
-use spool_wire::http::{SuspendKind, TurnPolicy};
+use spool_wire::run::{SuspendKind, TurnPolicy};
 use time::OffsetDateTime;
 
 pub(crate) fn run(name: &str) -> RunId {

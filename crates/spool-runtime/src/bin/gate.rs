@@ -21,7 +21,7 @@ use spool_journal::{Address, Envelope, Event, Journal, JournalError, Principal, 
 use spool_runtime::agent::AgentDefinition;
 use spool_runtime::engines::ScriptedEngine;
 use spool_runtime::{MessageRequest, Runtime, RuntimeError, SequentialIds, StartRequest};
-use spool_wire::http::SuspendKind;
+use spool_wire::run::SuspendKind;
 use tokio::sync::watch;
 
 /// The turns' inputs.

@@ -16,6 +16,7 @@ use std::task::Poll;
 use spool_journal::event::{SleepCompleted, SleepStarted, TurnCancelled, TurnFailed, TurnStarted};
 use spool_journal::fold::Status;
 use spool_journal::{Event, RunId, Seq, TurnId};
+use spool_wire::run::FailureCode;
 use tokio_util::sync::CancellationToken;
 
 use crate::BoxFuture;
@@ -51,7 +52,7 @@ impl Inner {
             if let Err(panic) = polled(driver).await {
                 tracing::error!(run_id = %run, %panic, "a run's driver panicked; its turn fails");
                 let message = format!("the runtime's driver panicked: {panic}");
-                self.fail_turn_logged(&run, "internal", &message).await;
+                self.fail_turn_logged(&run, &message).await;
                 self.stop_driving(&run);
             }
         });
@@ -71,8 +72,7 @@ impl Inner {
                 // The turn cannot go on; say so in the log when the log can
                 // still be written, and stop driving this run.
                 tracing::error!(run_id = %run, %error, "a turn cannot go on");
-                self.fail_turn_logged(&run, "internal", &error.to_string())
-                    .await;
+                self.fail_turn_logged(&run, &error.to_string()).await;
                 self.stop_driving(&run);
                 return;
             }
@@ -88,7 +88,7 @@ impl Inner {
             // again: stop rather than spin, and say why in the log.
             if matches!(work, Work::Turn) && next == before {
                 tracing::error!(run_id = %run, "a turn made no progress");
-                self.fail_turn_logged(&run, "internal", "the turn made no progress")
+                self.fail_turn_logged(&run, "the turn made no progress")
                     .await;
                 self.stop_driving(&run);
                 return;
@@ -138,7 +138,7 @@ impl Inner {
                     turn_id: turn,
                     input: queued.input,
                     context: queued.context,
-                    policy: spool_wire::http::TurnPolicy::Queue,
+                    policy: spool_wire::run::TurnPolicy::Queue,
                     from_queue: Some(seq),
                 });
                 locked.append(&*self.journal, vec![started]).await
@@ -179,13 +179,14 @@ impl Inner {
         entry.token.clone()
     }
 
-    /// Ends the running turn as failed with `code`, if one is running.
-    async fn fail_turn(&self, run: &RunId, code: &str, message: &str) -> Result<(), RuntimeError> {
+    /// Ends the running turn as failed with `internal`, if one is running:
+    /// the runtime itself cannot take it further.
+    async fn fail_turn(&self, run: &RunId, message: &str) -> Result<(), RuntimeError> {
         let mut locked = self.lock(run).await?;
         if let (Status::Running, Some(turn)) = (&locked.state().status, &locked.state().turn) {
             let failed = Event::TurnFailed(TurnFailed {
                 turn_id: turn.clone(),
-                code: code.to_owned(),
+                code: FailureCode::Internal,
                 message: message.to_owned(),
             });
             locked.append(&*self.journal, vec![failed]).await?;
@@ -197,8 +198,8 @@ impl Inner {
 
     /// [`Inner::fail_turn`] where nobody waits for the answer: a failure to
     /// record the failure goes to the log.
-    async fn fail_turn_logged(&self, run: &RunId, code: &str, message: &str) {
-        if let Err(error) = self.fail_turn(run, code, message).await {
+    async fn fail_turn_logged(&self, run: &RunId, message: &str) {
+        if let Err(error) = self.fail_turn(run, message).await {
             tracing::error!(run_id = %run, %error, "a failed turn cannot be recorded");
         }
     }

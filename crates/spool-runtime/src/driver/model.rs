@@ -12,6 +12,7 @@ use spool_journal::event::{
     ModelCallCompleted, ModelCallRequested, TurnCancelled, TurnCompleted, TurnFailed, Usage,
 };
 use spool_journal::{Event, RunId, Seq, TurnId};
+use spool_wire::run::FailureCode;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -299,7 +300,7 @@ impl Inner {
                     ctx.release();
                     let failed = Event::TurnFailed(TurnFailed {
                         turn_id: ctx.turn.clone(),
-                        code: "budget".into(),
+                        code: FailureCode::Budget,
                         message,
                     });
                     self.end_turn(&ctx.run, failed).await?;
@@ -342,13 +343,14 @@ impl Inner {
                 ctx.release();
                 let (code, message) = match failure {
                     CallFailed::Engine(error) => (error.code(), error.to_string()),
-                    CallFailed::Panicked(panic) => {
-                        ("internal", format!("the engine panicked: {panic}"))
-                    }
+                    CallFailed::Panicked(panic) => (
+                        FailureCode::Internal,
+                        format!("the engine panicked: {panic}"),
+                    ),
                 };
                 let failed = Event::TurnFailed(TurnFailed {
                     turn_id: ctx.turn.clone(),
-                    code: code.into(),
+                    code,
                     message,
                 });
                 self.end_turn(&ctx.run, failed).await?;
@@ -387,14 +389,11 @@ impl Inner {
             Err(panic) => Err(CallFailed::Panicked(panic)),
         };
         span.record("duration_ms", started.elapsed().as_secs_f64() * 1e3);
-        span.record(
-            "outcome",
-            match &answer {
-                Ok(_) => "answered",
-                Err(CallFailed::Engine(error)) => error.code(),
-                Err(CallFailed::Panicked(_)) => "panicked",
-            },
-        );
+        match &answer {
+            Ok(_) => span.record("outcome", "answered"),
+            Err(CallFailed::Engine(error)) => span.record("outcome", error.code().as_str()),
+            Err(CallFailed::Panicked(_)) => span.record("outcome", "panicked"),
+        };
         if let Err(CallFailed::Panicked(panic)) = &answer {
             tracing::error!(parent: &span, run_id = %run, %panic, "the engine panicked");
         }

@@ -14,7 +14,7 @@ use spool_journal::event::{
     ToolCallRequested, TurnFailed,
 };
 use spool_journal::store::{CallRef, Claim, ClaimKey};
-use spool_wire::http::SuspendKind;
+use spool_wire::run::{FailureCode, SuspendKind};
 use spool_wire::sentinel::{self, FailureKind, Sentinel, ToolFailure};
 use tracing::Instrument;
 
@@ -76,7 +76,7 @@ impl Inner {
                 );
                 let failed = Event::TurnFailed(TurnFailed {
                     turn_id: ctx.turn.clone(),
-                    code: "tool_abandoned".into(),
+                    code: FailureCode::ToolAbandoned,
                     message,
                 });
                 ctx.release();
@@ -143,7 +143,7 @@ impl Inner {
                             }),
                             Event::TurnFailed(TurnFailed {
                                 turn_id: ctx.turn.clone(),
-                                code: "internal".into(),
+                                code: FailureCode::Internal,
                                 message: format!("tool `{}` panicked: {panic}", call.name),
                             }),
                         ];

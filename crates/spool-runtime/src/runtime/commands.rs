@@ -8,7 +8,7 @@ use spool_journal::event::{
 };
 use spool_journal::fold::Status;
 use spool_journal::{Event, JournalError, RunId, TurnId};
-use spool_wire::http::{SuspendKind, TurnPolicy};
+use spool_wire::run::{SuspendKind, TurnPolicy};
 
 use super::{Accepted, CancelOutcome, MessageRequest, Runtime, StartRequest};
 use crate::error::RuntimeError;
@@ -64,7 +64,7 @@ impl Runtime {
             turn_id: turn.clone(),
             input: request.text.clone(),
             context: request.context.clone(),
-            policy: request.policy.clone().unwrap_or(TurnPolicy::Steer),
+            policy: request.policy.unwrap_or(TurnPolicy::Steer),
             from_queue: None,
         });
         let mut locked = Locked::fresh(&self.inner.runs, &run).await;
@@ -116,43 +116,45 @@ impl Runtime {
     ///
     /// # Errors
     ///
-    /// `RunNotFound`, `RunRetired`, or `RunWaiting` (answer it with
-    /// [`Runtime::respond`]).
+    /// `RunNotFound`, `RunRetired`, `RunWaiting` (answer it with
+    /// [`Runtime::respond`]), or `TurnInProgress` for
+    /// [`TurnPolicy::IfIdle`] while a turn is in progress.
     pub async fn send(
         &self,
         run: &RunId,
         message: MessageRequest,
     ) -> Result<Accepted, RuntimeError> {
-        let policy = message.policy.clone().unwrap_or(TurnPolicy::Steer);
-        if let TurnPolicy::Unknown(policy) = &policy {
-            return Err(RuntimeError::BadRequest(format!(
-                "unknown turn policy `{policy}`"
-            )));
-        }
+        let policy = message.policy.unwrap_or(TurnPolicy::Steer);
         let locked = self.inner.lock(run).await?;
         let state = locked.state();
-        let (events, accepted) = match (&state.status, &state.turn) {
-            (Status::Retired, _) => return Err(RuntimeError::RunRetired(run.clone())),
-            (Status::Waiting(_), _) => return Err(RuntimeError::RunWaiting(run.clone())),
-            (Status::Running, Some(turn)) => match policy {
-                TurnPolicy::Queue => (
-                    vec![Event::InputQueued(InputQueued {
-                        input: message.text,
-                        context: message.context,
-                    })],
-                    Accepted::Queued { run: run.clone() },
-                ),
-                _ => (
-                    vec![Event::InputSteered(InputSteered {
-                        turn_id: turn.clone(),
-                        input: message.text,
-                    })],
-                    Accepted::Steered {
-                        run: run.clone(),
-                        turn: turn.clone(),
-                    },
-                ),
-            },
+        let (events, accepted) = match (&state.status, &state.turn, policy) {
+            (Status::Retired, ..) => return Err(RuntimeError::RunRetired(run.clone())),
+            // Checked and refused under the run's lock: of callers racing on
+            // an idle run, the first starts the turn and the rest see it.
+            (Status::Running | Status::Waiting(_), Some(turn), TurnPolicy::IfIdle) => {
+                return Err(RuntimeError::TurnInProgress {
+                    run: run.clone(),
+                    turn: turn.clone(),
+                });
+            }
+            (Status::Waiting(_), ..) => return Err(RuntimeError::RunWaiting(run.clone())),
+            (Status::Running, Some(_), TurnPolicy::Queue) => (
+                vec![Event::InputQueued(InputQueued {
+                    input: message.text,
+                    context: message.context,
+                })],
+                Accepted::Queued { run: run.clone() },
+            ),
+            (Status::Running, Some(turn), _) => (
+                vec![Event::InputSteered(InputSteered {
+                    turn_id: turn.clone(),
+                    input: message.text,
+                })],
+                Accepted::Steered {
+                    run: run.clone(),
+                    turn: turn.clone(),
+                },
+            ),
             _ => {
                 let turn = self.inner.ids.turn_id(run, locked.cached().turns + 1);
                 (

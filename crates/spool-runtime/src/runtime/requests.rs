@@ -2,7 +2,7 @@
 
 use serde_json::json;
 use spool_journal::{Address, Principal, RunId, TurnId};
-use spool_wire::http::TurnPolicy;
+use spool_wire::run::TurnPolicy;
 
 use crate::error::RuntimeError;
 
@@ -32,7 +32,8 @@ pub struct StartRequest {
     pub kind: Option<String>,
     /// Input for this turn only.
     pub context: Vec<String>,
-    /// `steer` (default) or `queue`, when the run is busy.
+    /// What to do when the run is busy: `steer` (the default), `queue`,
+    /// or `if_idle` (refused).
     pub policy: Option<TurnPolicy>,
 }
 
@@ -43,7 +44,8 @@ pub struct MessageRequest {
     pub text: String,
     /// Input for this turn only.
     pub context: Vec<String>,
-    /// `steer` (default) or `queue`, when the run is busy.
+    /// What to do when the run is busy: `steer` (the default), `queue`,
+    /// or `if_idle` (refused).
     pub policy: Option<TurnPolicy>,
 }
 
@@ -120,7 +122,7 @@ impl StartRequest {
             "title": self.title,
             "kind": self.kind,
             "context": self.context,
-            "policy": self.policy.as_ref().map(TurnPolicy::as_str),
+            "policy": self.policy.map(TurnPolicy::as_str),
         }))
     }
 }

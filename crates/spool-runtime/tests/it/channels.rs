@@ -4,8 +4,8 @@ use std::sync::Arc;
 
 use spool_journal::fold::Status;
 use spool_journal::store::memory::MemoryJournal;
+use spool_runtime::ErrorKind;
 use spool_runtime::{Accepted, Credentials, MessageRequest, Runtime};
-use spool_wire::http::ErrorCode;
 
 use crate::support::*;
 
@@ -43,8 +43,8 @@ async fn a_host_channel_maps_its_conversations_to_runs_by_name() {
     assert_eq!(again, run, "later messages go to the same run");
     let web = runtime.channel("web").unwrap();
     assert_eq!(
-        web.lookup("C042/thread-9").await.unwrap_err().code(),
-        ErrorCode::RunNotFound,
+        web.lookup("C042/thread-9").await.unwrap_err().kind(),
+        ErrorKind::AddressNotFound,
         "namespaces are separate"
     );
 }
@@ -80,8 +80,8 @@ fn a_channel_namespace_is_lowercase_letters_digits_and_dashes() {
     }
     for bad in ["", "Slack", "a/b", "x y"] {
         assert_eq!(
-            runtime.channel(bad).unwrap_err().code(),
-            ErrorCode::BadRequest,
+            runtime.channel(bad).unwrap_err().kind(),
+            ErrorKind::BadRequest,
             "{bad:?}"
         );
     }
@@ -101,22 +101,21 @@ fn credentials_read_a_bearer_token_case_insensitively_and_nothing_else() {
 }
 
 #[test]
-fn a_journal_moved_by_another_writer_is_run_owned_elsewhere_and_storage_failure_is_internal() {
+fn a_journal_moved_by_another_writer_is_owned_elsewhere_and_a_storage_failure_is_storage() {
     use spool_journal::{JournalError, RunId, Seq};
+    use spool_runtime::ErrorKind;
     use spool_runtime::RuntimeError;
-    use spool_wire::http::ErrorCode;
     let moved = RuntimeError::Journal(JournalError::Conflict {
         run: RunId::new("r").unwrap(),
         expected: Seq(3),
         actual: Seq(4),
     });
-    assert_eq!(moved.code(), ErrorCode::RunOwnedElsewhere);
-    assert_eq!(moved.code().status(), Some(409));
+    assert_eq!(moved.kind(), ErrorKind::OwnedElsewhere);
     let held = RuntimeError::Journal(JournalError::InUse {
         dir: "j".into(),
         holder: Some(7),
     });
-    assert_eq!(held.code(), ErrorCode::RunOwnedElsewhere);
+    assert_eq!(held.kind(), ErrorKind::OwnedElsewhere);
     let failed = RuntimeError::Journal(JournalError::Storage("disk full".into()));
-    assert_eq!(failed.code(), ErrorCode::Internal);
+    assert_eq!(failed.kind(), ErrorKind::Storage);
 }

@@ -13,7 +13,7 @@ use std::process::Command;
 use serde_json::{Value, json};
 use spool_journal::store::sqlite::{Options, SqliteJournal};
 use spool_journal::{Envelope, Event, Journal, RunId, Seq};
-use spool_wire::http::SuspendKind;
+use spool_wire::run::SuspendKind;
 
 fn gate(dir: &Path, kill_after: Option<u64>) -> std::process::Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_spool-runtime-gate"));
@@ -138,4 +138,59 @@ fn every_crash_point_recovers_to_the_reference_log_and_no_write_runs_twice() {
         reconciled, 2,
         "exactly the two writes' windows need an operator"
     );
+}
+
+/// The events, settled, without their request hashes: a run begun by an
+/// earlier Spool records version-1 hashes (`sha256:`), this one chained
+/// hashes (`sha256-chain:`); everything else must agree.
+fn without_hashes(events: Vec<Value>) -> Vec<Value> {
+    events
+        .into_iter()
+        .map(|mut event| {
+            if event["kind"] == "model_call_requested" {
+                event["payload"]["request_hash"] = Value::Null;
+            }
+            event
+        })
+        .collect()
+}
+
+/// `tests/fixtures/v1-mid-turn/journal.db` was written by the previous
+/// Spool (commit c749ad4's `spool-runtime-gate --kill-after 23`, its WAL
+/// checkpointed into the file): the reference run killed inside turn two
+/// right after a model call's intent, every request hash of version 1, a
+/// write (`w1`) and a reservation (`k1`) already done.
+#[test]
+fn a_journal_the_previous_spool_left_mid_turn_resumes_and_finishes_like_the_reference() {
+    let fixture =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v1-mid-turn/journal.db");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("journal")).unwrap();
+    std::fs::copy(&fixture, dir.path().join("journal").join("journal.db")).unwrap();
+    let before = final_log(dir.path());
+    assert_eq!(before.len(), 25);
+    assert!(matches!(
+        &before[24].event,
+        Event::ModelCallRequested(r) if r.request_hash.starts_with("sha256:")
+    ));
+    finished(&gate(dir.path(), None));
+    let after = final_log(dir.path());
+    assert_eq!(
+        bytes(&after[..25]),
+        bytes(&before),
+        "what the previous Spool wrote stays as it was"
+    );
+    let reference_dir = tempfile::tempdir().unwrap();
+    finished(&gate(reference_dir.path(), None));
+    let reference = final_log(reference_dir.path());
+    assert_eq!(
+        without_hashes(settled(&after)),
+        without_hashes(settled(&reference))
+    );
+    assert_eq!(
+        lines(dir.path(), "writes.log"),
+        ["w2"],
+        "the write done before the upgrade is not done again"
+    );
+    assert!(lines(dir.path(), "reserve.log").is_empty());
 }

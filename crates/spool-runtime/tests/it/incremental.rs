@@ -12,7 +12,7 @@ use spool_journal::store::memory::MemoryJournal;
 use spool_journal::store::{BoxFuture, CallRef, Claim, ClaimKey, RunSummary};
 use spool_journal::{Address, Envelope, Event, Journal, JournalError, Principal, RunId, Seq};
 use spool_runtime::{Accepted, MessageRequest, Runtime, StartRequest, Tools};
-use spool_wire::http::TurnPolicy;
+use spool_wire::run::TurnPolicy;
 use tokio::sync::watch;
 
 use crate::support::{begin, settle};

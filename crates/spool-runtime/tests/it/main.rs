@@ -8,6 +8,7 @@
 mod agent;
 mod channels;
 mod concurrency;
+mod first_wins;
 mod gate;
 mod hub;
 mod incremental;

@@ -10,7 +10,7 @@ use spool_journal::fold::Status;
 use spool_journal::store::memory::MemoryJournal;
 use spool_journal::{Event, Journal, RunId, Seq, TurnId};
 use spool_runtime::{Accepted, Runtime, StartRequest, Tool};
-use spool_wire::http::SuspendKind;
+use spool_wire::run::SuspendKind;
 
 use crate::support::*;
 

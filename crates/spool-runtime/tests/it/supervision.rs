@@ -87,7 +87,7 @@ async fn last_failure(journal: &Arc<dyn Journal>, run: &RunId) -> (String, Strin
     log.iter()
         .rev()
         .find_map(|e| match &e.event {
-            Event::TurnFailed(failed) => Some((failed.code.clone(), failed.message.clone())),
+            Event::TurnFailed(failed) => Some((failed.code.to_string(), failed.message.clone())),
             _ => None,
         })
         .expect("a turn_failed is recorded")

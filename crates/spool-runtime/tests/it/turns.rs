@@ -8,8 +8,9 @@ use spool_journal::event::{Answer, Effect};
 use spool_journal::fold::Status;
 use spool_journal::store::memory::MemoryJournal;
 use spool_journal::{Address, Event, Journal, Principal, RunId, Seq, TurnId};
+use spool_runtime::ErrorKind;
 use spool_runtime::{Accepted, CancelOutcome, MessageRequest, Runtime, RuntimeError, StartRequest};
-use spool_wire::http::{ErrorCode, SuspendKind, TurnPolicy};
+use spool_wire::run::{SuspendKind, TurnPolicy};
 
 use crate::support::*;
 
@@ -152,8 +153,8 @@ async fn an_approval_needs_an_explicit_verdict_and_false_is_a_rejection_the_mode
         "{silent}"
     );
     assert_eq!(
-        silent.code(),
-        ErrorCode::BadRequest,
+        silent.kind(),
+        ErrorKind::InvalidAnswer,
         "an absent verdict is not a rejection; it is refused"
     );
     runtime
@@ -199,7 +200,7 @@ async fn an_answer_naming_a_stale_turn_is_refused() {
         )
         .await
         .unwrap_err();
-    assert_eq!(refused.code(), ErrorCode::RunNotWaiting, "{refused}");
+    assert_eq!(refused.kind(), ErrorKind::RunNotWaiting, "{refused}");
     assert_eq!(
         runtime.get(&run).await.unwrap().status,
         Status::Waiting(SuspendKind::Question),
@@ -218,7 +219,7 @@ async fn a_message_to_a_waiting_run_is_refused_with_run_waiting() {
         .send(&run, message("another thing", TurnPolicy::Steer))
         .await
         .unwrap_err();
-    assert_eq!(refused.code(), ErrorCode::RunWaiting);
+    assert_eq!(refused.kind(), ErrorKind::RunWaiting);
 }
 
 fn gated(
@@ -386,16 +387,16 @@ async fn reset_retires_the_run_and_frees_its_address_for_a_new_run() {
         .unwrap();
     assert_eq!(runtime.get(&run).await.unwrap().status, Status::Retired);
     assert_eq!(
-        runtime.lookup(&address).await.unwrap_err().code(),
-        ErrorCode::RunNotFound
+        runtime.lookup(&address).await.unwrap_err().kind(),
+        ErrorKind::AddressNotFound
     );
     assert_eq!(
         runtime
             .send(&run, message("more", TurnPolicy::Steer))
             .await
             .unwrap_err()
-            .code(),
-        ErrorCode::RunRetired
+            .kind(),
+        ErrorKind::RunRetired
     );
     let (fresh, _) = started(runtime.start(request).await.unwrap());
     assert_ne!(fresh, run, "the address now leads to a new run");
@@ -483,12 +484,12 @@ async fn clear_and_compact_are_refused_while_a_turn_is_in_progress() {
     let (run, turn) = started(runtime.start(start("x")).await.unwrap());
     entered(&entered_tool).await;
     assert_eq!(
-        runtime.clear(&run).await.unwrap_err().code(),
-        ErrorCode::RunActive
+        runtime.clear(&run).await.unwrap_err().kind(),
+        ErrorKind::RunActive
     );
     assert_eq!(
-        runtime.compact(&run).await.unwrap_err().code(),
-        ErrorCode::RunActive
+        runtime.compact(&run).await.unwrap_err().kind(),
+        ErrorKind::RunActive
     );
     gate.notify_one();
     settle(&runtime, &run, &turn).await;
@@ -500,8 +501,8 @@ async fn compacting_with_an_engine_that_cannot_is_compaction_unsupported() {
     let (run, turn) = started(runtime.start(start("x")).await.unwrap());
     settle(&runtime, &run, &turn).await;
     assert_eq!(
-        runtime.compact(&run).await.unwrap_err().code(),
-        ErrorCode::CompactionUnsupported
+        runtime.compact(&run).await.unwrap_err().kind(),
+        ErrorKind::CompactionUnsupported
     );
 }
 
@@ -549,7 +550,7 @@ async fn the_same_operation_id_with_a_different_body_is_a_conflict() {
         })
         .await
         .unwrap_err();
-    assert_eq!(changed.code(), ErrorCode::OperationConflict, "{changed}");
+    assert_eq!(changed.kind(), ErrorKind::OperationConflict, "{changed}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -560,8 +561,8 @@ async fn an_operation_id_without_a_verified_principal_is_a_bad_request() {
         ..start("x")
     };
     assert_eq!(
-        runtime.start(request).await.unwrap_err().code(),
-        ErrorCode::BadRequest
+        runtime.start(request).await.unwrap_err().kind(),
+        ErrorKind::BadRequest
     );
 }
 
@@ -585,7 +586,7 @@ async fn a_provider_error_fails_the_turn_with_its_code() {
             _ => None,
         });
     let failure = failure.unwrap();
-    assert_eq!(failure.code, "provider_error");
+    assert_eq!(failure.code.as_str(), "provider_error");
     assert!(failure.message.contains("overloaded"));
 }
 
@@ -808,8 +809,8 @@ async fn a_used_up_budget_parks_the_run_and_an_approval_extends_it() {
         .await
         .unwrap_err();
     assert_eq!(
-        silent.code(),
-        ErrorCode::BadRequest,
+        silent.kind(),
+        ErrorKind::InvalidAnswer,
         "a budget needs a verdict"
     );
     runtime
@@ -864,7 +865,7 @@ async fn declining_to_extend_a_used_up_budget_fails_the_turn_with_code_budget() 
             _ => None,
         });
     let failure = failure.unwrap();
-    assert_eq!(failure.code, "budget");
+    assert_eq!(failure.code.as_str(), "budget");
     assert!(
         failure.message.contains("tokens budget (15)"),
         "{}",

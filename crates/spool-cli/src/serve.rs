@@ -33,10 +33,15 @@ pub(crate) struct ServeArgs {
     /// Require bearer tokens from this file (see `spool token new`).
     #[arg(long)]
     token_file: Option<PathBuf>,
-    /// The engine, instead of the agent definition's: `echo` or
-    /// `scripted:<file>`.
+    /// The engine, instead of the agent definition's: `echo`,
+    /// `scripted:<file>`, `openai/<model>`, `anthropic/<model>` or
+    /// `command:<argv>`.
     #[arg(long)]
     model: Option<String>,
+    /// How many runs the runtime keeps in memory between requests (a run
+    /// out of it has its log read once when next touched).
+    #[arg(long, env = "SPOOL_CACHED_RUNS", default_value_t = spool_runtime::DEFAULT_CACHED_RUNS as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    cached_runs: u64,
 }
 
 #[derive(Debug, Subcommand)]
@@ -95,7 +100,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 .with_context(|| format!("binding {}", args.addr))?
         }
     };
-    let (runtime, _owner) = open_runtime(&args.journal, &agent)?;
+    let cached_runs = usize::try_from(args.cached_runs).unwrap_or(usize::MAX);
+    let (runtime, _owner) = open_runtime(&args.journal, &agent, Some(cached_runs))?;
     let resumed = recover(&runtime).await?;
     let (stop, closing) = tokio::sync::watch::channel(false);
     let mut channel =
@@ -165,7 +171,11 @@ pub(crate) fn load_agent(path: Option<&Path>, model: Option<&str>) -> anyhow::Re
 /// The runtime on the SQLite journal in `journal`, running `agent`, and
 /// this process's claim on the journal: hold it as long as the runtime
 /// runs, so no second process resumes the same turns.
-pub(crate) fn open_runtime(journal: &Path, agent: &Agent) -> anyhow::Result<(Runtime, Owner)> {
+pub(crate) fn open_runtime(
+    journal: &Path,
+    agent: &Agent,
+    cached_runs: Option<usize>,
+) -> anyhow::Result<(Runtime, Owner)> {
     let owner = Owner::claim(journal).map_err(|error| match error {
         JournalError::InUse { .. } => anyhow::anyhow!(
             "{error}: a server has it? talk to it with `--url`, or give this process its own `--journal`"
@@ -174,11 +184,14 @@ pub(crate) fn open_runtime(journal: &Path, agent: &Agent) -> anyhow::Result<(Run
     })?;
     let store = SqliteJournal::open(journal, Options::default())
         .with_context(|| format!("opening the journal in {}", journal.display()))?;
-    let runtime = Runtime::builder(Arc::new(store))
+    let mut builder = Runtime::builder(Arc::new(store))
         .agent(&agent.loaded)
         .map_err(anyhow::Error::msg)?
-        .engine(agent.engine.clone())
-        .build();
+        .engine(agent.engine.clone());
+    if let Some(runs) = cached_runs {
+        builder = builder.cached_runs(runs);
+    }
+    let runtime = builder.build();
     Ok((runtime, owner))
 }
 

@@ -50,7 +50,8 @@ pub(crate) struct Target {
     #[arg(long)]
     agent: Option<PathBuf>,
     /// The engine, instead of the agent definition's (without `--url`):
-    /// `echo` or `scripted:<file>`.
+    /// `echo`, `scripted:<file>`, `openai/<model>`, `anthropic/<model>`
+    /// or `command:<argv>`.
     #[arg(long)]
     model: Option<String>,
 }
@@ -171,7 +172,7 @@ impl Backend {
             return Ok(Self::Remote(client));
         }
         let agent = load_agent(target.agent.as_deref(), target.model.as_deref())?;
-        let (runtime, owner) = open_runtime(&target.journal, &agent)?;
+        let (runtime, owner) = open_runtime(&target.journal, &agent, None)?;
         // The journal's promise: runs interrupted earlier finish now.
         let resumed = recover(&runtime).await?;
         if resumed > 0 {

@@ -243,9 +243,11 @@ pub struct Suspended {
     /// The parked tool call, when a tool parked it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub call_id: Option<String>,
-    /// The JSON Schema the answer must satisfy.
+    /// The JSON Schema the answer must satisfy; shared with the state's
+    /// copy of the suspension, since a schema is often the largest part of
+    /// a parked run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub input_schema: Option<Value>,
+    pub input_schema: Option<Arc<Value>>,
     /// Choices, when the question has them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub options: Option<Vec<String>>,

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use spool_journal::event::Usage;
-use spool_journal::fold::State;
+use spool_journal::fold::{State, Status};
 use spool_journal::{Envelope, Event, Journal, JournalError, RunId, Seq};
 use tokio::sync::OwnedMutexGuard;
 
@@ -22,10 +22,12 @@ use crate::error::RuntimeError;
 use crate::history::History;
 
 /// How many runs stay cached by default. A cached run costs its state and
-/// its model history, about what its log holds; a parked one-turn run a
-/// few KiB. Runs in use are never evicted, so more may be in memory while
-/// more are busy.
-pub const DEFAULT_CACHED_RUNS: usize = 4096;
+/// its model history: a run parked on an approval about 12 KB (measured;
+/// mostly JSON trees), a long conversation what its messages hold. 1,024
+/// keeps a server with 10,000 parked runs near 2.5 KB a run on average
+/// (`cargo xtask bench --only parked-runs`). Runs in use are never
+/// evicted, so more may be in memory while more are busy.
+pub const DEFAULT_CACHED_RUNS: usize = 1024;
 
 /// A bounded map from run to its cached state and lock, least recently
 /// used first out.
@@ -40,6 +42,13 @@ struct Map {
     slots: HashMap<RunId, Slot>,
     /// A counter, not a clock: the order in which slots were last used.
     tick: u64,
+    /// Inserts to wait before the next sweep. After a sweep that could
+    /// not get under the bound (every slot in use, as when thousands of
+    /// runs resume at once), the next waits for an eighth of the bound in
+    /// inserts, so a full map is not rescanned on every insert.
+    sweep_in: usize,
+    /// Sweeps so far, for the tests that hold sweeping to its bound.
+    sweeps: u64,
 }
 
 struct Slot {
@@ -65,8 +74,13 @@ impl Runs {
             slot.used = tick;
             return Arc::clone(&slot.entry);
         }
-        if map.slots.len() >= self.capacity {
+        map.sweep_in = map.sweep_in.saturating_sub(1);
+        if map.slots.len() >= self.capacity && map.sweep_in == 0 {
+            map.sweeps += 1;
             evict(&mut map.slots, self.capacity);
+            if map.slots.len() >= self.capacity {
+                map.sweep_in = self.capacity.div_ceil(8);
+            }
         }
         let entry = Arc::new(tokio::sync::Mutex::new(Cached::new(self.system.clone())));
         map.slots.insert(
@@ -132,8 +146,13 @@ pub(crate) struct Cached {
     /// The model's conversation before the current turn's `turn_started`.
     pub(crate) history: History,
     /// The current turn's events from its `turn_started` on, while a turn
-    /// is in progress (running or parked); empty otherwise.
-    pub(crate) turn_log: Vec<Envelope>,
+    /// is in progress; empty otherwise. `None` while the run is parked and
+    /// untouched: a parked run's state answers every command and query, and
+    /// its turn's events (most of what it would cost in memory) are read
+    /// back, from the turn's start only, when it is next appended to.
+    turn_log: Option<Vec<Envelope>>,
+    /// Where the current (or last) turn's `turn_started` is.
+    turn_start: Option<Seq>,
     /// Turns started so far.
     pub(crate) turns: u64,
     /// Model calls requested before the current turn.
@@ -150,7 +169,8 @@ impl Cached {
             next: Seq(0),
             state: State::default(),
             history: History::new(system),
-            turn_log: Vec::new(),
+            turn_log: Some(Vec::new()),
+            turn_start: None,
             turns: 0,
             calls_before_turn: 0,
             calls: 0,
@@ -163,6 +183,13 @@ impl Cached {
         self.next
     }
 
+    /// The current turn's events from its `turn_started` on (empty when no
+    /// turn is in progress). Read back first if the run was parked: see
+    /// [`Locked::existing`] and [`Locked::append`].
+    pub(crate) fn turn_log(&self) -> &[Envelope] {
+        self.turn_log.as_deref().unwrap_or_default()
+    }
+
     /// Folds one appended (or read) event.
     fn apply(&mut self, envelope: Envelope) {
         self.state.apply(&envelope);
@@ -170,6 +197,8 @@ impl Cached {
         match &envelope.event {
             Event::TurnStarted(_) => {
                 self.settle_turn_log();
+                self.turn_log = Some(Vec::new());
+                self.turn_start = Some(envelope.seq);
                 self.turns += 1;
                 self.calls_before_turn = self.calls;
                 self.turn_usage = None;
@@ -181,7 +210,9 @@ impl Cached {
             _ => {}
         }
         if self.state.status.is_active() {
-            self.turn_log.push(envelope);
+            if let Some(turn_log) = &mut self.turn_log {
+                turn_log.push(envelope);
+            }
         } else {
             self.settle_turn_log();
             self.history.apply(&envelope);
@@ -190,9 +221,50 @@ impl Cached {
 
     /// Moves the finished turn's events into the history.
     fn settle_turn_log(&mut self) {
-        for envelope in self.turn_log.drain(..) {
-            self.history.apply(&envelope);
+        match self.turn_log.take() {
+            Some(turn_log) => {
+                for envelope in turn_log {
+                    self.history.apply(&envelope);
+                }
+            }
+            // Every append to a parked run reads its turn back first, so a
+            // turn never ends without its events; should one, the history
+            // would miss them: read the whole run again instead.
+            None => self.loaded = false,
         }
+        self.turn_log = Some(Vec::new());
+    }
+
+    /// Lets a parked run's turn events go.
+    fn park(&mut self) {
+        if matches!(self.state.status, Status::Waiting(_)) {
+            self.turn_log = None;
+        }
+    }
+
+    /// Reads a parked run's current turn back, from its start only.
+    async fn unpark(&mut self, journal: &dyn Journal, run: &RunId) -> Result<(), RuntimeError> {
+        if self.turn_log.is_some() || !self.state.status.is_active() {
+            return Ok(());
+        }
+        let Some(start) = self.turn_start else {
+            return Err(RuntimeError::corrupt(
+                run,
+                "a turn in progress has no start".into(),
+            ));
+        };
+        let turn_log = journal.read(run, start).await?;
+        match turn_log.first() {
+            Some(first) if first.seq == start && matches!(first.event, Event::TurnStarted(_)) => {}
+            _ => {
+                return Err(RuntimeError::corrupt(
+                    run,
+                    format!("the turn started at seq {start} does not read back"),
+                ));
+            }
+        }
+        self.turn_log = Some(turn_log);
+        Ok(())
     }
 
     /// Reads what the journal holds past this entry's head.
@@ -204,6 +276,7 @@ impl Cached {
         for envelope in journal.read(run, self.next).await? {
             self.apply(envelope);
         }
+        self.park();
         self.loaded = true;
         Ok(())
     }
@@ -237,6 +310,11 @@ impl Locked {
             drop(guard);
             runs.forget(run);
             return Err(RuntimeError::RunNotFound(run.clone()));
+        }
+        // A running turn's driver walks its events; a parked one's are read
+        // when something is appended to it.
+        if guard.state.status == Status::Running {
+            guard.unpark(journal, run).await?;
         }
         Ok(Self {
             run: run.clone(),
@@ -273,20 +351,24 @@ impl Locked {
         &self.guard.state
     }
 
-    /// Appends `events` at the run's head and folds them in. On a refusal
-    /// (an address or operation id taken, a malformed append) nothing was
-    /// written and the cache stands; on any other failure it is read
-    /// again from the journal next time, since the log may have moved.
+    /// Appends `events` at the run's head and folds them in. A parked
+    /// run's turn is read back first, so the turn's events are whole when
+    /// it goes on or ends. On a refusal (an address or operation id taken,
+    /// a malformed append) nothing was written and the cache stands; on any
+    /// other failure it is read again from the journal next time, since the
+    /// log may have moved.
     pub(crate) async fn append(
         &mut self,
         journal: &dyn Journal,
         events: Vec<Event>,
     ) -> Result<(), RuntimeError> {
+        self.guard.unpark(journal, &self.run).await?;
         match journal.append(&self.run, self.guard.next, events).await {
             Ok(envelopes) => {
                 for envelope in envelopes {
                     self.guard.apply(envelope);
                 }
+                self.guard.park();
                 Ok(())
             }
             Err(error) => {
@@ -301,5 +383,42 @@ impl Locked {
                 Err(error.into())
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(n: usize) -> RunId {
+        RunId::new(format!("run_{n}")).expect("a valid id")
+    }
+
+    #[test]
+    fn runs_in_use_are_never_evicted_and_a_full_map_is_not_rescanned_on_every_insert() {
+        let runs = Runs::new(64, None);
+        let held: Vec<_> = (0..1000).map(|n| runs.entry(&run(n))).collect();
+        assert_eq!(runs.len(), 1000, "a slot in use keeps its lock");
+        let sweeps = runs.map.lock().expect("not poisoned").sweeps;
+        assert!(
+            sweeps <= (1000 - 64) / 8 + 1,
+            "{sweeps} sweeps for 936 inserts over the bound"
+        );
+        drop(held);
+    }
+
+    #[test]
+    fn a_map_held_over_its_bound_comes_back_under_it_once_its_runs_are_let_go() {
+        let runs = Runs::new(16, None);
+        let held: Vec<_> = (0..40).map(|n| runs.entry(&run(n))).collect();
+        drop(held);
+        for n in 40..44 {
+            drop(runs.entry(&run(n)));
+        }
+        assert!(runs.len() <= 16, "{} cached", runs.len());
+        // The least recently used went first; the newest stayed.
+        let map = runs.map.lock().expect("not poisoned");
+        assert!(map.slots.contains_key(&run(43)));
+        assert!(!map.slots.contains_key(&run(0)));
     }
 }

@@ -108,7 +108,7 @@ fn budget_suspend(state: &State) -> Option<Suspended> {
             budget.budget, budget.used, budget.limit
         ),
         call_id: None,
-        input_schema: Some(serde_json::json!({"type": "object", "required": ["approved"]})),
+        input_schema: Some(serde_json::json!({"type": "object", "required": ["approved"]}).into()),
         options: Some(vec!["approve".into(), "reject".into()]),
     })
 }

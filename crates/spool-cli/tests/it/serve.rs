@@ -101,6 +101,24 @@ fn serve_runs_the_echo_agent_by_default_keeps_runs_across_a_restart_and_stops_on
 }
 
 #[test]
+fn serve_refuses_a_run_cache_of_zero_runs_as_a_usage_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_spool"))
+        .args(["serve", "--cached-runs", "0", "--journal"])
+        .arg(dir.path().join("journal"))
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--cached-runs"), "{stderr}");
+    assert!(
+        !dir.path().join("journal").exists(),
+        "nothing is opened before the flags are checked"
+    );
+}
+
+#[test]
 fn serve_refuses_a_non_loopback_address_without_a_token_file() {
     let dir = tempfile::tempdir().unwrap();
     let output = Command::new(env!("CARGO_BIN_EXE_spool"))

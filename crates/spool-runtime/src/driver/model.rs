@@ -11,6 +11,7 @@ use spool_journal::cursor::{ModelStep, ReplayCursor};
 use spool_journal::event::{
     ModelCallCompleted, ModelCallRequested, TurnCancelled, TurnCompleted, TurnFailed, Usage,
 };
+use spool_journal::fold::Status;
 use spool_journal::{Event, RunId, Seq, TurnId};
 use spool_wire::run::FailureCode;
 use tokio_util::sync::CancellationToken;
@@ -67,7 +68,8 @@ impl TurnCtx {
     ) -> Result<Self, RuntimeError> {
         let cached = locked.cached();
         let run = locked.run().clone();
-        let start = match cached.turn_log.first().map(|e| (e.seq, &e.event)) {
+        let turn_log = cached.turn_log();
+        let start = match turn_log.first().map(|e| (e.seq, &e.event)) {
             Some((seq, Event::TurnStarted(start))) if start.turn_id == turn => (seq, start),
             _ => {
                 return Err(RuntimeError::corrupt(
@@ -78,7 +80,7 @@ impl TurnCtx {
         };
         let (started_at, start) = start;
         Ok(Self {
-            cursor: ReplayCursor::new(cached.turn_log[1..].to_vec(), cached.next()),
+            cursor: ReplayCursor::new(turn_log[1..].to_vec(), cached.next()),
             earlier: Arc::clone(cached.history.messages()),
             hasher: cached.history.hasher().clone(),
             answered: Vec::new(),
@@ -97,25 +99,23 @@ impl TurnCtx {
         })
     }
 
-    /// Whether the cache still shows this turn in progress: a reset or a
+    /// Whether the cache still shows this turn running: a reset or a
     /// racing end may have closed it.
     fn is_current(&self, cached: &Cached) -> bool {
-        matches!(
-            cached.turn_log.first().map(|e| &e.event),
-            Some(Event::TurnStarted(start)) if start.turn_id == self.turn
-        )
+        cached.state.status == Status::Running && cached.state.turn.as_ref() == Some(&self.turn)
     }
 
     /// Picks up input steered into this turn before the next recorded
     /// action (all of it, live).
     fn take_steered(&mut self, cached: &Cached) {
         let boundary = self.cursor.next_action_seq().unwrap_or(Seq(u64::MAX));
-        let Some(base) = cached.turn_log.first().map(|e| e.seq) else {
+        let turn_log = cached.turn_log();
+        let Some(base) = turn_log.first().map(|e| e.seq) else {
             return;
         };
         // The turn's log is contiguous from its `turn_started`.
         let skip = usize::try_from(self.steer_from.0.saturating_sub(base.0)).unwrap_or(usize::MAX);
-        for envelope in cached.turn_log.iter().skip(skip) {
+        for envelope in turn_log.iter().skip(skip) {
             if envelope.seq >= boundary {
                 break;
             }
@@ -284,7 +284,7 @@ impl Inner {
             match budget::verdict(
                 &self.budgets,
                 self.pricing.as_ref(),
-                &held.cached().turn_log,
+                held.cached().turn_log(),
                 &ctx.turn,
             ) {
                 Verdict::Within => {}

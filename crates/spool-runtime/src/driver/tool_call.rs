@@ -282,7 +282,7 @@ impl Inner {
                     kind: suspension.kind,
                     prompt: suspension.prompt,
                     call_id: Some(request.call_id.clone()),
-                    input_schema: Some(suspension.answer_schema),
+                    input_schema: Some(suspension.answer_schema.into()),
                     options: suspension.options,
                 });
                 Executed::Done(

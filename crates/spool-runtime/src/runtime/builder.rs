@@ -79,7 +79,7 @@ impl RuntimeBuilder {
         self
     }
 
-    /// How many runs stay in memory between commands (4,096 by default):
+    /// How many runs stay in memory between commands (1,024 by default):
     /// a cached run is answered and driven without reading its log; an
     /// evicted one has its log read once when it is next touched.
     #[must_use]

@@ -17,11 +17,13 @@ use tokio::sync::watch;
 
 use crate::support::{begin, settle};
 
-/// A memory journal that counts the reads of a log from its start.
+/// A memory journal that counts the reads of a log from its start, and
+/// the reads from anywhere else.
 #[derive(Default)]
 struct Counting {
     inner: MemoryJournal,
     reads_from_start: AtomicUsize,
+    reads_from_later: AtomicUsize,
 }
 
 impl Journal for Counting {
@@ -41,6 +43,8 @@ impl Journal for Counting {
     ) -> BoxFuture<'a, Result<Vec<Envelope>, JournalError>> {
         if from == Seq(0) {
             self.reads_from_start.fetch_add(1, Ordering::SeqCst);
+        } else {
+            self.reads_from_later.fetch_add(1, Ordering::SeqCst);
         }
         self.inner.read(run, from)
     }
@@ -286,4 +290,144 @@ async fn a_request_for_a_run_that_does_not_exist_keeps_nothing_in_memory() {
     };
     runtime.start(start).await.unwrap();
     assert_eq!(runtime.cached_runs(), 1);
+}
+
+fn assistant_calling(id: &str, tool: &str, arguments: serde_json::Value) -> spool_runtime::Message {
+    spool_runtime::Message::Assistant {
+        content: String::new(),
+        tool_calls: vec![spool_runtime::engine::ToolCall {
+            id: id.into(),
+            name: tool.into(),
+            arguments,
+        }],
+    }
+}
+
+fn user(text: &str) -> spool_runtime::Message {
+    spool_runtime::Message::User {
+        content: text.into(),
+    }
+}
+
+async fn request_hashes(journal: &Counting, run: &RunId) -> Vec<String> {
+    journal
+        .inner
+        .read(run, Seq(0))
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|e| match e.event {
+            Event::ModelCallRequested(r) => Some(r.request_hash),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_parked_turn_resumes_with_its_events_read_back_from_the_turns_start_only() {
+    let journal = Arc::new(Counting::default());
+    let script = r#"{"text": "first done"}
+{"tool_calls": [{"id": "c1", "name": "ask_human", "arguments": {"prompt": "Which?"}}]}
+{"text": "second done"}"#;
+    let runtime = crate::support::runtime_with(
+        Arc::clone(&journal) as Arc<dyn Journal>,
+        script,
+        Tools::builtin(),
+    );
+    let (run, first) = begin(&runtime, "one").await;
+    settle(&runtime, &run, &first).await;
+    let view = turn(&runtime, &run, "two").await;
+    assert!(matches!(
+        view.status,
+        spool_journal::fold::Status::Waiting(_)
+    ));
+    runtime.get(&run).await.unwrap();
+    assert_eq!(
+        journal.reads_from_later.load(Ordering::SeqCst),
+        0,
+        "a parked run is answered from its state"
+    );
+    let turn_id = view.turn_id.unwrap();
+    runtime
+        .respond(
+            &run,
+            Some(&turn_id),
+            vec![spool_journal::event::Answer {
+                text: "eu".into(),
+                approved: None,
+            }],
+        )
+        .await
+        .unwrap();
+    let view = settle(&runtime, &run, &turn_id).await;
+    assert_eq!(view.response.as_deref(), Some("second done"));
+    assert_eq!(journal.reads_from_start.load(Ordering::SeqCst), 0);
+    assert_eq!(
+        journal.reads_from_later.load(Ordering::SeqCst),
+        1,
+        "the answer read the parked turn back, once, from its start"
+    );
+    let hashes = request_hashes(&journal, &run).await;
+    let resumed = spool_runtime::ModelRequest::new(
+        vec![
+            user("one"),
+            spool_runtime::Message::Assistant {
+                content: "first done".into(),
+                tool_calls: vec![],
+            },
+            user("two"),
+            assistant_calling("c1", "ask_human", json!({"prompt": "Which?"})),
+            spool_runtime::Message::Tool {
+                call_id: "c1".into(),
+                content: "eu".into(),
+            },
+        ],
+        Tools::builtin().specs(),
+    );
+    assert_eq!(
+        hashes[2],
+        resumed.hash(),
+        "the resumed call saw the whole turn"
+    );
+}
+
+#[tokio::test]
+async fn a_parked_turn_cancelled_without_resuming_still_joins_the_models_history() {
+    let journal = Arc::new(Counting::default());
+    let script = r#"{"tool_calls": [{"id": "c1", "name": "ask_human", "arguments": {"prompt": "Which?"}}]}
+{"text": "next done"}"#;
+    let runtime = crate::support::runtime_with(
+        Arc::clone(&journal) as Arc<dyn Journal>,
+        script,
+        Tools::builtin(),
+    );
+    let (run, parked) = begin(&runtime, "ask me").await;
+    settle(&runtime, &run, &parked).await;
+    let head = runtime.get(&run).await.unwrap().cursor;
+    // Watched from the head, so the stream itself reads nothing from the start.
+    let mut stream = runtime.subscribe(&run, head).await.unwrap();
+    runtime.cancel(&run, Some(&parked)).await.unwrap();
+    tokio::time::timeout(crate::support::PATIENCE, async {
+        while runtime.get(&run).await.unwrap().status != spool_journal::fold::Status::Cancelled {
+            stream.next().await.expect("the stream stays open");
+        }
+    })
+    .await
+    .expect("the parked turn ends cancelled in time");
+    let view = turn(&runtime, &run, "next").await;
+    assert_eq!(view.response.as_deref(), Some("next done"));
+    let expected = spool_runtime::ModelRequest::new(
+        vec![
+            user("ask me"),
+            assistant_calling("c1", "ask_human", json!({"prompt": "Which?"})),
+            user("next"),
+        ],
+        Tools::builtin().specs(),
+    );
+    assert_eq!(request_hashes(&journal, &run).await[1], expected.hash());
+    assert_eq!(
+        journal.reads_from_start.load(Ordering::SeqCst),
+        0,
+        "the cancelled turn was read back from its start, not the run read again"
+    );
 }

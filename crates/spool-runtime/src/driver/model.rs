@@ -217,13 +217,14 @@ impl Inner {
             };
             ctx.answered(&response);
             if response.tool_calls.is_empty() {
-                let done = Event::TurnCompleted(TurnCompleted {
-                    turn_id: ctx.turn.clone(),
-                    response: Some(response.text),
-                    usage: Some(ctx.usage),
-                });
-                ctx.release();
-                return self.end_turn(&ctx.run, done).await;
+                if self
+                    .complete_unless_steered(&mut ctx, response.text)
+                    .await?
+                {
+                    return Ok(());
+                }
+                // Input steered in while the model answered: call it again.
+                continue;
             }
             for call in &response.tool_calls {
                 match self.tool_step(&mut ctx, call).await? {
@@ -239,6 +240,37 @@ impl Inner {
                 }
             }
         }
+    }
+
+    /// Ends the turn with `text` unless input was steered into it while
+    /// the model answered, which the model has not seen: then that input
+    /// is pending and the turn goes on (`false`). Checked and ended under
+    /// one lock, so no steered input lands between the two and is left
+    /// recorded but never read. A replay finds the same input before the
+    /// next recorded model call and goes on the same way.
+    async fn complete_unless_steered(
+        &self,
+        ctx: &mut TurnCtx,
+        text: String,
+    ) -> Result<bool, RuntimeError> {
+        let mut locked = self.lock(&ctx.run).await?;
+        if !ctx.is_current(locked.cached()) {
+            return Ok(true);
+        }
+        ctx.take_steered(locked.cached());
+        if !ctx.pending.is_empty() {
+            return Ok(false);
+        }
+        let done = Event::TurnCompleted(TurnCompleted {
+            turn_id: ctx.turn.clone(),
+            response: Some(text),
+            usage: Some(ctx.usage),
+        });
+        ctx.release();
+        locked.append(&*self.journal, vec![done]).await?;
+        drop(locked);
+        self.hub.end_turn(&ctx.run);
+        Ok(true)
     }
 
     /// One model call: replayed from the record, or made live with its

@@ -8,41 +8,11 @@ use std::sync::Arc;
 use spool_journal::fold::Status;
 use spool_journal::store::memory::MemoryJournal;
 use spool_journal::{Address, RunId};
-use spool_runtime::engine::{CallContext, Deltas, EngineError};
-use spool_runtime::engines::EchoEngine;
-use spool_runtime::{
-    Accepted, BoxFuture, Engine, ErrorKind, MessageRequest, ModelRequest, ModelResponse, Runtime,
-    RuntimeError,
-};
+use spool_runtime::{Accepted, ErrorKind, MessageRequest, Runtime, RuntimeError};
 use spool_wire::run::TurnPolicy;
-use tokio::sync::{Barrier, watch};
-use tokio_util::sync::CancellationToken;
+use tokio::sync::Barrier;
 
-use crate::support::{PATIENCE, settle};
-
-/// Echo, but each call waits until the gate opens: the turn stays in
-/// progress for as long as the test needs.
-struct Held {
-    open: watch::Receiver<bool>,
-}
-
-impl Engine for Held {
-    fn call<'a>(
-        &'a self,
-        context: &'a CallContext,
-        request: &'a ModelRequest,
-        deltas: Deltas<'a>,
-        cancel: &'a CancellationToken,
-    ) -> BoxFuture<'a, Result<ModelResponse, EngineError>> {
-        let mut open = self.open.clone();
-        Box::pin(async move {
-            if open.wait_for(|open| *open).await.is_err() {
-                return Err(EngineError::Cancelled);
-            }
-            EchoEngine.call(context, request, deltas, cancel).await
-        })
-    }
-}
+use crate::support::{Held, PATIENCE, settle};
 
 fn if_idle(text: &str) -> MessageRequest {
     MessageRequest {
@@ -62,9 +32,9 @@ async fn idle_run(runtime: &Runtime) -> RunId {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn of_twenty_concurrent_if_idle_callers_exactly_one_starts_a_turn() {
-    let (gate, open) = watch::channel(false);
+    let (held, gate) = Held::new();
     let runtime = Runtime::builder(Arc::new(MemoryJournal::new()))
-        .engine(Arc::new(Held { open }))
+        .engine(held)
         .build();
     let run = idle_run(&runtime).await;
     let barrier = Arc::new(Barrier::new(20));
@@ -95,7 +65,7 @@ async fn of_twenty_concurrent_if_idle_callers_exactly_one_starts_a_turn() {
     }
     assert_eq!(started.len(), 1, "exactly one caller starts a turn");
     assert_eq!(refused, 19);
-    gate.send_replace(true);
+    gate.open();
     let view = settle(&runtime, &run, &started[0]).await;
     assert_eq!(view.status, Status::Completed);
     // Idle again: the next first caller wins again.

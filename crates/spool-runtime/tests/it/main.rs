@@ -13,6 +13,7 @@ mod gate;
 mod hub;
 mod incremental;
 mod recovery;
+mod steering;
 mod supervision;
 mod support;
 mod turns;

@@ -126,6 +126,66 @@ impl Tool for Gated {
     }
 }
 
+/// An echo engine whose calls wait until its gate opens: a turn stays in
+/// a model call for as long as a test needs. `entered` says a call began.
+pub(crate) struct Held {
+    open: tokio::sync::watch::Receiver<bool>,
+    pub(crate) entered: Arc<tokio::sync::Notify>,
+}
+
+/// Opens a [`Held`] engine's gate, for every call from then on.
+pub(crate) struct Gate(tokio::sync::watch::Sender<bool>, Arc<tokio::sync::Notify>);
+
+impl Held {
+    pub(crate) fn new() -> (Arc<Self>, Gate) {
+        let (open, opened) = tokio::sync::watch::channel(false);
+        let entered = Arc::new(tokio::sync::Notify::new());
+        (
+            Arc::new(Self {
+                open: opened,
+                entered: Arc::clone(&entered),
+            }),
+            Gate(open, entered),
+        )
+    }
+}
+
+impl Gate {
+    pub(crate) fn open(&self) {
+        self.0.send_replace(true);
+    }
+
+    /// Waits until a call has begun, failing the test after [`PATIENCE`].
+    pub(crate) async fn entered(&self) {
+        tokio::time::timeout(PATIENCE, self.1.notified())
+            .await
+            .expect("a model call begins in time");
+    }
+}
+
+impl spool_runtime::Engine for Held {
+    fn call<'a>(
+        &'a self,
+        context: &'a spool_runtime::engine::CallContext,
+        request: &'a spool_runtime::ModelRequest,
+        deltas: spool_runtime::engine::Deltas<'a>,
+        cancel: &'a CancellationToken,
+    ) -> BoxFuture<'a, Result<spool_runtime::ModelResponse, spool_runtime::engine::EngineError>>
+    {
+        let mut open = self.open.clone();
+        // A permit, so a test that waits after the call began still sees it.
+        self.entered.notify_one();
+        Box::pin(async move {
+            if open.wait_for(|open| *open).await.is_err() {
+                return Err(spool_runtime::engine::EngineError::Cancelled);
+            }
+            spool_runtime::engines::EchoEngine
+                .call(context, request, deltas, cancel)
+                .await
+        })
+    }
+}
+
 pub(crate) fn tools_with(extra: Vec<Arc<dyn Tool>>) -> Tools {
     let mut tools = Tools::builtin();
     for tool in extra {

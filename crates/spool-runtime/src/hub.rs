@@ -215,8 +215,11 @@ pub struct Subscription {
     next: Seq,
     /// The last delta delivered, by counter.
     last_n: Option<u64>,
-    /// Deltas drained before the events they follow were read.
+    /// Deltas received and not yet placed: drained before the events they
+    /// follow were read, or received by a pump that was dropped.
     held: Vec<LiveDelta>,
+    /// The last read found nothing new: wait for a change before reading.
+    stalled: bool,
     ready: VecDeque<StreamItem>,
     ended: bool,
 }
@@ -252,6 +255,7 @@ impl Subscription {
             next: after.map_or(Seq(0), Seq::next),
             last_n: None,
             held: Vec::new(),
+            stalled: false,
             ready: VecDeque::new(),
             ended: false,
         };
@@ -269,6 +273,13 @@ impl Subscription {
 
     /// The next item; `None` once the stream has ended (after a `Lagged`,
     /// or when the journal closes).
+    ///
+    /// Cancel-safe: a caller may drop this future (in a `select!` beside
+    /// its input, say) and call again without losing or reordering
+    /// anything. A delta taken from the broadcast is kept before anything
+    /// is awaited, and events are read whenever the journal's head is past
+    /// what was delivered, not on a change notice a dropped read would
+    /// have used up.
     pub async fn next(&mut self) -> Option<StreamItem> {
         loop {
             if let Some(item) = self.ready.pop_front() {
@@ -277,16 +288,26 @@ impl Subscription {
             if self.ended {
                 return None;
             }
+            if *self.positions.borrow() > self.next && !self.stalled {
+                let before = self.next;
+                self.pump().await;
+                // A read that found nothing past `next` waits for the next
+                // change instead of reading again at once.
+                self.stalled = self.next == before && self.ready.is_empty();
+                continue;
+            }
             tokio::select! {
                 changed = self.positions.changed() => {
+                    self.stalled = false;
                     if changed.is_err() {
                         self.ended = true;
-                    } else {
-                        self.pump(None).await;
                     }
                 }
                 delta = self.deltas.recv() => match delta {
-                    Ok(delta) => self.pump(Some(delta)).await,
+                    Ok(delta) => {
+                        self.held.push(delta);
+                        self.pump().await;
+                    }
                     Err(broadcast::error::RecvError::Lagged(_)) => self.lagged(),
                     Err(broadcast::error::RecvError::Closed) => self.ended = true,
                 },
@@ -309,7 +330,7 @@ impl Subscription {
     /// event with `seq >= A`. A delta drained here whose events before it
     /// were appended after the read is held until a later pump reads them,
     /// so no delta overtakes an event it follows.
-    async fn pump(&mut self, first: Option<LiveDelta>) {
+    async fn pump(&mut self) {
         let start = self.next;
         let events = match self.read_from(start).await {
             Ok(events) => events,
@@ -318,8 +339,8 @@ impl Subscription {
                 return;
             }
         };
+        // Taken only after the read: a pump dropped during it leaves them.
         let mut deltas = std::mem::take(&mut self.held);
-        deltas.extend(first);
         let mut lagged = false;
         loop {
             match self.deltas.try_recv() {

@@ -197,7 +197,6 @@ impl Cached {
         match &envelope.event {
             Event::TurnStarted(_) => {
                 self.settle_turn_log();
-                self.turn_log = Some(Vec::new());
                 self.turn_start = Some(envelope.seq);
                 self.turns += 1;
                 self.calls_before_turn = self.calls;

@@ -445,17 +445,32 @@ impl HttpChannel {
                 let view = self.runtime.get(run).await?;
                 return Ok(body::json(StatusCode::ACCEPTED, &reply(&view)));
             }
-            Accepted::Replayed { run } => self.runtime.get(run).await?,
+            // The first request for the operation answers at its turn's
+            // boundary; a replay racing it answers the same way.
+            Accepted::Replayed { run } => {
+                let view = self.runtime.get(run).await?;
+                match (&view.status, &view.turn_id) {
+                    (Status::Running, Some(turn)) => self.runtime.wait_for(run, turn).await?,
+                    _ => view,
+                }
+            }
         };
         Ok(body::json(StatusCode::OK, &reply(&view)))
     }
 
     async fn address(&self, raw: &str, ensure: bool) -> Result<Response<Body>, RuntimeError> {
-        let name = percent_encoding::percent_decode_str(raw)
-            .decode_utf8_lossy()
-            .into_owned();
+        let name = match segment(raw, "address") {
+            Ok(name) => name,
+            Err(message) => return Ok(body::error(ErrorCode::BadRequest, message)),
+        };
         if name.is_empty() {
             return Ok(body::error(ErrorCode::BadRequest, "the address is empty"));
+        }
+        if name.len() > MAX_ADDRESS_BYTES {
+            return Ok(body::error(
+                ErrorCode::BadRequest,
+                format!("the address is over {MAX_ADDRESS_BYTES} bytes"),
+            ));
         }
         let address = Address::new(NAMESPACE, name);
         let view = if ensure {
@@ -700,8 +715,31 @@ enum Route {
 /// A run id from its path segment, percent-decoded as any segment is (a
 /// client may encode every byte that is not alphanumeric).
 fn run_id(raw: &str) -> Result<RunId, String> {
-    let decoded = percent_encoding::percent_decode_str(raw).decode_utf8_lossy();
-    RunId::new(decoded.as_ref()).map_err(|e| e.to_string())
+    let decoded = segment(raw, "run id")?;
+    RunId::new(decoded).map_err(|e| e.to_string())
+}
+
+/// The longest address the channel takes, in bytes.
+const MAX_ADDRESS_BYTES: usize = 512;
+
+/// A path segment, percent-decoded strictly: a `%` not followed by two hex
+/// digits, or bytes that are not UTF-8, are refused rather than passed on
+/// or replaced (a lossy decoding made `%ff%fe` and `%80%80` one address).
+fn segment(raw: &str, what: &str) -> Result<String, String> {
+    let bytes = raw.as_bytes();
+    let malformed = bytes.iter().enumerate().any(|(at, byte)| {
+        *byte == b'%'
+            && !bytes
+                .get(at + 1..at + 3)
+                .is_some_and(|hex| hex.iter().all(u8::is_ascii_hexdigit))
+    });
+    if malformed {
+        return Err(format!("the {what} has a malformed percent-escape"));
+    }
+    percent_encoding::percent_decode_str(raw)
+        .decode_utf8()
+        .map(std::borrow::Cow::into_owned)
+        .map_err(|_| format!("the {what} is not UTF-8 once percent-decoded"))
 }
 
 /// The value of `name` in a query string, when it is there.

@@ -41,9 +41,21 @@ pub enum TokenFileError {
         /// Why.
         source: std::io::Error,
     },
-    /// Others can read it.
-    #[error("token file {0} is readable by others; run `chmod 600` on it")]
-    TooOpen(PathBuf),
+    /// Its group or others have some access to it.
+    #[error(
+        "token file {path} has mode {mode:04o}: its group or others can {what}; run `chmod 600` on it"
+    )]
+    TooOpen {
+        /// The file.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+        /// What they can do (`read`, `write`, `execute`, joined).
+        what: String,
+    },
+    /// It holds no token, so it would lock every client out.
+    #[error("token file {0} holds no token: make one with `spool token new NAME --token-file {0}`")]
+    Empty(PathBuf),
     /// A line is not `name sha256:<64 hex>`.
     #[error("token file {path}, line {line}: expected `name sha256:<64 hex digits>`")]
     Malformed {
@@ -62,17 +74,40 @@ impl TokenFile {
     ///
     /// # Errors
     ///
-    /// When it cannot be read, is readable by others, or a line is
-    /// malformed.
+    /// When it cannot be read, its group or others have any access to it,
+    /// a line is malformed, or it holds no token.
     pub fn load(path: &Path) -> Result<Self, TokenFileError> {
+        let entries = Self::entries(path)?;
+        if entries.is_empty() {
+            return Err(TokenFileError::Empty(path.to_owned()));
+        }
+        Ok(Self {
+            path: path.to_owned(),
+            entries,
+        })
+    }
+
+    /// The file's entries, after its permissions are checked; none for a
+    /// file that only `spool token new` is about to fill.
+    fn entries(path: &Path) -> Result<Vec<(String, [u8; 32])>, TokenFileError> {
         use std::os::unix::fs::PermissionsExt;
         let io = |source| TokenFileError::Io {
             path: path.to_owned(),
             source,
         };
         let meta = std::fs::metadata(path).map_err(io)?;
-        if meta.permissions().mode() & 0o077 != 0 {
-            return Err(TokenFileError::TooOpen(path.to_owned()));
+        let mode = meta.permissions().mode() & 0o7777;
+        if mode & 0o077 != 0 {
+            let what: Vec<&str> = [(0o044, "read"), (0o022, "write"), (0o011, "execute")]
+                .into_iter()
+                .filter(|(bits, _)| mode & bits != 0)
+                .map(|(_, what)| what)
+                .collect();
+            return Err(TokenFileError::TooOpen {
+                path: path.to_owned(),
+                mode,
+                what: what.join(" and "),
+            });
         }
         let text = std::fs::read_to_string(path).map_err(io)?;
         let mut entries = Vec::new();
@@ -89,10 +124,7 @@ impl TokenFile {
             let hex = hash.trim().strip_prefix("sha256:").ok_or_else(malformed)?;
             entries.push((name.to_owned(), parse_hex(hex).ok_or_else(malformed)?));
         }
-        Ok(Self {
-            path: path.to_owned(),
-            entries,
-        })
+        Ok(entries)
     }
 
     /// Makes a fresh token named `name`, appends its hash to the file at
@@ -110,7 +142,7 @@ impl TokenFile {
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
         let existing = if path.exists() {
-            Self::load(path)?.entries
+            Self::entries(path)?
         } else {
             Vec::new()
         };

@@ -102,10 +102,11 @@ id_type!(
 pub struct Seq(pub u64);
 
 impl Seq {
-    /// The position after this one.
+    /// The position after this one. Saturates rather than wrap: a
+    /// client's cursor of `u64::MAX` must never read as "from the start".
     #[must_use]
     pub fn next(self) -> Self {
-        Self(self.0 + 1)
+        Self(self.0.saturating_add(1))
     }
 }
 

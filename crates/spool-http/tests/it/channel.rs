@@ -282,6 +282,52 @@ async fn a_stream_from_a_cursor_replays_then_goes_live_across_turns() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cursor_past_the_runs_last_position_is_400_never_a_replay_from_the_start() {
+    let server = Server::start(echo_runtime()).await;
+    let run = server.new_run(r#"{"text": "x"}"#).await;
+    let last = server.get(&format!("/spool/v1/runs/{run}")).await.json()["cursor"]
+        .as_u64()
+        .unwrap();
+    for cursor in [last + 1, u64::MAX] {
+        let reply = server
+            .get(&format!("/spool/v1/runs/{run}/stream?cursor={cursor}"))
+            .await;
+        assert_eq!(
+            (reply.status, reply.json()["code"].clone()),
+            (400, json!("bad_request")),
+            "{cursor}"
+        );
+        assert!(
+            reply.json()["error"].as_str().unwrap().contains("past"),
+            "{}",
+            reply.json()
+        );
+    }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn addresses_that_are_not_utf8_malformed_or_overlong_are_400_and_never_collide() {
+    let server = Server::start(echo_runtime()).await;
+    let long = "a".repeat(513);
+    for raw in ["%ff%fe", "%80%80", "%fe%ff", "%zz", "x%4", long.as_str()] {
+        let reply = server
+            .post(&format!("/spool/v1/addresses/{raw}"), "{}")
+            .await;
+        assert_eq!(
+            (reply.status, reply.json()["code"].clone()),
+            (400, json!("bad_request")),
+            "{raw}"
+        );
+    }
+    let cafe = server.post("/spool/v1/addresses/caf%C3%A9", "{}").await;
+    assert_eq!(cafe.status, 200, "an encoded UTF-8 address is fine");
+    let plain = server.post("/spool/v1/addresses/cafe", "{}").await;
+    assert_ne!(cafe.json()["run_id"], plain.json()["run_id"]);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cursor_that_is_not_a_non_negative_integer_is_400() {
     let server = Server::start(echo_runtime()).await;
     let run = server.new_run(r#"{"text": "x"}"#).await;

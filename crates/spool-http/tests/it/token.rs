@@ -50,6 +50,75 @@ fn a_token_file_readable_by_others_is_refused() {
     );
 }
 
+#[test]
+fn a_token_file_open_to_its_group_says_its_mode_and_what_they_can_do() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (path, _) = token_file(dir.path());
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o610)).unwrap();
+    let refused = TokenFile::load(&path).unwrap_err().to_string();
+    assert!(
+        refused.contains("mode 0610: its group or others can execute;"),
+        "{refused}"
+    );
+}
+
+#[test]
+fn an_empty_token_file_is_refused_since_it_would_lock_everyone_out() {
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tokens");
+    // Made private, as `spool token new` makes it, and holding only a
+    // comment.
+    std::fs::OpenOptions::new()
+        .create_new(true)
+        .write(true)
+        .mode(0o600)
+        .open(&path)
+        .unwrap();
+    std::fs::write(&path, "# no tokens yet\n\n").unwrap();
+    let refused = TokenFile::load(&path).unwrap_err();
+    assert!(
+        matches!(refused, spool_http::token::TokenFileError::Empty(_)),
+        "{refused}"
+    );
+    assert!(refused.to_string().contains("spool token new"), "{refused}");
+    // The file is still the one `spool token new` fills.
+    TokenFile::issue(&path, "ops").unwrap();
+    assert!(TokenFile::load(&path).is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_replays_of_an_operation_answer_at_its_turns_boundary_like_the_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, token) = token_file(dir.path());
+    let tokens = Arc::new(TokenFile::load(&path).unwrap());
+    // The turn streams slowly, then parks on an approval.
+    let script = r#"{"text": "I will ask first, slowly.", "delay_ms": 30, "tool_calls": [{"id": "c1", "name": "request_approval", "arguments": {"prompt": "Deploy?"}}]}"#;
+    let server = Arc::new(
+        Server::start_with(scripted_runtime(script), move |c| {
+            c.with_authenticator(tokens)
+        })
+        .await,
+    );
+    let body = r#"{"operation_id": "deploy-7", "text": "Deploy."}"#;
+    let mut requests = Vec::new();
+    for _ in 0..20 {
+        let (server, token) = (Arc::clone(&server), token.clone());
+        requests.push(tokio::spawn(async move {
+            server.post_as(&token, "/spool/v1/runs", body).await.json()
+        }));
+    }
+    let mut runs = std::collections::BTreeSet::new();
+    for request in requests {
+        let reply = request.await.unwrap();
+        assert_eq!(reply["state"], "waiting", "{reply}");
+        assert_eq!(reply["suspend"]["prompt"], "Deploy?", "{reply}");
+        runs.insert(reply["run_id"].to_string());
+    }
+    assert_eq!(runs.len(), 1, "one run for one operation");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_an_authenticator_every_route_but_health_needs_a_valid_token() {
     let dir = tempfile::tempdir().unwrap();

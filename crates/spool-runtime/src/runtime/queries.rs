@@ -89,13 +89,21 @@ impl Runtime {
     ///
     /// # Errors
     ///
-    /// `RunNotFound`.
+    /// `RunNotFound`; `BadRequest` for a cursor past the run's last
+    /// position (no client was given one, so it is a mistake, and reading
+    /// it as anything else would skip or repeat events).
     pub async fn subscribe(
         &self,
         run: &RunId,
         cursor: Option<Seq>,
     ) -> Result<Subscription, RuntimeError> {
-        drop(self.inner.lock(run).await?);
+        let next = self.inner.lock(run).await?.cached().next();
+        if let Some(cursor) = cursor.filter(|cursor| *cursor >= next) {
+            return Err(RuntimeError::BadRequest(format!(
+                "cursor {cursor} is past run {run}'s last position, {}",
+                next.0.saturating_sub(1)
+            )));
+        }
         Ok(Subscription::open(
             &self.inner.hub,
             Arc::clone(&self.inner.journal),

@@ -1,14 +1,17 @@
 //! Response and request bodies: JSON replies, the channel's error body,
-//! capped request reading, and a streaming body fed by a bounded channel.
+//! capped and timed request reading, and a streaming body fed by a bounded
+//! channel.
 
 use std::convert::Infallible;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
 use http::{HeaderValue, Response, StatusCode, header};
 use http_body::Frame;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full};
 use serde::Serialize;
 use spool_wire::http::{ErrorBody, ErrorCode};
 use tokio::sync::mpsc;
@@ -47,33 +50,70 @@ pub fn error(code: ErrorCode, message: impl Into<String>) -> Response<Body> {
     json(status, &ErrorBody::new(code, message))
 }
 
-/// Reads a request body of at most `cap` bytes.
+/// How long a client has to send a request's body, from the end of its
+/// headers: a client that trickles bytes must not hold a connection (and
+/// the memory of a half-read body) for ever.
+pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Reads a request body of at most `cap` bytes within `deadline`.
+///
+/// A `Content-Length` over the cap is refused before anything is read.
+/// The bytes are gathered into one buffer as they come, so a body sent a
+/// byte at a time costs what it holds, not a buffer per frame.
 ///
 /// # Errors
 ///
-/// A `too_large` (413) reply past the cap; `bad_request` when the body
-/// cannot be read.
-pub async fn read_capped<B>(body: B, cap: usize) -> Result<Bytes, Box<Response<Body>>>
+/// A `too_large` (413) reply past the cap; `request_timeout` (408) when the
+/// body is not all there by the deadline; `bad_request` when it cannot be
+/// read.
+pub async fn read_capped<B>(
+    body: B,
+    cap: usize,
+    deadline: Duration,
+) -> Result<Bytes, Box<Response<Body>>>
 where
-    B: http_body::Body<Data = Bytes>,
+    B: http_body::Body<Data = Bytes> + Unpin,
     B::Error: std::error::Error + Send + Sync + 'static,
 {
-    match Limited::new(body, cap).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e)
-            if e.downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some() =>
-        {
-            Err(Box::new(error(
-                ErrorCode::TooLarge,
-                format!("the body is over {cap} bytes"),
-            )))
-        }
-        Err(e) => Err(Box::new(error(
-            ErrorCode::BadRequest,
-            format!("the body could not be read: {e}"),
-        ))),
+    let too_large = || {
+        Box::new(error(
+            ErrorCode::TooLarge,
+            format!("the body is over {cap} bytes"),
+        ))
+    };
+    if usize::try_from(body.size_hint().lower()).map_or(true, |announced| announced > cap) {
+        return Err(too_large());
     }
+    let read = async {
+        let mut body = body;
+        let mut gathered = BytesMut::new();
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| {
+                Box::new(error(
+                    ErrorCode::BadRequest,
+                    format!("the body could not be read: {e}"),
+                ))
+            })?;
+            if let Ok(data) = frame.into_data() {
+                if gathered.len() + data.len() > cap {
+                    return Err(too_large());
+                }
+                gathered.extend_from_slice(&data);
+            }
+        }
+        Ok(gathered.freeze())
+    };
+    tokio::time::timeout(deadline, read)
+        .await
+        .unwrap_or_else(|_| {
+            Err(Box::new(error(
+                ErrorCode::RequestTimeout,
+                format!(
+                    "the body did not arrive within {} s",
+                    deadline.as_secs_f64()
+                ),
+            )))
+        })
 }
 
 /// A body fed line by line from a bounded channel: each message is sent as

@@ -41,6 +41,8 @@ pub struct HttpChannel {
     authenticator: Option<Arc<dyn Authenticator>>,
     agent: Option<String>,
     closing: watch::Receiver<bool>,
+    /// How long a request's body may take to arrive.
+    body_timeout: std::time::Duration,
     mounted: Vec<(String, crate::server::Handler)>,
     lines: Arc<crate::lines::LineCache>,
 }
@@ -96,9 +98,19 @@ impl HttpChannel {
             authenticator: None,
             agent: None,
             closing,
+            body_timeout: body::BODY_READ_TIMEOUT,
             mounted: Vec::new(),
             lines: Arc::default(),
         }
+    }
+
+    /// How long a request's body may take to arrive, from the end of its
+    /// headers ([`body::BODY_READ_TIMEOUT`] by default); past it the
+    /// request is answered `request_timeout`.
+    #[must_use]
+    pub fn with_body_timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.body_timeout = timeout;
+        self
     }
 
     /// Requires every route but `/health` to pass `authenticator`; body
@@ -244,7 +256,9 @@ impl HttpChannel {
             );
         }
         let bytes = if method == Method::POST {
-            match body::read_capped(request.into_body(), wire::MAX_BODY_BYTES).await {
+            match body::read_capped(request.into_body(), wire::MAX_BODY_BYTES, self.body_timeout)
+                .await
+            {
                 Ok(bytes) => bytes,
                 Err(reply) => return *reply,
             }

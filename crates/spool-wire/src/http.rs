@@ -429,6 +429,8 @@ string_enum! {
         OperationConflict = "operation_conflict",
         /// The journal cannot be replayed into a conversation.
         ConversationCorrupt = "conversation_corrupt",
+        /// The body did not arrive within the time allowed.
+        RequestTimeout = "request_timeout",
         /// The body is over the cap.
         TooLarge = "too_large",
         /// The client went away first.
@@ -463,6 +465,7 @@ impl ErrorCode {
             | Self::RunOwnedElsewhere
             | Self::OperationConflict
             | Self::ConversationCorrupt => 409,
+            Self::RequestTimeout => 408,
             Self::TooLarge => 413,
             Self::ClientClosed => 499,
             Self::Internal => 500,

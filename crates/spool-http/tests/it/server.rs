@@ -134,3 +134,63 @@ async fn a_client_that_never_finishes_its_headers_is_disconnected_after_the_head
     assert_eq!(server.get("/spool/v1/health").await.status, 200);
     server.stop().await;
 }
+
+/// Reads from `socket` until `needle` has arrived or the server closes.
+async fn read_until(socket: &mut tokio::net::TcpStream, needle: &str) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut seen = Vec::new();
+    let mut buffer = [0u8; 4096];
+    loop {
+        let n = socket.read(&mut buffer).await.unwrap_or(0);
+        seen.extend_from_slice(&buffer[..n]);
+        if n == 0 || String::from_utf8_lossy(&seen).contains(needle) {
+            return String::from_utf8_lossy(&seen).into_owned();
+        }
+    }
+}
+
+// Paused time, as for the header timeout above: the body's deadline fires
+// without the test waiting for it.
+#[tokio::test(start_paused = true)]
+async fn a_body_that_never_finishes_is_answered_request_timeout_after_the_body_timeout() {
+    use tokio::io::AsyncWriteExt;
+    let server = Server::start(echo_runtime()).await;
+    let mut slow = tokio::net::TcpStream::connect(&server.addr).await.unwrap();
+    slow.write_all(
+        b"POST /spool/v1/runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 20\r\n\r\n{\"text\"",
+    )
+    .await
+    .unwrap();
+    let started = tokio::time::Instant::now();
+    let reply = tokio::time::timeout(
+        spool_http::body::BODY_READ_TIMEOUT * 3,
+        read_until(&mut slow, "request_timeout"),
+    )
+    .await
+    .expect("the server answers a stalled body");
+    assert!(reply.starts_with("HTTP/1.1 408"), "{reply}");
+    assert!(reply.contains("\"code\":\"request_timeout\""), "{reply}");
+    assert!(started.elapsed() >= spool_http::body::BODY_READ_TIMEOUT);
+    assert_eq!(server.get("/spool/v1/health").await.status, 200);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_content_length_over_the_cap_is_413_before_any_of_the_body_is_read() {
+    use tokio::io::AsyncWriteExt;
+    let server = Server::start(echo_runtime()).await;
+    let mut client = tokio::net::TcpStream::connect(&server.addr).await.unwrap();
+    // The headers announce two million bytes; none of them is ever sent.
+    client
+        .write_all(
+            b"POST /spool/v1/runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 2000000\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let reply = tokio::time::timeout(PATIENCE, read_until(&mut client, "too_large"))
+        .await
+        .expect("the server answers without waiting for the body");
+    assert!(reply.starts_with("HTTP/1.1 413"), "{reply}");
+    assert!(reply.contains("\"code\":\"too_large\""), "{reply}");
+    server.stop().await;
+}

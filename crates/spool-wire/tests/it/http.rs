@@ -24,6 +24,7 @@ fn each_error_code_has_its_string_and_status() {
         ("run_owned_elsewhere", ErrorCode::RunOwnedElsewhere, 409),
         ("operation_conflict", ErrorCode::OperationConflict, 409),
         ("conversation_corrupt", ErrorCode::ConversationCorrupt, 409),
+        ("request_timeout", ErrorCode::RequestTimeout, 408),
         ("too_large", ErrorCode::TooLarge, 413),
         ("client_closed", ErrorCode::ClientClosed, 499),
         ("files_unsupported", ErrorCode::FilesUnsupported, 501),

@@ -35,7 +35,8 @@ pub use error::{ErrorKind, RuntimeError};
 pub use ids::{IdSource, SequentialIds, UniqueIds};
 pub use runs::DEFAULT_CACHED_RUNS;
 pub use runtime::{
-    Accepted, CancelOutcome, MessageRequest, Recovery, Runtime, RuntimeBuilder, StartRequest,
+    Accepted, CancelOutcome, MAX_ANSWERS, MessageRequest, Recovery, Runtime, RuntimeBuilder,
+    StartRequest,
 };
 pub use spool_journal::store::BoxFuture;
 pub use tool::{Tool, ToolOutcome, Tools};

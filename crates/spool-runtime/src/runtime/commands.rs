@@ -14,6 +14,10 @@ use super::{Accepted, CancelOutcome, MessageRequest, Runtime, StartRequest};
 use crate::error::RuntimeError;
 use crate::runs::Locked;
 
+/// The most answers one `respond` records: a question is answered by a
+/// person or a program, not by thousands of entries in one event.
+pub const MAX_ANSWERS: usize = 64;
+
 impl Runtime {
     /// Starts a run (or messages one through an address, or returns an
     /// operation id's earlier run).
@@ -183,7 +187,7 @@ impl Runtime {
     ///
     /// `RunNotWaiting` when the run is not waiting for an answer, or
     /// `turn` names an older turn; `InvalidAnswer` when an answer does not
-    /// fit.
+    /// fit; `BadRequest` for no answer or more than [`MAX_ANSWERS`].
     pub async fn respond(
         &self,
         run: &RunId,
@@ -194,6 +198,12 @@ impl Runtime {
             return Err(RuntimeError::BadRequest(
                 "at least one answer is needed".into(),
             ));
+        }
+        if answers.len() > MAX_ANSWERS {
+            return Err(RuntimeError::BadRequest(format!(
+                "at most {MAX_ANSWERS} answers to one question, not {}",
+                answers.len()
+            )));
         }
         let locked = self.inner.lock(run).await?;
         let state = locked.state();

@@ -25,6 +25,7 @@ mod queries;
 mod requests;
 
 pub use builder::RuntimeBuilder;
+pub use commands::MAX_ANSWERS;
 pub use requests::{Accepted, CancelOutcome, MessageRequest, Recovery, StartRequest};
 
 /// A cheap-to-clone handle on the runtime.

@@ -123,6 +123,31 @@ async fn ask_human_parks_the_run_until_answered_and_the_answer_reaches_the_model
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_answers_than_the_bound_are_refused_and_nothing_is_recorded() {
+    let script = r#"{"tool_calls": [{"id": "c1", "name": "ask_human", "arguments": {"prompt": "Which region?"}}]}
+{"text": "deploying"}"#;
+    let runtime = scripted(script);
+    let (run, turn) = started(runtime.start(start("deploy")).await.unwrap());
+    let parked = settle(&runtime, &run, &turn).await;
+    let answer = |n: usize| Answer {
+        text: format!("answer {n}"),
+        approved: None,
+    };
+    let too_many: Vec<Answer> = (0..=spool_runtime::MAX_ANSWERS).map(answer).collect();
+    let refused = runtime
+        .respond(&run, Some(&turn), too_many)
+        .await
+        .unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::BadRequest, "{refused}");
+    let still = runtime.get(&run).await.unwrap();
+    assert_eq!(still.cursor, parked.cursor, "nothing was recorded");
+    let enough: Vec<Answer> = (0..spool_runtime::MAX_ANSWERS).map(answer).collect();
+    runtime.respond(&run, Some(&turn), enough).await.unwrap();
+    let view = settle(&runtime, &run, &turn).await;
+    assert_eq!(view.status, Status::Completed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_approval_needs_an_explicit_verdict_and_false_is_a_rejection_the_model_sees() {
     let journal: Arc<dyn Journal> = Arc::new(MemoryJournal::new());
     let script = r#"{"tool_calls": [{"id": "c1", "name": "request_approval", "arguments": {"prompt": "Deploy?"}}]}

@@ -98,10 +98,11 @@ pub(crate) fn verdict(
             Budget::CostMicroUsd => {
                 pricing.map_or(0, |p| p.micro_usd(spent.input_tokens, spent.output_tokens))
             }
-            Budget::WallSeconds | Budget::Unknown(_) => (time::OffsetDateTime::now_utc()
-                - start.recorded_at)
+            Budget::WallSeconds => (time::OffsetDateTime::now_utc() - start.recorded_at)
                 .whole_seconds()
                 .max(0) as u64,
+            // Not among the budgets checked here.
+            Budget::Unknown(_) => continue,
         };
         if used >= limit {
             return Verdict::Exceeded(BudgetExceeded {

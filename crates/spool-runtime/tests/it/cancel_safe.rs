@@ -4,91 +4,18 @@
 //! subscription is reading the journal.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 
 use serde_json::Value;
-use spool_journal::store::memory::MemoryJournal;
-use spool_journal::store::{BoxFuture, CallRef, Claim, ClaimKey, RunSummary};
-use spool_journal::{Address, Envelope, Event, Journal, JournalError, Principal, RunId, Seq};
+use spool_journal::store::BoxFuture;
+use spool_journal::{Address, Journal};
 use spool_runtime::engine::{CallContext, Delta, Deltas, EngineError};
 use spool_runtime::hub::StreamItem;
 use spool_runtime::{Engine, MessageRequest, ModelRequest, ModelResponse, Runtime};
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::support::PATIENCE;
-
-/// A memory journal whose reads, once held, wait until let go, saying
-/// when one has begun.
-#[derive(Default)]
-struct HeldReads {
-    inner: MemoryJournal,
-    holding: AtomicBool,
-    entered: Notify,
-    go: watch::Sender<bool>,
-}
-
-impl Journal for HeldReads {
-    fn append<'a>(
-        &'a self,
-        run: &'a RunId,
-        expected: Seq,
-        events: Vec<Event>,
-    ) -> BoxFuture<'a, Result<Vec<Envelope>, JournalError>> {
-        self.inner.append(run, expected, events)
-    }
-
-    fn read<'a>(
-        &'a self,
-        run: &'a RunId,
-        from: Seq,
-    ) -> BoxFuture<'a, Result<Vec<Envelope>, JournalError>> {
-        Box::pin(async move {
-            if self.holding.load(Ordering::SeqCst) {
-                self.entered.notify_one();
-                let mut go = self.go.subscribe();
-                if go.wait_for(|go| *go).await.is_err() {
-                    return Err(JournalError::Closed);
-                }
-            }
-            self.inner.read(run, from).await
-        })
-    }
-
-    fn runs(&self) -> BoxFuture<'_, Result<Vec<RunSummary>, JournalError>> {
-        self.inner.runs()
-    }
-
-    fn find_address<'a>(
-        &'a self,
-        address: &'a Address,
-    ) -> BoxFuture<'a, Result<Option<RunId>, JournalError>> {
-        self.inner.find_address(address)
-    }
-
-    fn find_operation<'a>(
-        &'a self,
-        principal: &'a Principal,
-        operation_id: &'a str,
-    ) -> BoxFuture<'a, Result<Option<RunId>, JournalError>> {
-        self.inner.find_operation(principal, operation_id)
-    }
-
-    fn claim<'a>(
-        &'a self,
-        key: &'a ClaimKey,
-        holder: &'a CallRef,
-    ) -> BoxFuture<'a, Result<Claim, JournalError>> {
-        self.inner.claim(key, holder)
-    }
-
-    fn subscribe<'a>(
-        &'a self,
-        run: &'a RunId,
-    ) -> BoxFuture<'a, Result<watch::Receiver<Seq>, JournalError>> {
-        self.inner.subscribe(run)
-    }
-}
+use crate::support::{Instrumented, PATIENCE};
 
 /// Streams "partial", says so, then answers once its gate opens.
 struct Partial {
@@ -129,7 +56,7 @@ fn describe(item: &StreamItem) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_next_dropped_while_reading_the_journal_loses_no_delta_and_no_event() {
-    let journal = Arc::new(HeldReads::default());
+    let journal = Arc::new(Instrumented::default());
     let (answer, open) = watch::channel(false);
     let published = Arc::new(Notify::new());
     let runtime = Runtime::builder(Arc::clone(&journal) as Arc<dyn Journal>)

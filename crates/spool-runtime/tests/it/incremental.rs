@@ -4,105 +4,25 @@
 //! Spool (version-1 request hashes) replays without a divergence.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 
 use serde_json::json;
 use spool_journal::event::{ModelCallRequested, RunCreated, TurnStarted};
 use spool_journal::store::memory::MemoryJournal;
-use spool_journal::store::{BoxFuture, CallRef, Claim, ClaimKey, RunSummary};
-use spool_journal::{Address, Envelope, Event, Journal, JournalError, Principal, RunId, Seq};
+use spool_journal::{Address, Event, Journal, RunId, Seq};
 use spool_runtime::{Accepted, MessageRequest, Runtime, StartRequest, Tools};
 use spool_wire::run::TurnPolicy;
-use tokio::sync::watch;
 
-use crate::support::{begin, settle};
-
-/// A memory journal that counts the reads of a log from its start, and
-/// the reads from anywhere else.
-#[derive(Default)]
-struct Counting {
-    inner: MemoryJournal,
-    reads_from_start: AtomicUsize,
-    reads_from_later: AtomicUsize,
-}
-
-impl Journal for Counting {
-    fn append<'a>(
-        &'a self,
-        run: &'a RunId,
-        expected: Seq,
-        events: Vec<Event>,
-    ) -> BoxFuture<'a, Result<Vec<Envelope>, JournalError>> {
-        self.inner.append(run, expected, events)
-    }
-
-    fn read<'a>(
-        &'a self,
-        run: &'a RunId,
-        from: Seq,
-    ) -> BoxFuture<'a, Result<Vec<Envelope>, JournalError>> {
-        if from == Seq(0) {
-            self.reads_from_start.fetch_add(1, Ordering::SeqCst);
-        } else {
-            self.reads_from_later.fetch_add(1, Ordering::SeqCst);
-        }
-        self.inner.read(run, from)
-    }
-
-    fn runs(&self) -> BoxFuture<'_, Result<Vec<RunSummary>, JournalError>> {
-        self.inner.runs()
-    }
-
-    fn find_address<'a>(
-        &'a self,
-        address: &'a Address,
-    ) -> BoxFuture<'a, Result<Option<RunId>, JournalError>> {
-        self.inner.find_address(address)
-    }
-
-    fn find_operation<'a>(
-        &'a self,
-        principal: &'a Principal,
-        operation_id: &'a str,
-    ) -> BoxFuture<'a, Result<Option<RunId>, JournalError>> {
-        self.inner.find_operation(principal, operation_id)
-    }
-
-    fn claim<'a>(
-        &'a self,
-        key: &'a ClaimKey,
-        holder: &'a CallRef,
-    ) -> BoxFuture<'a, Result<Claim, JournalError>> {
-        self.inner.claim(key, holder)
-    }
-
-    fn subscribe<'a>(
-        &'a self,
-        run: &'a RunId,
-    ) -> BoxFuture<'a, Result<watch::Receiver<Seq>, JournalError>> {
-        self.inner.subscribe(run)
-    }
-}
-
-async fn turn(runtime: &Runtime, run: &RunId, text: &str) -> spool_runtime::RunView {
-    let message = MessageRequest {
-        text: text.into(),
-        ..MessageRequest::default()
-    };
-    let Accepted::Started { turn, .. } = runtime.send(run, message).await.unwrap() else {
-        panic!("an idle run starts a turn");
-    };
-    settle(runtime, run, &turn).await
-}
+use crate::support::{Instrumented, begin, next_turn, settle};
 
 #[tokio::test]
 async fn no_command_reads_a_cached_runs_log_from_the_start() {
-    let journal = Arc::new(Counting::default());
+    let journal = Arc::new(Instrumented::default());
     let runtime = Runtime::builder(Arc::clone(&journal) as Arc<dyn Journal>).build();
     let (run, first) = begin(&runtime, "hello 0").await;
     settle(&runtime, &run, &first).await;
     for n in 1..40 {
-        let view = turn(&runtime, &run, &format!("hello {n}")).await;
+        let view = next_turn(&runtime, &run, &format!("hello {n}")).await;
         assert_eq!(
             view.response.as_deref(),
             Some(format!("echo: hello {n}").as_str())
@@ -111,7 +31,7 @@ async fn no_command_reads_a_cached_runs_log_from_the_start() {
         runtime.snapshot(&run).await.unwrap();
     }
     runtime.clear(&run).await.unwrap();
-    let view = turn(&runtime, &run, "after the clear").await;
+    let view = next_turn(&runtime, &run, "after the clear").await;
     assert_eq!(view.response.as_deref(), Some("echo: after the clear"));
     assert_eq!(
         journal.reads_from_start.load(Ordering::SeqCst),
@@ -122,7 +42,7 @@ async fn no_command_reads_a_cached_runs_log_from_the_start() {
 
 #[tokio::test]
 async fn the_cache_holds_no_more_runs_than_its_bound_and_an_evicted_run_reads_back() {
-    let journal = Arc::new(Counting::default());
+    let journal = Arc::new(Instrumented::default());
     let runtime = Runtime::builder(Arc::clone(&journal) as Arc<dyn Journal>)
         .cached_runs(8)
         .build();
@@ -176,7 +96,7 @@ async fn a_run_evicted_between_turns_continues_its_conversation() {
     // Another run takes the only place.
     let (other, other_turn) = begin(&runtime, "other").await;
     settle(&runtime, &other, &other_turn).await;
-    let view = turn(&runtime, &run, "two").await;
+    let view = next_turn(&runtime, &run, "two").await;
     assert_eq!(view.response.as_deref(), Some("echo: two"));
     // The model saw the whole conversation, read back from the log: the
     // second request's hash chains over the first turn's messages.
@@ -309,7 +229,7 @@ fn user(text: &str) -> spool_runtime::Message {
     }
 }
 
-async fn request_hashes(journal: &Counting, run: &RunId) -> Vec<String> {
+async fn request_hashes(journal: &Instrumented, run: &RunId) -> Vec<String> {
     journal
         .inner
         .read(run, Seq(0))
@@ -325,7 +245,7 @@ async fn request_hashes(journal: &Counting, run: &RunId) -> Vec<String> {
 
 #[tokio::test]
 async fn a_parked_turn_resumes_with_its_events_read_back_from_the_turns_start_only() {
-    let journal = Arc::new(Counting::default());
+    let journal = Arc::new(Instrumented::default());
     let script = r#"{"text": "first done"}
 {"tool_calls": [{"id": "c1", "name": "ask_human", "arguments": {"prompt": "Which?"}}]}
 {"text": "second done"}"#;
@@ -336,7 +256,7 @@ async fn a_parked_turn_resumes_with_its_events_read_back_from_the_turns_start_on
     );
     let (run, first) = begin(&runtime, "one").await;
     settle(&runtime, &run, &first).await;
-    let view = turn(&runtime, &run, "two").await;
+    let view = next_turn(&runtime, &run, "two").await;
     assert!(matches!(
         view.status,
         spool_journal::fold::Status::Waiting(_)
@@ -393,7 +313,7 @@ async fn a_parked_turn_resumes_with_its_events_read_back_from_the_turns_start_on
 
 #[tokio::test]
 async fn a_parked_turn_cancelled_without_resuming_still_joins_the_models_history() {
-    let journal = Arc::new(Counting::default());
+    let journal = Arc::new(Instrumented::default());
     let script = r#"{"tool_calls": [{"id": "c1", "name": "ask_human", "arguments": {"prompt": "Which?"}}]}
 {"text": "next done"}"#;
     let runtime = crate::support::runtime_with(
@@ -414,7 +334,7 @@ async fn a_parked_turn_cancelled_without_resuming_still_joins_the_models_history
     })
     .await
     .expect("the parked turn ends cancelled in time");
-    let view = turn(&runtime, &run, "next").await;
+    let view = next_turn(&runtime, &run, "next").await;
     assert_eq!(view.response.as_deref(), Some("next done"));
     let expected = spool_runtime::ModelRequest::new(
         vec![

@@ -11,13 +11,10 @@ use spool_journal::fold::Status;
 use spool_journal::store::memory::MemoryJournal;
 use spool_journal::{Event, Journal, RunId, Seq};
 use spool_runtime::engine::{CallContext, Deltas, EngineError, ToolSpec};
-use spool_runtime::{
-    Accepted, BoxFuture, Engine, MessageRequest, ModelRequest, ModelResponse, Runtime, Tool,
-    ToolOutcome,
-};
+use spool_runtime::{BoxFuture, Engine, ModelRequest, ModelResponse, Runtime, Tool, ToolOutcome};
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{begin, kinds, runtime_with, settle, tools_with};
+use crate::support::{begin, kinds, next_turn, runtime_with, settle, tools_with};
 
 /// A tool whose every call panics.
 struct Panicking;
@@ -69,17 +66,6 @@ impl Engine for PanicsTwice {
             _ => spool_runtime::engines::EchoEngine.call(context, request, deltas, cancel),
         }
     }
-}
-
-async fn next_turn(runtime: &Runtime, run: &RunId, text: &str) -> spool_runtime::RunView {
-    let message = MessageRequest {
-        text: text.into(),
-        ..MessageRequest::default()
-    };
-    let Accepted::Started { turn, .. } = runtime.send(run, message).await.unwrap() else {
-        panic!("a failed run takes a new turn");
-    };
-    settle(runtime, run, &turn).await
 }
 
 async fn last_failure(journal: &Arc<dyn Journal>, run: &RunId) -> (String, String) {

@@ -240,3 +240,102 @@ pub(crate) async fn begin(runtime: &Runtime, text: &str) -> (RunId, TurnId) {
         other => panic!("a new run starts a turn, got {other:?}"),
     }
 }
+
+/// A memory journal that counts reads of a log from its start and from
+/// anywhere else, and whose reads, once held, wait until let go (saying
+/// when one has begun).
+#[derive(Default)]
+pub(crate) struct Instrumented {
+    pub(crate) inner: MemoryJournal,
+    pub(crate) reads_from_start: AtomicUsize,
+    pub(crate) reads_from_later: AtomicUsize,
+    pub(crate) holding: std::sync::atomic::AtomicBool,
+    pub(crate) entered: tokio::sync::Notify,
+    pub(crate) go: tokio::sync::watch::Sender<bool>,
+}
+
+impl Journal for Instrumented {
+    fn append<'a>(
+        &'a self,
+        run: &'a RunId,
+        expected: spool_journal::Seq,
+        events: Vec<spool_journal::Event>,
+    ) -> BoxFuture<'a, Result<Vec<spool_journal::Envelope>, spool_journal::JournalError>> {
+        self.inner.append(run, expected, events)
+    }
+
+    fn read<'a>(
+        &'a self,
+        run: &'a RunId,
+        from: spool_journal::Seq,
+    ) -> BoxFuture<'a, Result<Vec<spool_journal::Envelope>, spool_journal::JournalError>> {
+        if from == spool_journal::Seq(0) {
+            self.reads_from_start.fetch_add(1, Ordering::SeqCst);
+        } else {
+            self.reads_from_later.fetch_add(1, Ordering::SeqCst);
+        }
+        Box::pin(async move {
+            if self.holding.load(Ordering::SeqCst) {
+                self.entered.notify_one();
+                let mut go = self.go.subscribe();
+                if go.wait_for(|go| *go).await.is_err() {
+                    return Err(spool_journal::JournalError::Closed);
+                }
+            }
+            self.inner.read(run, from).await
+        })
+    }
+
+    fn runs(
+        &self,
+    ) -> BoxFuture<'_, Result<Vec<spool_journal::store::RunSummary>, spool_journal::JournalError>>
+    {
+        self.inner.runs()
+    }
+
+    fn find_address<'a>(
+        &'a self,
+        address: &'a spool_journal::Address,
+    ) -> BoxFuture<'a, Result<Option<RunId>, spool_journal::JournalError>> {
+        self.inner.find_address(address)
+    }
+
+    fn find_operation<'a>(
+        &'a self,
+        principal: &'a spool_journal::Principal,
+        operation_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<RunId>, spool_journal::JournalError>> {
+        self.inner.find_operation(principal, operation_id)
+    }
+
+    fn claim<'a>(
+        &'a self,
+        key: &'a spool_journal::store::ClaimKey,
+        holder: &'a spool_journal::store::CallRef,
+    ) -> BoxFuture<'a, Result<spool_journal::store::Claim, spool_journal::JournalError>> {
+        self.inner.claim(key, holder)
+    }
+
+    fn subscribe<'a>(
+        &'a self,
+        run: &'a RunId,
+    ) -> BoxFuture<
+        'a,
+        Result<tokio::sync::watch::Receiver<spool_journal::Seq>, spool_journal::JournalError>,
+    > {
+        self.inner.subscribe(run)
+    }
+}
+
+/// Sends `text` to an idle run and waits for the turn it starts.
+pub(crate) async fn next_turn(runtime: &Runtime, run: &RunId, text: &str) -> RunView {
+    let message = spool_runtime::MessageRequest {
+        text: text.into(),
+        ..spool_runtime::MessageRequest::default()
+    };
+    let spool_runtime::Accepted::Started { turn, .. } = runtime.send(run, message).await.unwrap()
+    else {
+        panic!("an idle run starts a turn");
+    };
+    settle(runtime, run, &turn).await
+}

@@ -45,6 +45,8 @@ pub struct HttpChannel {
     body_timeout: std::time::Duration,
     mounted: Vec<(String, crate::server::Handler)>,
     lines: Arc<crate::lines::LineCache>,
+    /// How many stream tasks are running.
+    streams: Arc<watch::Sender<usize>>,
 }
 
 /// Every route the channel serves, as `(method, path)` under
@@ -101,7 +103,16 @@ impl HttpChannel {
             body_timeout: body::BODY_READ_TIMEOUT,
             mounted: Vec::new(),
             lines: Arc::default(),
+            streams: Arc::new(watch::channel(0).0),
         }
+    }
+
+    /// How many streams are open, as it changes: each `GET …/stream` runs
+    /// a task until its client goes, the run's stream ends or the server
+    /// shuts down.
+    #[must_use]
+    pub fn open_streams(&self) -> watch::Receiver<usize> {
+        self.streams.subscribe()
     }
 
     /// How long a request's body may take to arrive, from the end of its
@@ -626,12 +637,18 @@ impl HttpChannel {
         let mut closing = self.closing.clone();
         let run = run.clone();
         let lines = Arc::clone(&self.lines);
+        let open = OpenStream::new(&self.streams);
         tokio::spawn(async move {
+            let _open = open;
             let mut last = cursor;
             loop {
+                // A client that goes away drops the body, which closes the
+                // channel: the task ends then, even on a run that never
+                // writes again, instead of waiting for a line to fail on.
                 let item = tokio::select! {
                     item = subscription.next() => item,
                     _ = closing.wait_for(|closing| *closing) => None,
+                    () = sender.closed() => None,
                 };
                 let Some(mut item) = item else { break };
                 // The lines already read go out in one write: a subscriber
@@ -682,6 +699,23 @@ impl HttpChannel {
             .headers_mut()
             .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         Ok(response)
+    }
+}
+
+/// One running stream task, counted in [`HttpChannel::open_streams`]
+/// while it lives.
+struct OpenStream(Arc<watch::Sender<usize>>);
+
+impl OpenStream {
+    fn new(streams: &Arc<watch::Sender<usize>>) -> Self {
+        streams.send_modify(|open| *open += 1);
+        Self(Arc::clone(streams))
+    }
+}
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        self.0.send_modify(|open| *open -= 1);
     }
 }
 

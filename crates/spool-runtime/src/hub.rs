@@ -54,10 +54,24 @@ pub enum StreamItem {
     },
 }
 
+/// The runs with live deltas or subscribers. An entry is made when a run
+/// publishes or is subscribed to and dropped when its turn ends with
+/// nobody listening; runs subscribed to and never written again (a stream
+/// opened on a finished run) are dropped by an amortized sweep when the
+/// map has doubled, so it stays about as large as the set of live runs.
 #[derive(Default)]
 pub(crate) struct Hub {
-    runs: Mutex<HashMap<RunId, RunDeltas>>,
+    runs: Mutex<HubRuns>,
 }
+
+#[derive(Default)]
+struct HubRuns {
+    map: HashMap<RunId, RunDeltas>,
+    sweep_at: usize,
+}
+
+/// The fewest entries kept before a sweep is worth running.
+const HUB_SWEEP_MIN: usize = 64;
 
 struct RunDeltas {
     sender: broadcast::Sender<LiveDelta>,
@@ -131,9 +145,19 @@ impl std::fmt::Debug for Hub {
 }
 
 impl Hub {
+    fn runs(&self) -> std::sync::MutexGuard<'_, HubRuns> {
+        self.runs.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     fn with<T>(&self, run: &RunId, f: impl FnOnce(&mut RunDeltas) -> T) -> T {
-        let mut runs = self.runs.lock().unwrap_or_else(PoisonError::into_inner);
-        let entry = runs.entry(run.clone()).or_insert_with(|| RunDeltas {
+        let mut runs = self.runs();
+        if !runs.map.contains_key(run) && runs.map.len() >= runs.sweep_at {
+            // Idle entries: nobody listens and no generation is in progress.
+            runs.map
+                .retain(|_, deltas| deltas.sender.receiver_count() > 0 || !deltas.ring.is_empty());
+            runs.sweep_at = (runs.map.len() * 2).max(HUB_SWEEP_MIN);
+        }
+        let entry = runs.map.entry(run.clone()).or_insert_with(|| RunDeltas {
             sender: broadcast::channel(DELTA_QUEUE).0,
             ring: VecDeque::with_capacity(DELTA_RING),
             next_n: 0,
@@ -166,11 +190,11 @@ impl Hub {
     /// Forgets a run's deltas when its turn ends: they are no longer "the
     /// generation in progress".
     pub(crate) fn end_turn(&self, run: &RunId) {
-        let mut runs = self.runs.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(deltas) = runs.get_mut(run) {
+        let mut runs = self.runs();
+        if let Some(deltas) = runs.map.get_mut(run) {
             if deltas.sender.receiver_count() == 0 {
                 // Nobody listens: a parked or finished run costs nothing here.
-                runs.remove(run);
+                runs.map.remove(run);
             } else {
                 deltas.ring.clear();
                 // A run whose subscribers all leave before its next turn
@@ -438,5 +462,41 @@ impl Subscription {
             self.ready.push_back(StreamItem::Event(Arc::new(envelope)));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(n: usize) -> RunId {
+        RunId::new(format!("run-{n}")).expect("a valid id")
+    }
+
+    #[test]
+    fn runs_subscribed_to_once_and_never_written_do_not_accumulate() {
+        let hub = Hub::default();
+        for n in 0..10_000 {
+            drop(hub.join(&run(n)));
+        }
+        let kept = hub.runs().map.len();
+        assert!(
+            kept <= 2 * HUB_SWEEP_MIN,
+            "{kept} entries kept for 10,000 idle runs"
+        );
+    }
+
+    #[test]
+    fn a_sweep_keeps_runs_with_subscribers_or_a_generation_in_progress() {
+        let hub = Hub::default();
+        let listened = hub.join(&run(0));
+        let turn = TurnId::new("turn-1").expect("a valid id");
+        hub.publish(&run(1), &turn, Seq(0), Delta::Text("so far".into()));
+        for n in 2..1_000 {
+            drop(hub.join(&run(n)));
+        }
+        let runs = hub.runs();
+        assert!(runs.map.contains_key(&run(0)) && runs.map.contains_key(&run(1)));
+        drop(listened);
     }
 }

@@ -194,3 +194,40 @@ async fn a_content_length_over_the_cap_is_413_before_any_of_the_body_is_read() {
     assert!(reply.contains("\"code\":\"too_large\""), "{reply}");
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_on_a_finished_run_ends_its_task_when_the_client_goes() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut open = None;
+    let server = Server::start_with(echo_runtime(), |channel| {
+        open = Some(channel.open_streams());
+        channel
+    })
+    .await;
+    let mut open = open.unwrap();
+    let run = server.new_run(r#"{"text": "hello"}"#).await;
+    // Several clients, each reading the run's whole log and then leaving
+    // while the run, finished, never writes again.
+    for _ in 0..8 {
+        let mut client = tokio::net::TcpStream::connect(&server.addr).await.unwrap();
+        let request = format!("GET /spool/v1/runs/{run}/stream HTTP/1.1\r\nHost: x\r\n\r\n");
+        client.write_all(request.as_bytes()).await.unwrap();
+        let mut seen = Vec::new();
+        let mut buffer = [0_u8; 4096];
+        while !String::from_utf8_lossy(&seen).contains("run_response") {
+            let n = tokio::time::timeout(PATIENCE, client.read(&mut buffer))
+                .await
+                .expect("the log comes at once")
+                .unwrap();
+            assert!(n > 0, "the stream stays open on a finished run");
+            seen.extend_from_slice(&buffer[..n]);
+        }
+        assert!(*open.borrow() >= 1, "the stream's task is running");
+        drop(client);
+    }
+    tokio::time::timeout(PATIENCE, open.wait_for(|open| *open == 0))
+        .await
+        .expect("every stream task ends once its client has gone")
+        .unwrap();
+    server.stop().await;
+}

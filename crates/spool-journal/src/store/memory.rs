@@ -301,12 +301,14 @@ impl Journal for MemoryJournal {
         run: &'a RunId,
     ) -> BoxFuture<'a, Result<watch::Receiver<Seq>, JournalError>> {
         Box::pin(async move {
+            let receiver = self.watchers.register(run);
             let next = self
                 .lock()
                 .runs
                 .get(run)
                 .map_or(Seq(0), |(head, _)| head.next_seq);
-            Ok(self.watchers.subscribe(run, next))
+            self.watchers.advance(run, next);
+            Ok(receiver)
         })
     }
 }

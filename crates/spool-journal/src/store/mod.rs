@@ -449,51 +449,122 @@ pub fn system_clock() -> Clock {
 
 /// The subscribers of each run: one `watch` sender per run with at least
 /// one live receiver, holding the run's next position.
+///
+/// A store subscribes in two steps, [`register`](Self::register) and then
+/// [`advance`](Self::advance) with the head it read after registering: an
+/// append that commits between the two notifies the registered sender, and
+/// one that committed before is in the head, so no append goes unannounced.
+/// Senders whose receivers have all gone are dropped by the next append to
+/// their run or by an amortized sweep, so the map stays about as large as
+/// the set of watched runs even when runs are watched once and never
+/// written again.
 #[derive(Debug, Default)]
 pub(crate) struct Watchers {
-    senders: std::sync::Mutex<std::collections::HashMap<RunId, watch::Sender<Seq>>>,
+    senders: std::sync::Mutex<Senders>,
 }
 
+#[derive(Debug, Default)]
+struct Senders {
+    map: std::collections::HashMap<RunId, watch::Sender<Seq>>,
+    /// The map's size at which the next sweep runs: twice its size after
+    /// the last one, so sweeping costs O(1) per registration.
+    sweep_at: usize,
+}
+
+/// Sets a run's announced next position to `next` unless it is already
+/// later: positions never move backwards.
+fn announce(sender: &watch::Sender<Seq>, next: Seq) {
+    sender.send_if_modified(|seen| {
+        let newer = next > *seen;
+        if newer {
+            *seen = next;
+        }
+        newer
+    });
+}
+
+/// The fewest senders kept before a sweep is worth running.
+const WATCHERS_SWEEP_MIN: usize = 64;
+
 impl Watchers {
-    pub(crate) fn subscribe(&self, run: &RunId, next: Seq) -> watch::Receiver<Seq> {
-        let mut senders = self
-            .senders
+    fn senders(&self) -> std::sync::MutexGuard<'_, Senders> {
+        self.senders
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let sender = senders
-            .entry(run.clone())
-            .or_insert_with(|| watch::channel(next).0);
-        // An append may have landed between reading `next` and getting here;
-        // never move a subscriber's position backwards.
-        sender.send_if_modified(|seen| {
-            let newer = next > *seen;
-            if newer {
-                *seen = next;
-            }
-            newer
-        });
-        sender.subscribe()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// A receiver of `run`'s position, registered before the store reads
+    /// the run's head; follow with [`advance`](Self::advance).
+    pub(crate) fn register(&self, run: &RunId) -> watch::Receiver<Seq> {
+        let mut senders = self.senders();
+        if !senders.map.contains_key(run) && senders.map.len() >= senders.sweep_at {
+            senders.map.retain(|_, sender| sender.receiver_count() > 0);
+            senders.sweep_at = (senders.map.len() * 2).max(WATCHERS_SWEEP_MIN);
+        }
+        senders
+            .map
+            .entry(run.clone())
+            .or_insert_with(|| watch::channel(Seq(0)).0)
+            .subscribe()
+    }
+
+    /// Tells `run`'s subscribers that its next position is `next`, unless
+    /// they already know a later one: positions never move backwards.
+    pub(crate) fn advance(&self, run: &RunId, next: Seq) {
+        if let Some(sender) = self.senders().map.get(run) {
+            announce(sender, next);
+        }
+    }
+
+    /// After an append: announces `next` to the run's subscribers, or
+    /// forgets the run when nobody listens any more.
     pub(crate) fn notify(&self, run: &RunId, next: Seq) {
-        let mut senders = self
-            .senders
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(sender) = senders.get(run) {
+        let mut senders = self.senders();
+        if let Some(sender) = senders.map.get(run) {
             if sender.receiver_count() == 0 {
-                // Nobody listens any more; forget the run so the map stays
-                // as small as the set of watched runs.
-                senders.remove(run);
+                senders.map.remove(run);
             } else {
-                sender.send_if_modified(|seen| {
-                    let newer = next > *seen;
-                    if newer {
-                        *seen = next;
-                    }
-                    newer
-                });
+                announce(sender, next);
             }
         }
+    }
+
+    /// How many runs have a sender; for tests of the sweep.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.senders().map.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn watchers_of_runs_watched_once_and_never_written_do_not_accumulate() {
+        let watchers = Watchers::default();
+        for n in 0..10_000 {
+            let run = RunId::new(format!("run-{n}")).unwrap();
+            let receiver = watchers.register(&run);
+            watchers.advance(&run, Seq(3));
+            drop(receiver);
+        }
+        assert!(
+            watchers.len() <= 2 * WATCHERS_SWEEP_MIN,
+            "{} senders kept for 10,000 runs nobody watches",
+            watchers.len()
+        );
+    }
+
+    #[test]
+    fn a_sweep_keeps_the_runs_still_watched() {
+        let watchers = Watchers::default();
+        let watched = RunId::new("watched").unwrap();
+        let receiver = watchers.register(&watched);
+        for n in 0..1_000 {
+            drop(watchers.register(&RunId::new(format!("run-{n}")).unwrap()));
+        }
+        watchers.notify(&watched, Seq(5));
+        assert_eq!(*receiver.borrow(), Seq(5));
     }
 }

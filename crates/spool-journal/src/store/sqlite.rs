@@ -455,12 +455,14 @@ impl Journal for SqliteJournal {
     ) -> BoxFuture<'a, Result<watch::Receiver<Seq>, JournalError>> {
         let owned = run.clone();
         Box::pin(async move {
+            let receiver = self.watchers.register(run);
             let next = self
                 .with_reader(
                     move |conn| Ok(load_head(conn, &owned)?.map_or(Seq(0), |h| h.next_seq)),
                 )
                 .await?;
-            Ok(self.watchers.subscribe(run, next))
+            self.watchers.advance(run, next);
+            Ok(receiver)
         })
     }
 }

@@ -53,6 +53,7 @@ pub struct HttpChannel {
 /// [`wire::BASE_PATH`]: what `docs/openapi.json` must list.
 pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/health"),
+    ("GET", "/ready"),
     ("GET", "/info"),
     ("GET", "/runs"),
     ("POST", "/runs"),
@@ -205,6 +206,7 @@ impl HttpChannel {
         let method = request.method().clone();
         let route: (&[Method], Route) = match segments.as_slice() {
             ["health"] => (&[Method::GET], Route::Health),
+            ["ready"] => (&[Method::GET], Route::Ready),
             ["info"] => (&[Method::GET], Route::Info),
             ["runs"] => (&[Method::GET, Method::POST], Route::Runs),
             ["addresses", address] => (
@@ -241,8 +243,11 @@ impl HttpChannel {
             }
             return reply;
         }
-        if matches!(route, Route::Health) {
-            return body::json(StatusCode::OK, &wire::Health::ready());
+        // Both public, as a load balancer or an orchestrator asks them.
+        match route {
+            Route::Health => return body::json(StatusCode::OK, &wire::Health::ready()),
+            Route::Ready => return self.ready(),
+            _ => {}
         }
         let caller = match self.authenticate(&request).await {
             Ok(caller) => caller,
@@ -306,9 +311,39 @@ impl HttpChannel {
                 Ok(run) => self.action(&run, &action, &text, query.as_deref()).await,
                 Err(message) => return body::error(ErrorCode::InvalidRunId, message),
             },
-            (Route::Health, _) => unreachable!("health is answered above"),
+            (Route::Health | Route::Ready, _) => unreachable!("answered above"),
         };
         result.unwrap_or_else(|error| runtime_error(&error))
+    }
+
+    /// `GET /ready`: 503 `journal_unavailable` while the journal cannot
+    /// write, with a `Retry-After`.
+    fn ready(&self) -> Response<Body> {
+        match self.runtime.journal_health() {
+            spool_runtime::JournalHealth::Writable => body::json(
+                StatusCode::OK,
+                &wire::Readiness {
+                    ok: true,
+                    status: "ready".into(),
+                    stalled_runs: None,
+                },
+            ),
+            spool_runtime::JournalHealth::Unavailable { stalled_runs, .. } => {
+                let mut reply = body::json(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    &wire::Readiness {
+                        ok: false,
+                        status: ErrorCode::JournalUnavailable.as_str().into(),
+                        stalled_runs: Some(stalled_runs as u64),
+                    },
+                );
+                reply.headers_mut().insert(
+                    header::RETRY_AFTER,
+                    HeaderValue::from(JOURNAL_RETRY_AFTER_SECONDS),
+                );
+                reply
+            }
+        }
     }
 
     async fn authenticate(
@@ -461,10 +496,15 @@ impl HttpChannel {
 
     /// Replies once the turn reaches a boundary; the turn itself runs
     /// detached, so a client that leaves does not stop it.
+    ///
+    /// A turn whose input was recorded but whose progress cannot be (the
+    /// journal stopped writing) is answered 202 with the run as it is,
+    /// `running`: the request was taken and must not be sent again; the
+    /// turn goes on by itself once the journal writes.
     async fn answer(&self, accepted: Accepted) -> Result<Response<Body>, RuntimeError> {
-        let view = match &accepted {
+        let (run, turn) = match &accepted {
             Accepted::Started { run, turn } | Accepted::Steered { run, turn } => {
-                self.runtime.wait_for(run, turn).await?
+                (run, turn.clone())
             }
             Accepted::Queued { run } => {
                 let view = self.runtime.get(run).await?;
@@ -475,12 +515,20 @@ impl HttpChannel {
             Accepted::Replayed { run } => {
                 let view = self.runtime.get(run).await?;
                 match (&view.status, &view.turn_id) {
-                    (Status::Running, Some(turn)) => self.runtime.wait_for(run, turn).await?,
-                    _ => view,
+                    (Status::Running, Some(turn)) => (run, turn.clone()),
+                    _ => return Ok(body::json(StatusCode::OK, &reply(&view))),
                 }
             }
         };
-        Ok(body::json(StatusCode::OK, &reply(&view)))
+        match self.runtime.wait_for(run, &turn).await {
+            Ok(view) => Ok(body::json(StatusCode::OK, &reply(&view))),
+            Err(error) if error.kind() == ErrorKind::Storage => {
+                tracing::warn!(target: "spool::http", run_id = %run, %error, "a turn was taken and waits for the journal");
+                let view = self.runtime.get(run).await?;
+                Ok(body::json(StatusCode::ACCEPTED, &reply(&view)))
+            }
+            Err(error) => Err(error),
+        }
     }
 
     async fn address(&self, raw: &str, ensure: bool) -> Result<Response<Body>, RuntimeError> {
@@ -753,6 +801,7 @@ impl Drop for RequestLog {
 
 enum Route {
     Health,
+    Ready,
     Info,
     Runs,
     Address(String),
@@ -913,19 +962,39 @@ pub fn error_code(kind: ErrorKind) -> ErrorCode {
         ErrorKind::EngineFailed => ErrorCode::EngineFailed,
         ErrorKind::ConversationCorrupt => ErrorCode::ConversationCorrupt,
         ErrorKind::OwnedElsewhere => ErrorCode::RunOwnedElsewhere,
+        ErrorKind::Storage => ErrorCode::JournalUnavailable,
         // Kinds added later map to `internal` until the channel names them.
-        ErrorKind::Storage | ErrorKind::Internal | _ => ErrorCode::Internal,
+        ErrorKind::Internal | _ => ErrorCode::Internal,
     }
 }
 
+/// How long a client is told to wait before retrying while the journal
+/// cannot write: about the runtime's longest pause between probes.
+const JOURNAL_RETRY_AFTER_SECONDS: u64 = spool_runtime::PROBE_MAX.as_secs();
+
 fn runtime_error(error: &RuntimeError) -> Response<Body> {
     let code = error_code(error.kind());
-    if code == ErrorCode::Internal {
+    match code {
         // Details go to the server's log, never the reply.
-        tracing::error!(target: "spool::http", error = %error, "internal error");
-        return body::error(code, "internal error");
+        ErrorCode::Internal => {
+            tracing::error!(target: "spool::http", error = %error, "internal error");
+            body::error(code, "internal error")
+        }
+        ErrorCode::JournalUnavailable => {
+            tracing::warn!(target: "spool::http", error = %error, "the journal cannot write");
+            let mut reply = body::error(
+                code,
+                "the journal cannot write now; nothing of this request was recorded. \
+                 Runs resume by themselves once it can: retry later",
+            );
+            reply.headers_mut().insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(JOURNAL_RETRY_AFTER_SECONDS),
+            );
+            reply
+        }
+        _ => body::error(code, error.to_string()),
     }
-    body::error(code, error.to_string())
 }
 
 /// A journal event as a stream line: the runtime's own types for the

@@ -67,6 +67,10 @@ pub const CHECKS: &[(&str, Check)] = &[
     ("the_run_listing_follows_the_fold", |j| {
         Box::pin(the_run_listing_follows_the_fold(j))
     }),
+    (
+        "a_probe_of_a_writable_store_succeeds_and_records_no_run",
+        |j| Box::pin(a_probe_of_a_writable_store_succeeds_and_records_no_run(j)),
+    ),
 ];
 
 /// For durable stores: what was acknowledged before the store was dropped
@@ -606,6 +610,23 @@ async fn a_subscriber_is_told_only_after_the_events_are_readable(journal: Arc<dy
         Seq(3),
         "a late subscriber starts at the run's current end"
     );
+}
+
+async fn a_probe_of_a_writable_store_succeeds_and_records_no_run(journal: Arc<dyn Journal>) {
+    let r = run("probed");
+    journal.append(&r, Seq(0), vec![created()]).await.unwrap();
+    let before = journal.runs().await.unwrap();
+    journal
+        .probe()
+        .await
+        .expect("a store that can write probes fine");
+    journal.probe().await.expect("and again");
+    assert_eq!(journal.runs().await.unwrap(), before);
+    assert_eq!(journal.read(&r, Seq(0)).await.unwrap().len(), 1);
+    journal
+        .append(&r, Seq(1), vec![started("t1", "after a probe")])
+        .await
+        .expect("appends go on after a probe");
 }
 
 async fn the_run_listing_follows_the_fold(journal: Arc<dyn Journal>) {

@@ -37,7 +37,11 @@ pub enum ErrorKind {
     ConversationCorrupt,
     /// Another writer moved the run's log, or holds the journal.
     OwnedElsewhere,
-    /// The journal's storage failed; nothing was recorded.
+    /// The journal's storage failed (a full disk, a failing device);
+    /// nothing was recorded. A run whose turn met it waits and resumes by
+    /// itself once the journal writes (see [`Runtime::journal_health`]).
+    ///
+    /// [`Runtime::journal_health`]: crate::Runtime::journal_health
     Storage,
     /// Anything else: a bug, or a journal that has shut down.
     Internal,

@@ -25,6 +25,7 @@ pub mod hub;
 pub mod ids;
 mod runs;
 mod runtime;
+mod storage;
 pub mod tool;
 pub mod tools;
 pub mod view;
@@ -39,5 +40,6 @@ pub use runtime::{
     StartRequest,
 };
 pub use spool_journal::store::BoxFuture;
+pub use storage::{JournalHealth, PROBE_FIRST, PROBE_MAX, RESUME_MAX};
 pub use tool::{Tool, ToolOutcome, Tools};
 pub use view::{RunView, Snapshot};

@@ -377,6 +377,21 @@ impl Health {
     }
 }
 
+/// `GET /ready`, Spool's readiness route beside the seed's liveness-only
+/// `/health`: whether the server can take work now. 200 with `status:
+/// "ready"`, or 503 with `status: "journal_unavailable"` while the journal
+/// cannot write (runs waiting for it resume by themselves once it can).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Readiness {
+    /// Whether the server can take work.
+    pub ok: bool,
+    /// `ready` or `journal_unavailable`.
+    pub status: String,
+    /// Runs whose turn waits for the journal, when it cannot write.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stalled_runs: Option<u64>,
+}
+
 /// `GET /info`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Info {
@@ -444,6 +459,10 @@ string_enum! {
         EngineFailed = "engine_failed",
         /// The server failed; details are in its log.
         Internal = "internal",
+        /// The journal cannot write now (a full disk, a failing device):
+        /// nothing was recorded. Runs resume by themselves once it can;
+        /// retry after `Retry-After` seconds.
+        JournalUnavailable = "journal_unavailable",
     }
 }
 
@@ -471,6 +490,7 @@ impl ErrorCode {
             Self::Internal => 500,
             Self::FilesUnsupported | Self::CompactionUnsupported => 501,
             Self::EngineFailed => 502,
+            Self::JournalUnavailable => 503,
             Self::Unknown(_) => return None,
         })
     }

@@ -710,7 +710,8 @@ fn runtime_error_kinds_map_to_the_channels_codes_and_statuses() {
     assert_eq!(error_code(moved.kind()), ErrorCode::RunOwnedElsewhere);
     assert_eq!(error_code(moved.kind()).status(), Some(409));
     let full = RuntimeError::Journal(JournalError::Storage("disk full".into()));
-    assert_eq!(error_code(full.kind()), ErrorCode::Internal);
+    assert_eq!(error_code(full.kind()), ErrorCode::JournalUnavailable);
+    assert_eq!(error_code(full.kind()).status(), Some(503));
     let busy = RuntimeError::TurnInProgress {
         run: RunId::new("r").unwrap(),
         turn: TurnId::new("t").unwrap(),

@@ -1,5 +1,7 @@
 //! The plumbing: routing errors, caps, the Unix socket, shutdown.
 
+use std::sync::Arc;
+
 use crate::client::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -229,5 +231,108 @@ async fn a_stream_on_a_finished_run_ends_its_task_when_the_client_goes() {
         .await
         .expect("every stream task ends once its client has gone")
         .unwrap();
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_journal_that_cannot_write_is_503_journal_unavailable_and_ready_says_so_until_it_writes_again()
+ {
+    use spool_journal::store::faulty::Faulty;
+    use spool_journal::store::memory::MemoryJournal;
+    let journal = Arc::new(Faulty::new(MemoryJournal::new()));
+    let runtime =
+        spool_runtime::Runtime::builder(Arc::clone(&journal) as Arc<dyn spool_journal::Journal>)
+            .build();
+    let mut health = runtime.watch_journal_health();
+    let server = Server::start(runtime).await;
+    assert_eq!(server.get("/spool/v1/ready").await.status, 200);
+
+    journal.set_full(true);
+    let refused = server.post("/spool/v1/runs", r#"{"text": "hello"}"#).await;
+    assert_eq!(refused.status, 503);
+    assert_eq!(refused.json()["code"], "journal_unavailable");
+    assert_eq!(refused.header("retry-after"), Some("5"));
+    assert!(
+        !String::from_utf8_lossy(&refused.body).contains("disk is full"),
+        "the store's own words stay in the server's log"
+    );
+    let ready = server.get("/spool/v1/ready").await;
+    assert_eq!(ready.status, 503);
+    assert_eq!(ready.json()["status"], "journal_unavailable");
+    assert_eq!(ready.header("retry-after"), Some("5"));
+    // Liveness stays liveness: the process is up.
+    assert_eq!(server.get("/spool/v1/health").await.status, 200);
+
+    // Nothing else writes: the runtime's own probe finds the room.
+    journal.set_full(false);
+    tokio::time::timeout(PATIENCE, health.wait_for(|h| h.is_writable()))
+        .await
+        .expect("the probe sees the journal write again")
+        .unwrap();
+    assert_eq!(server.get("/spool/v1/ready").await.status, 200);
+    let started = server.post("/spool/v1/runs", r#"{"text": "hello"}"#).await;
+    assert_eq!(started.status, 200);
+    assert_eq!(started.json()["state"], "completed");
+    server.stop().await;
+}
+
+/// The echo engine, which fills the journal's disk during its first call:
+/// the turn's input is recorded, its first answer cannot be.
+struct FillsTheDisk(
+    Arc<spool_journal::store::faulty::Faulty<spool_journal::store::memory::MemoryJournal>>,
+    std::sync::atomic::AtomicBool,
+);
+
+impl spool_runtime::Engine for FillsTheDisk {
+    fn call<'a>(
+        &'a self,
+        context: &'a spool_runtime::engine::CallContext,
+        request: &'a spool_runtime::ModelRequest,
+        deltas: spool_runtime::engine::Deltas<'a>,
+        cancel: &'a tokio_util::sync::CancellationToken,
+    ) -> spool_runtime::BoxFuture<
+        'a,
+        Result<spool_runtime::ModelResponse, spool_runtime::engine::EngineError>,
+    > {
+        if !self.1.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            self.0.set_full(true);
+        }
+        spool_runtime::engines::EchoEngine.call(context, request, deltas, cancel)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_taken_before_the_journal_filled_is_202_running_and_completes_once_it_writes() {
+    use spool_journal::store::faulty::Faulty;
+    use spool_journal::store::memory::MemoryJournal;
+    let journal = Arc::new(Faulty::new(MemoryJournal::new()));
+    let runtime =
+        spool_runtime::Runtime::builder(Arc::clone(&journal) as Arc<dyn spool_journal::Journal>)
+            .engine(Arc::new(FillsTheDisk(Arc::clone(&journal), false.into())))
+            .build();
+    let server = Server::start(runtime).await;
+    let taken = server.post("/spool/v1/runs", r#"{"text": "hello"}"#).await;
+    assert_eq!(taken.status, 202, "{:?}", taken.json());
+    let taken = taken.json();
+    assert_eq!(taken["state"], "running");
+    let run = taken["run_id"].as_str().unwrap().to_owned();
+
+    // Once there is room, the run's own stream shows the turn finish.
+    let mut stream = Stream::open(&server.addr, &format!("/spool/v1/runs/{run}/stream")).await;
+    journal.set_full(false);
+    loop {
+        let line = tokio::time::timeout(PATIENCE, stream.next())
+            .await
+            .expect("the turn goes on once the journal writes")
+            .expect("the stream stays open");
+        if line["type"] == "run_response" {
+            assert_eq!(line["text"], "echo: hello");
+            break;
+        }
+    }
+    assert_eq!(
+        server.get(&format!("/spool/v1/runs/{run}")).await.json()["state"],
+        "completed"
+    );
     server.stop().await;
 }

@@ -14,6 +14,7 @@ use crate::event::{Envelope, Event};
 use crate::fold::{Status, transition};
 use crate::id::{Address, Principal, RunId, Seq};
 
+pub mod faulty;
 pub mod memory;
 pub mod sqlite;
 
@@ -87,6 +88,19 @@ pub trait Journal: Send + Sync + 'static {
         &'a self,
         run: &'a RunId,
     ) -> BoxFuture<'a, Result<watch::Receiver<Seq>, JournalError>>;
+
+    /// Makes and commits a small write that records nothing of any run, to
+    /// learn whether the store can write now. A runtime calls it only
+    /// after a write failed on storage, to know when to resume its runs.
+    /// A store with nothing to fill (memory) keeps the default, which
+    /// always succeeds.
+    ///
+    /// # Errors
+    ///
+    /// [`JournalError::Storage`] while the store cannot write.
+    fn probe(&self) -> BoxFuture<'_, Result<(), JournalError>> {
+        Box::pin(async { Ok(()) })
+    }
 }
 
 /// One run in a listing.

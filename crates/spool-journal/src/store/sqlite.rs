@@ -127,6 +127,10 @@ enum Op {
         holder: CallRef,
         reply: oneshot::Sender<Result<Claim, JournalError>>,
     },
+    /// A write of the meta table's `probed_at`, committed like any other.
+    Probe {
+        reply: oneshot::Sender<Result<(), JournalError>>,
+    },
 }
 
 const SCHEMA: &str = "
@@ -449,6 +453,10 @@ impl Journal for SqliteJournal {
         }))
     }
 
+    fn probe(&self) -> BoxFuture<'_, Result<(), JournalError>> {
+        Box::pin(self.send(|reply| Op::Probe { reply }))
+    }
+
     fn subscribe<'a>(
         &'a self,
         run: &'a RunId,
@@ -499,6 +507,7 @@ enum Done {
         oneshot::Sender<Result<Claim, JournalError>>,
         Result<Claim, JournalError>,
     ),
+    Probe(oneshot::Sender<Result<(), JournalError>>),
 }
 
 /// Why an operation did not apply.
@@ -565,6 +574,19 @@ impl Writer {
                         Done::Claim(reply, Err(error))
                     }
                 },
+                Op::Probe { reply } => {
+                    let probed_at = (self.clock)()
+                        .format(&time::format_description::well_known::Rfc3339)
+                        .unwrap_or_default();
+                    if let Err(error) = self.conn.execute(
+                        "INSERT INTO meta (key, value) VALUES ('probed_at', ?1) \
+                         ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                        params![probed_at],
+                    ) {
+                        broken = Some(error.to_string());
+                    }
+                    Done::Probe(reply)
+                }
             };
             done.push(entry);
         }
@@ -628,6 +650,9 @@ impl Writer {
                 Done::Claim(reply, result) => {
                     let _ = reply.send(result);
                 }
+                Done::Probe(reply) => {
+                    let _ = reply.send(Ok(()));
+                }
             }
         }
     }
@@ -684,6 +709,7 @@ impl Done {
         match op {
             Op::Append { reply, .. } => Self::Append(reply, Err(error)),
             Op::Claim { reply, .. } => Self::Claim(reply, Err(error)),
+            Op::Probe { reply } => Self::Probe(reply),
         }
     }
 
@@ -695,6 +721,9 @@ impl Done {
                 let _ = reply.send(Err(error));
             }
             Self::Claim(reply, _) => {
+                let _ = reply.send(Err(error));
+            }
+            Self::Probe(reply) => {
                 let _ = reply.send(Err(error));
             }
         }

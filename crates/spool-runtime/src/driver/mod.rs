@@ -20,7 +20,7 @@ use spool_wire::run::FailureCode;
 use tokio_util::sync::CancellationToken;
 
 use crate::BoxFuture;
-use crate::error::RuntimeError;
+use crate::error::{ErrorKind, RuntimeError};
 use crate::runtime::{Driving, Inner};
 
 mod model;
@@ -38,6 +38,7 @@ impl Inner {
     /// Starts the run's driver unless one is running; a running driver is
     /// told to look again before it stops.
     pub(crate) fn ensure_driver(self: Arc<Self>, run: &RunId) {
+        self.storage.unstall(run);
         {
             let mut driving = self.driving.lock().unwrap_or_else(PoisonError::into_inner);
             if let Some(entry) = driving.get_mut(run) {
@@ -63,12 +64,17 @@ impl Inner {
             let before = match self.lock(&run).await {
                 Ok(locked) => locked.cached().next(),
                 Err(error) => {
-                    tracing::error!(run_id = %run, %error, "a run to drive cannot be read");
-                    self.stop_driving(&run);
+                    if !self.stall_on(&run, &error) {
+                        tracing::error!(run_id = %run, %error, "a run to drive cannot be read");
+                        self.stop_driving(&run);
+                    }
                     return;
                 }
             };
             if let Err(error) = self.step(&run).await {
+                if self.stall_on(&run, &error) {
+                    return;
+                }
                 // The turn cannot go on; say so in the log when the log can
                 // still be written, and stop driving this run.
                 tracing::error!(run_id = %run, %error, "a turn cannot go on");
@@ -79,8 +85,10 @@ impl Inner {
             let (work, next) = match self.next_work(&run).await {
                 Ok(next) => next,
                 Err(error) => {
-                    tracing::error!(run_id = %run, %error, "a driven run cannot be read");
-                    self.stop_driving(&run);
+                    if !self.stall_on(&run, &error) {
+                        tracing::error!(run_id = %run, %error, "a driven run cannot be read");
+                        self.stop_driving(&run);
+                    }
                     return;
                 }
             };
@@ -197,11 +205,51 @@ impl Inner {
     }
 
     /// [`Inner::fail_turn`] where nobody waits for the answer: a failure to
-    /// record the failure goes to the log.
-    async fn fail_turn_logged(&self, run: &RunId, message: &str) {
-        if let Err(error) = self.fail_turn(run, message).await {
+    /// record the failure goes to the log, and a journal that cannot write
+    /// stalls the run, which is driven again (and fails again, recorded
+    /// this time) once it can.
+    async fn fail_turn_logged(self: &Arc<Self>, run: &RunId, message: &str) {
+        if let Err(error) = self.fail_turn(run, message).await
+            && !self.stall_on(run, &error)
+        {
             tracing::error!(run_id = %run, %error, "a failed turn cannot be recorded");
         }
+    }
+
+    /// When `error` is the journal's storage failing: the run stops being
+    /// driven and waits for the journal (see [`crate::storage`]), which is
+    /// probed until it writes. True when it stalled.
+    pub(crate) fn stall_on(&self, run: &RunId, error: &RuntimeError) -> bool {
+        if error.kind() != ErrorKind::Storage {
+            return false;
+        }
+        tracing::warn!(run_id = %run, %error, "the journal cannot write; the run waits until it can");
+        // Stalled before it stops being driven: a command that drives it
+        // meanwhile takes it off the stalled set again.
+        self.storage.stall(run, &error.to_string());
+        self.stop_driving(run);
+        true
+    }
+
+    /// Resumes what `run`'s log says was in progress: a turn, a cancel or
+    /// queued input to act on, or a sleep to wake from. True when there
+    /// was something.
+    pub(crate) async fn resume(self: &Arc<Self>, run: &RunId) -> Result<bool, RuntimeError> {
+        let locked = self.lock(run).await?;
+        let state = locked.state();
+        if let Some(sleep) = state.sleep.clone() {
+            drop(locked);
+            self.arm_sleep(run, sleep);
+            return Ok(true);
+        }
+        let work = matches!(state.status, Status::Running)
+            || !state.queued.is_empty()
+            || state.cancel_requested.is_some();
+        drop(locked);
+        if work {
+            Arc::clone(self).ensure_driver(run);
+        }
+        Ok(work)
     }
 
     /// Wakes a sleeping run at its instant: a timer per sleeping run, armed
@@ -225,7 +273,9 @@ impl Inner {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .remove(&run);
-            if let Err(error) = inner.wake(&run, &sleep).await {
+            if let Err(error) = inner.wake(&run, &sleep).await
+                && !inner.stall_on(&run, &error)
+            {
                 tracing::error!(run_id = %run, %error, "a sleeping run cannot be woken");
             }
         });

@@ -10,6 +10,7 @@ use super::{Inner, Runtime};
 use crate::engine::{Engine, tools_digest};
 use crate::hub::Hub;
 use crate::runs::{DEFAULT_CACHED_RUNS, Runs};
+use crate::storage::{Storage, Watched};
 use crate::tool::Tools;
 
 /// Builds a runtime.
@@ -121,20 +122,28 @@ impl RuntimeBuilder {
     #[must_use]
     pub fn build(self) -> Runtime {
         let tool_specs: Arc<[_]> = self.tools.specs().into();
+        let storage = Arc::new(Storage::default());
         Runtime {
-            inner: Arc::new(Inner {
-                journal: self.journal,
-                engine: self.engine,
-                tools: self.tools,
-                tools_digest: tools_digest(&tool_specs),
-                tool_specs,
-                budgets: self.budgets,
-                pricing: self.pricing,
-                ids: self.ids,
-                hub: Hub::default(),
-                driving: Mutex::new(HashMap::new()),
-                runs: Runs::new(self.cached_runs, self.system_prompt.map(Arc::from)),
-                sleeping: Mutex::new(HashSet::new()),
+            inner: Arc::new_cyclic(|runtime| {
+                storage.attach(runtime.clone());
+                Inner {
+                    journal: Arc::new(Watched {
+                        journal: self.journal,
+                        storage: Arc::clone(&storage),
+                    }),
+                    storage,
+                    engine: self.engine,
+                    tools: self.tools,
+                    tools_digest: tools_digest(&tool_specs),
+                    tool_specs,
+                    budgets: self.budgets,
+                    pricing: self.pricing,
+                    ids: self.ids,
+                    hub: Hub::default(),
+                    driving: Mutex::new(HashMap::new()),
+                    runs: Runs::new(self.cached_runs, self.system_prompt.map(Arc::from)),
+                    sleeping: Mutex::new(HashSet::new()),
+                }
             }),
         }
     }

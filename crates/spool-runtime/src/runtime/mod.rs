@@ -60,6 +60,8 @@ pub(crate) struct Inner {
     pub(crate) runs: Runs,
     /// Runs with a wake-up armed.
     pub(crate) sleeping: Mutex<HashSet<RunId>>,
+    /// Whether the journal writes, and the runs waiting until it does.
+    pub(crate) storage: Arc<crate::storage::Storage>,
 }
 
 /// A run's driver task, as the runtime tracks it.
@@ -101,26 +103,13 @@ impl Runtime {
                     recovery.resumed += 1;
                 }
                 Status::Retired | Status::Pending => {}
-                _ => {
-                    let locked = match self.inner.lock(&summary.run_id).await {
-                        Ok(locked) => locked,
-                        Err(error) => {
-                            tracing::error!(run_id = %summary.run_id, %error, "a run's log cannot be read; it is left as it is");
-                            recovery.unreadable.push((summary.run_id, error));
-                            continue;
-                        }
-                    };
-                    let state = locked.state();
-                    if let Some(sleep) = state.sleep.clone() {
-                        drop(locked);
-                        self.inner.arm_sleep(&summary.run_id, sleep);
-                        recovery.resumed += 1;
-                    } else if !state.queued.is_empty() || state.cancel_requested.is_some() {
-                        drop(locked);
-                        self.inner.clone().ensure_driver(&summary.run_id);
-                        recovery.resumed += 1;
+                _ => match self.inner.resume(&summary.run_id).await {
+                    Ok(resumed) => recovery.resumed += usize::from(resumed),
+                    Err(error) => {
+                        tracing::error!(run_id = %summary.run_id, %error, "a run's log cannot be read; it is left as it is");
+                        recovery.unreadable.push((summary.run_id, error));
                     }
-                }
+                },
             }
         }
         Ok(recovery)

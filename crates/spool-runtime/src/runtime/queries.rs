@@ -120,10 +120,22 @@ impl Runtime {
     ///
     /// # Errors
     ///
-    /// `RunNotFound`.
+    /// `RunNotFound`; [`ErrorKind::Storage`](crate::ErrorKind::Storage)
+    /// when the journal cannot write and the run waits for it (the turn
+    /// goes on by itself once it can).
     pub async fn wait_for(&self, run: &RunId, turn: &TurnId) -> Result<RunView, RuntimeError> {
+        let mut stalls = self.inner.storage.stalls();
         let mut positions = self.inner.journal.subscribe(run).await?;
         loop {
+            if self.inner.storage.is_stalled(run) {
+                let reason = match self.journal_health() {
+                    crate::JournalHealth::Unavailable { reason, .. } => reason,
+                    crate::JournalHealth::Writable => "a write failed".into(),
+                };
+                return Err(RuntimeError::Journal(JournalError::Storage(format!(
+                    "run {run} waits for the journal, which cannot write ({reason}); its turn goes on once it can"
+                ))));
+            }
             {
                 let locked = self.inner.lock(run).await?;
                 let state = locked.state();
@@ -142,10 +154,32 @@ impl Runtime {
             }
             // The appender folds into the cache before it lets the lock
             // go, so the state read after this wake-up holds the append.
-            if positions.changed().await.is_err() {
-                return Err(RuntimeError::Journal(JournalError::Closed));
+            tokio::select! {
+                changed = positions.changed() => if changed.is_err() {
+                    return Err(RuntimeError::Journal(JournalError::Closed));
+                },
+                // A stall anywhere: look whether it was this run's.
+                _ = stalls.changed() => {}
             }
         }
+    }
+
+    /// Whether the journal can write, as the runtime last saw it: a write
+    /// that failed on storage makes it [`JournalHealth::Unavailable`]
+    /// until a probe or another write succeeds. What a readiness check
+    /// answers.
+    ///
+    /// [`JournalHealth::Unavailable`]: crate::JournalHealth::Unavailable
+    #[must_use]
+    pub fn journal_health(&self) -> crate::JournalHealth {
+        self.inner.storage.health().borrow().clone()
+    }
+
+    /// The journal's health as it changes, for a host that reports it (or
+    /// a test that waits for the journal to come back).
+    #[must_use]
+    pub fn watch_journal_health(&self) -> tokio::sync::watch::Receiver<crate::JournalHealth> {
+        self.inner.storage.health()
     }
 
     /// How many runs are in memory now: at most what

@@ -15,6 +15,7 @@ mod hub;
 mod incremental;
 mod recovery;
 mod steering;
+mod storage;
 mod supervision;
 mod support;
 mod turns;

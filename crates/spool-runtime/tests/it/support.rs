@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use spool_journal::event::Effect;
+use spool_journal::store::faulty::Faulty;
 use spool_journal::store::memory::MemoryJournal;
 use spool_journal::{Journal, RunId, TurnId};
 use spool_runtime::engine::ToolSpec;
@@ -242,11 +243,12 @@ pub(crate) async fn begin(runtime: &Runtime, text: &str) -> (RunId, TurnId) {
 }
 
 /// A memory journal that counts reads of a log from its start and from
-/// anywhere else, and whose reads, once held, wait until let go (saying
-/// when one has begun).
+/// anywhere else, whose reads, once held, wait until let go (saying when
+/// one has begun), and whose writes fail as on a full disk while set full
+/// (`inner.set_full`).
 #[derive(Default)]
 pub(crate) struct Instrumented {
-    pub(crate) inner: MemoryJournal,
+    pub(crate) inner: Faulty<MemoryJournal>,
     pub(crate) reads_from_start: AtomicUsize,
     pub(crate) reads_from_later: AtomicUsize,
     pub(crate) holding: std::sync::atomic::AtomicBool,
@@ -314,6 +316,10 @@ impl Journal for Instrumented {
         holder: &'a spool_journal::store::CallRef,
     ) -> BoxFuture<'a, Result<spool_journal::store::Claim, spool_journal::JournalError>> {
         self.inner.claim(key, holder)
+    }
+
+    fn probe(&self) -> BoxFuture<'_, Result<(), spool_journal::JournalError>> {
+        self.inner.probe()
     }
 
     fn subscribe<'a>(

@@ -35,6 +35,7 @@ fn each_error_code_has_its_string_and_status() {
         ),
         ("engine_failed", ErrorCode::EngineFailed, 502),
         ("internal", ErrorCode::Internal, 500),
+        ("journal_unavailable", ErrorCode::JournalUnavailable, 503),
     ];
     assert_eq!(ErrorCode::KNOWN.len(), table.len());
     for (text, code, status) in table {

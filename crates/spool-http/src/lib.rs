@@ -10,6 +10,7 @@ pub mod body;
 pub mod channel;
 pub mod client;
 mod lines;
+mod refusals;
 pub mod server;
 pub mod token;
 

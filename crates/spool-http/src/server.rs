@@ -167,7 +167,8 @@ where
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT)
         .keep_alive(true);
-    let connection = graceful.watch(builder.serve_connection(TokioIo::new(io), service));
+    let io = TokioIo::new(crate::refusals::Refusals::new(io));
+    let connection = graceful.watch(builder.serve_connection(io, service));
     tokio::spawn(async move {
         let _ = connection.await;
     });

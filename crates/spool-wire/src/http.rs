@@ -448,6 +448,10 @@ string_enum! {
         RequestTimeout = "request_timeout",
         /// The body is over the cap.
         TooLarge = "too_large",
+        /// The request target (path and query) is too long.
+        UriTooLong = "uri_too_long",
+        /// The request's headers are too many or too large.
+        HeadersTooLarge = "headers_too_large",
         /// The client went away first.
         ClientClosed = "client_closed",
         /// File uploads are not supported.
@@ -486,6 +490,8 @@ impl ErrorCode {
             | Self::ConversationCorrupt => 409,
             Self::RequestTimeout => 408,
             Self::TooLarge => 413,
+            Self::UriTooLong => 414,
+            Self::HeadersTooLarge => 431,
             Self::ClientClosed => 499,
             Self::Internal => 500,
             Self::FilesUnsupported | Self::CompactionUnsupported => 501,

@@ -336,3 +336,46 @@ async fn a_turn_taken_before_the_journal_filled_is_202_running_and_completes_onc
     );
     server.stop().await;
 }
+
+/// Sends `raw` on a fresh connection and reads until the server closes it.
+async fn raw_exchange(addr: &str, raw: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut socket = tokio::net::TcpStream::connect(addr).await.unwrap();
+    // The server may answer and close before it has read all of a
+    // request it refuses; what it answers is what counts.
+    let _ = socket.write_all(raw).await;
+    let mut reply = Vec::new();
+    let _ = tokio::time::timeout(PATIENCE, socket.read_to_end(&mut reply))
+        .await
+        .expect("the server answers and closes in time");
+    String::from_utf8_lossy(&reply).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_hyper_refuses_before_routing_get_the_json_error_body() {
+    let server = Server::start(echo_runtime()).await;
+    let long_target = format!("GET /{} HTTP/1.1\r\nHost: x\r\n\r\n", "a".repeat(70_000));
+    let many_headers = format!(
+        "GET /spool/v1/health HTTP/1.1\r\nHost: x\r\n{}\r\n",
+        (0..200)
+            .map(|i| format!("X-{i}: y\r\n"))
+            .collect::<String>()
+    );
+    let cases: [(&[u8], &str, &str); 3] = [
+        (b"GARBAGE\r\n\r\n", "400", "bad_request"),
+        (long_target.as_bytes(), "414", "uri_too_long"),
+        (many_headers.as_bytes(), "431", "headers_too_large"),
+    ];
+    for (raw, status, code) in cases {
+        let reply = raw_exchange(&server.addr, raw).await;
+        assert!(reply.starts_with(&format!("HTTP/1.1 {status} ")), "{reply}");
+        let (head, body) = reply.split_once("\r\n\r\n").unwrap();
+        assert!(head.contains("content-type: application/json"), "{head}");
+        let body: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(body["code"], code);
+        assert!(body["error"].as_str().is_some_and(|e| !e.is_empty()));
+    }
+    // The server still serves.
+    assert_eq!(server.get("/spool/v1/health").await.status, 200);
+    server.stop().await;
+}

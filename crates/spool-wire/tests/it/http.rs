@@ -26,6 +26,8 @@ fn each_error_code_has_its_string_and_status() {
         ("conversation_corrupt", ErrorCode::ConversationCorrupt, 409),
         ("request_timeout", ErrorCode::RequestTimeout, 408),
         ("too_large", ErrorCode::TooLarge, 413),
+        ("uri_too_long", ErrorCode::UriTooLong, 414),
+        ("headers_too_large", ErrorCode::HeadersTooLarge, 431),
         ("client_closed", ErrorCode::ClientClosed, 499),
         ("files_unsupported", ErrorCode::FilesUnsupported, 501),
         (

@@ -14,8 +14,13 @@ use time::format_description::well_known::Rfc3339;
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum RunsCommand {
-    /// One line per run: id, state, last update, title.
+    /// One line per run: id, state, last update, title; newest first.
     List {
+        /// Print one JSON object per run instead (NDJSON): `run_id`,
+        /// `state`, `waiting_for` (when waiting), `title`, `created_at`,
+        /// `updated_at`, `events`.
+        #[arg(long)]
+        json: bool,
         /// The journal directory.
         #[arg(long, env = "SPOOL_JOURNAL", default_value = ".spool")]
         journal: PathBuf,
@@ -40,7 +45,7 @@ pub(crate) fn run(command: RunsCommand) -> anyhow::Result<ExitCode> {
         .context("starting the async runtime")?;
     runtime.block_on(async {
         match command {
-            RunsCommand::List { journal } => list(&open(&journal)?).await,
+            RunsCommand::List { json, journal } => list(&open(&journal)?, json).await,
             RunsCommand::Show { run, json, journal } => show(&open(&journal)?, &run, json).await,
         }
     })
@@ -51,9 +56,28 @@ fn open(dir: &std::path::Path) -> anyhow::Result<SqliteJournal> {
         .with_context(|| format!("opening the journal in {}", dir.display()))
 }
 
-async fn list(journal: &SqliteJournal) -> anyhow::Result<ExitCode> {
+async fn list(journal: &SqliteJournal, json: bool) -> anyhow::Result<ExitCode> {
     let runs = journal.runs().await?;
     let mut out = std::io::stdout().lock();
+    if json {
+        for run in runs {
+            let mut line = serde_json::json!({
+                "run_id": run.run_id.as_str(),
+                "state": run.status.state().as_str(),
+                "created_at": run.created_at.format(&Rfc3339)?,
+                "updated_at": run.updated_at.format(&Rfc3339)?,
+                "events": run.next_seq.0,
+            });
+            if let Status::Waiting(kind) = &run.status {
+                line["waiting_for"] = kind.as_str().into();
+            }
+            if let Some(title) = run.title {
+                line["title"] = title.into();
+            }
+            writeln!(out, "{line}")?;
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     let width = runs
         .iter()
         .map(|r| r.run_id.as_str().len())

@@ -76,6 +76,42 @@ fn runs_list_prints_one_line_per_run_with_state_and_title() {
 }
 
 #[test]
+fn runs_list_json_prints_one_object_per_run_in_the_documented_shape() {
+    let dir = tempfile::tempdir().unwrap();
+    journal_with_one_run(dir.path());
+    let output = spool(&[
+        "runs",
+        "list",
+        "--json",
+        "--journal",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let lines: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 1, "{stdout}");
+    let run = &lines[0];
+    assert_eq!(run["run_id"], "run-1");
+    assert_eq!(run["state"], "completed");
+    assert_eq!(run["title"], "Deploy plan");
+    assert_eq!(run["events"], 3);
+    assert!(run.get("waiting_for").is_none());
+    for time in ["created_at", "updated_at"] {
+        let text = run[time].as_str().unwrap();
+        time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
+            .unwrap_or_else(|e| panic!("{time} is RFC 3339: {text}: {e}"));
+    }
+}
+
+#[test]
 fn runs_show_prints_the_folded_state_and_every_event() {
     let dir = tempfile::tempdir().unwrap();
     journal_with_one_run(dir.path());

@@ -317,10 +317,37 @@ impl SqliteJournal {
                 path.display()
             )));
         }
-        let readers = ReadPool::new(path.clone(), true);
-        let conn = readers.take()?;
-        check_schema(&conn)?;
-        readers.give(conn);
+        let mut readers = ReadPool::new(path.clone(), true);
+        let opened = readers.take().and_then(|conn| {
+            check_schema(&conn)?;
+            readers.give(conn);
+            Ok(())
+        });
+        if let Err(error) = opened {
+            // SQLite reads a WAL-mode file only where it can make the
+            // `-shm` index beside it, so a journal on a read-only
+            // filesystem is refused. With no write-ahead log left (its
+            // writer stopped cleanly) the file alone is the whole journal
+            // and can be read as immutable; with one, reading the file
+            // alone would show an older past, so that is refused instead.
+            let wal = path.with_file_name(format!("{FILE_NAME}-wal"));
+            if std::fs::metadata(&wal).is_ok_and(|m| m.len() > 0) {
+                let reason = match error {
+                    JournalError::Storage(reason) => reason,
+                    other => other.to_string(),
+                };
+                return Err(JournalError::Storage(format!(
+                    "{reason}; {} holds events not yet in {FILE_NAME}, and its directory cannot be written to read them: \
+                     copy the directory somewhere writable and read the copy",
+                    wal.display()
+                )));
+            }
+            readers = ReadPool::new(path.clone(), true);
+            readers.immutable = true;
+            let conn = readers.take()?;
+            check_schema(&conn)?;
+            readers.give(conn);
+        }
         Ok(Self {
             counters: Arc::default(),
             writer: None,
@@ -1113,6 +1140,9 @@ fn stored_version(conn: &Connection) -> Result<Option<u32>, JournalError> {
 struct ReadPool {
     path: PathBuf,
     read_only: bool,
+    /// Open the file as one nothing changes (a journal on a read-only
+    /// filesystem): SQLite then needs no `-shm` file beside it.
+    immutable: bool,
     idle: Mutex<Vec<Connection>>,
 }
 
@@ -1123,6 +1153,7 @@ impl ReadPool {
         Self {
             path,
             read_only,
+            immutable: false,
             idle: Mutex::new(Vec::new()),
         }
     }
@@ -1142,7 +1173,12 @@ impl ReadPool {
         } else {
             OpenFlags::SQLITE_OPEN_READ_WRITE
         };
-        let conn = Connection::open_with_flags(&self.path, flags).map_err(storage)?;
+        let conn = if self.immutable {
+            Connection::open_with_flags(immutable_uri(&self.path), flags)
+        } else {
+            Connection::open_with_flags(&self.path, flags)
+        }
+        .map_err(storage)?;
         conn.execute_batch("PRAGMA busy_timeout=10000; PRAGMA query_only=ON;")
             .map_err(storage)?;
         Ok(conn)
@@ -1154,6 +1190,21 @@ impl ReadPool {
             idle.push(conn);
         }
     }
+}
+
+/// `path` as an SQLite URI that opens it immutable: the bytes a URI gives
+/// meaning to, and any byte that is not ASCII, are percent-encoded.
+fn immutable_uri(path: &Path) -> String {
+    let mut uri = String::from("file:");
+    for &byte in path.as_os_str().as_encoded_bytes() {
+        if byte.is_ascii() && !b"%?#".contains(&byte) {
+            uri.push(char::from(byte));
+        } else {
+            uri.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    uri.push_str("?immutable=1");
+    uri
 }
 
 /// A stored body or hash as bytes. Rows are written as blobs; text with the
@@ -1195,4 +1246,49 @@ fn nanos(at: OffsetDateTime) -> i64 {
 fn from_nanos(nanos: i64) -> OffsetDateTime {
     OffsetDateTime::from_unix_timestamp_nanos(i128::from(nanos))
         .unwrap_or(OffsetDateTime::UNIX_EPOCH)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a journal on a read-only filesystem is read through, tried
+    /// where the filesystem is writable (a test cannot mount one): a
+    /// stopped journal in a directory whose name needs escaping in a URI
+    /// reads the same through the immutable pool as through a plain one.
+    #[test]
+    fn a_stopped_journal_reads_the_same_opened_immutable_under_any_directory_name() {
+        let parent = tempfile::tempdir().unwrap();
+        let dir = parent.path().join("a?b#c%d é");
+        let tokio = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let run = RunId::new("r").unwrap();
+        tokio.block_on(async {
+            let journal = SqliteJournal::open(&dir, Options::default()).unwrap();
+            journal
+                .append(
+                    &run,
+                    Seq(0),
+                    vec![Event::RunCreated(crate::event::RunCreated::default())],
+                )
+                .await
+                .unwrap();
+        });
+        let path = dir.join(FILE_NAME);
+        // As a writer that stopped cleanly leaves it: everything in the
+        // file, the write-ahead log empty.
+        Connection::open(&path)
+            .unwrap()
+            .execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")
+            .unwrap();
+        let mut pool = ReadPool::new(path.clone(), true);
+        pool.immutable = true;
+        let conn = pool.take().unwrap();
+        check_schema(&conn).unwrap();
+        let immutable = list_runs(&conn).unwrap();
+        let plain = list_runs(&ReadPool::new(path, true).take().unwrap()).unwrap();
+        assert_eq!(immutable.len(), 1);
+        assert_eq!(immutable, plain);
+    }
 }

@@ -233,6 +233,28 @@ pub enum JournalError {
         /// The owner's process id, when it could be read.
         holder: Option<u32>,
     },
+    /// SQLite's write-ahead log is missing or cut short while its index
+    /// (`-shm`) says it holds committed events: opening would serve an
+    /// older past, without events that were acknowledged.
+    #[error(
+        "{} is {} but {} says it holds {expected} bytes of committed events: \
+         opening the journal would lose events that were acknowledged. Put the file back; \
+         or, to accept losing those events, delete {} as well and open again",
+        .wal.display(),
+        if *.found == 0 { "missing".to_owned() } else { format!("cut short at {} bytes", .found) },
+        .index.display(),
+        .index.display()
+    )]
+    WalMissing {
+        /// The write-ahead log's path.
+        wal: std::path::PathBuf,
+        /// Its index's path.
+        index: std::path::PathBuf,
+        /// The bytes the index says it holds.
+        expected: u64,
+        /// The bytes it holds (0 when missing).
+        found: u64,
+    },
     /// The store has shut down.
     #[error("the journal is closed")]
     Closed,

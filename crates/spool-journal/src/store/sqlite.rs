@@ -265,6 +265,7 @@ impl SqliteJournal {
         std::fs::create_dir_all(dir)
             .map_err(|e| JournalError::Storage(format!("creating {}: {e}", dir.display())))?;
         let path = dir.join(FILE_NAME);
+        check_wal(&path)?;
         let conn = Connection::open(&path).map_err(storage)?;
         let synchronous = match options.durability {
             Durability::Full => "FULL",
@@ -317,6 +318,7 @@ impl SqliteJournal {
                 path.display()
             )));
         }
+        check_wal(&path)?;
         let mut readers = ReadPool::new(path.clone(), true);
         let opened = readers.take().and_then(|conn| {
             check_schema(&conn)?;
@@ -1190,6 +1192,56 @@ impl ReadPool {
             idle.push(conn);
         }
     }
+}
+
+/// Refuses to open a journal whose write-ahead log went missing.
+///
+/// A writer that stops cleanly leaves neither `-wal` nor `-shm`. After a
+/// crash both stay, and SQLite's WAL index (`-shm`, laid out in SQLite's
+/// documented WAL format) records in its header how many frames of the
+/// log hold committed transactions. A log that is gone or shorter than
+/// that (deleted by hand, or lost in a copy) would make SQLite open the
+/// database as of its last checkpoint: every event acknowledged since
+/// would silently vanish. The index is in memory-mapped pages a power
+/// loss may leave older, never newer, than the synced log, so the check
+/// never refuses a journal that is whole.
+fn check_wal(path: &Path) -> Result<(), JournalError> {
+    let index = path.with_file_name(format!("{FILE_NAME}-shm"));
+    let wal = path.with_file_name(format!("{FILE_NAME}-wal"));
+    let Ok(header) = std::fs::read(&index).map(|bytes| bytes.get(..96).map(<[u8]>::to_vec)) else {
+        return Ok(());
+    };
+    let Some(header) = header else { return Ok(()) };
+    // Two copies of a 48-byte header; a writer between its two writes
+    // leaves them different, and then nothing can be concluded.
+    if header[..48] != header[48..96] {
+        return Ok(());
+    }
+    let u32_at = |at: usize| {
+        u32::from_ne_bytes([header[at], header[at + 1], header[at + 2], header[at + 3]])
+    };
+    let version = u32_at(0);
+    let initialized = header[12] == 1;
+    let page_size = match u16::from_ne_bytes([header[14], header[15]]) {
+        1 => 65_536,
+        size => u64::from(size),
+    };
+    let frames = u64::from(u32_at(16));
+    if version != 3_007_000 || !initialized || frames == 0 || page_size < 512 {
+        return Ok(());
+    }
+    // The log's 32-byte header, then per frame a 24-byte header and a page.
+    let expected = 32 + frames * (24 + page_size);
+    let found = std::fs::metadata(&wal).map_or(0, |m| m.len());
+    if found < expected {
+        return Err(JournalError::WalMissing {
+            wal,
+            index,
+            expected,
+            found,
+        });
+    }
+    Ok(())
 }
 
 /// `path` as an SQLite URI that opens it immutable: the bytes a URI gives

@@ -230,3 +230,64 @@ fn an_owner_claim_refuses_a_second_claim_naming_the_holder_until_dropped() {
     drop(first);
     Owner::claim(dir.path()).expect("the claim is free once dropped");
 }
+
+/// Copies the journal's files, as a crash would leave them, into `to`:
+/// the database, and those of its log and index that `keep` names.
+fn copy_as_crashed(from: &std::path::Path, to: &std::path::Path, keep: &[&str]) {
+    std::fs::create_dir_all(to).unwrap();
+    for suffix in std::iter::once("").chain(keep.iter().copied()) {
+        let name = format!("{FILE_NAME}{suffix}");
+        std::fs::copy(from.join(&name), to.join(&name)).unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_journal_whose_wal_went_missing_after_a_crash_is_refused_rather_than_opened_older() {
+    let dir = tempfile::tempdir().unwrap();
+    let live = dir.path().join("live");
+    let journal = three_events(&live).await;
+    let expected = journal.read(&run("r"), Seq(0)).await.unwrap();
+
+    // Everything a crash leaves: opens, with every acknowledged event.
+    let whole = dir.path().join("whole");
+    copy_as_crashed(&live, &whole, &["-wal", "-shm"]);
+    let reopened = SqliteJournal::open(&whole, Options::default()).unwrap();
+    assert_eq!(reopened.read(&run("r"), Seq(0)).await.unwrap(), expected);
+
+    // The log deleted by hand, its index left: refused, by the writer and
+    // by a reader, saying which file and what to do.
+    let deleted = dir.path().join("deleted");
+    copy_as_crashed(&live, &deleted, &["-shm"]);
+    for error in [
+        SqliteJournal::open(&deleted, Options::default()).unwrap_err(),
+        SqliteJournal::open_read_only(&deleted).unwrap_err(),
+    ] {
+        assert!(
+            matches!(error, JournalError::WalMissing { found: 0, .. }),
+            "{error:?}"
+        );
+        let message = error.to_string();
+        assert!(
+            message.contains("journal.db-wal is missing") && message.contains("Put the file back"),
+            "{message}"
+        );
+    }
+
+    // The log cut short: refused too.
+    let cut = dir.path().join("cut");
+    copy_as_crashed(&live, &cut, &["-wal", "-shm"]);
+    let wal = cut.join(format!("{FILE_NAME}-wal"));
+    let len = std::fs::metadata(&wal).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&wal)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+    let error = SqliteJournal::open(&cut, Options::default()).unwrap_err();
+    assert!(
+        matches!(error, JournalError::WalMissing { found, .. } if found == len / 2),
+        "{error:?}"
+    );
+    drop(journal);
+}

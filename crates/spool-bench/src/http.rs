@@ -1,5 +1,6 @@
-//! `http-runs` and `parked-runs`: runs driven over the HTTP channel on
-//! loopback, and the memory a run costs while it waits for a person.
+//! `http-runs`, `soak` and `parked-runs`: runs driven over the HTTP
+//! channel on loopback, the memory a server keeps after serving many, and
+//! the memory a run costs while it waits for a person.
 //!
 //! Both run the server in this process on a durable SQLite journal: the
 //! same `spool_http::serve`, `HttpChannel` and `Runtime` that `spool serve`
@@ -146,6 +147,75 @@ pub(crate) fn runs(scale: Scale) -> anyhow::Result<Vec<Row>> {
         }
     }
     Ok(rows)
+}
+
+/// Resident memory of a server that has served many one-turn runs over
+/// HTTP, against the same server idle: memory must follow live work, not
+/// every run ever served. The server and its 16 clients share this
+/// process, as in `http-runs`; the clients' memory is fixed.
+pub(crate) fn soak(scale: Scale) -> anyhow::Result<Vec<Row>> {
+    let total = scale.pick(50_000usize, 2_000);
+    let early = total / 5;
+    let dir = tempfile::tempdir()?;
+    let tokio = tokio()?;
+    let (idle, after_early, after_all) = tokio.block_on(async {
+        let runtime = durable_runtime(dir.path(), ONE_TURN)?;
+        let (stop_spool, closing) = watch::channel(false);
+        let channel = HttpChannel::new(runtime, closing);
+        let (url, stop) = start(channel.handler()).await?;
+        let idle = resident_bytes()?;
+        serve_runs(&url, early, 16).await?;
+        let after_early = resident_bytes()?;
+        serve_runs(&url, total - early, 16).await?;
+        let after_all = resident_bytes()?;
+        stop_spool.send_replace(true);
+        stop.send_replace(true);
+        anyhow::Ok((idle, after_early, after_all))
+    })?;
+    let mb = |bytes: u64| bytes as f64 / 1e6;
+    let growth = |after: u64| mb(after.saturating_sub(idle));
+    Ok(vec![
+        Row::new(
+            format!("soak/{total} one-turn runs, RSS growth"),
+            growth(after_all),
+            "MB",
+            "RSS idle",
+            mb(idle),
+        )
+        .lower_is_better()
+        .figure_at_most(20.0),
+        Row::new(
+            format!("soak/runs {early}-{total}, RSS growth"),
+            mb(after_all.saturating_sub(after_early)),
+            "MB",
+            format!("growth over runs 1-{early}"),
+            growth(after_early),
+        ),
+    ])
+}
+
+/// Serves `count` one-turn runs from `clients` concurrent clients.
+async fn serve_runs(url: &str, count: usize, clients: usize) -> anyhow::Result<()> {
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let client = Client::new(url)?;
+        let next = Arc::clone(&next);
+        tasks.push(tokio::spawn(async move {
+            while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < count {
+                let reply: Value = client.post("/runs", &json!({"text": "go"})).await?;
+                anyhow::ensure!(
+                    reply["state"] == "completed",
+                    "a run did not complete: {reply}"
+                );
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for task in tasks {
+        task.await??;
+    }
+    Ok(())
 }
 
 /// Resident memory per run parked in `waiting`, after parking many: parked

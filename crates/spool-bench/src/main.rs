@@ -39,6 +39,7 @@ const BENCHES: &[(&str, Bench)] = &[
     ("journal-open", journal::open),
     ("wire-decode", wire::decode),
     ("http-runs", http::runs),
+    ("soak", http::soak),
     ("parked-runs", http::parked),
     ("stream-fanout", http::fanout),
     ("long-run", long::run),

@@ -8,5 +8,7 @@
 mod agent;
 mod runs;
 mod serve;
+#[path = "../support/server.rs"]
+mod server;
 mod talk;
 mod wire_validate;

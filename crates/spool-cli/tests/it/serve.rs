@@ -1,44 +1,10 @@
 //! `spool serve` and `spool token new`: the real binary on a real socket.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
-pub(crate) struct Running {
-    child: Child,
-    pub(crate) addr: String,
-}
-
-pub(crate) fn serve(dir: &std::path::Path, extra: &[&str]) -> Running {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_spool"))
-        .args(["serve", "--addr", "127.0.0.1:0", "--journal"])
-        .arg(dir.join("journal"))
-        .args(extra)
-        .current_dir(dir)
-        .env_remove("SPOOL_JOURNAL")
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    let mut addr = None;
-    for _ in 0..5 {
-        let mut line = String::new();
-        stderr.read_line(&mut line).unwrap();
-        if let Some(rest) = line.strip_prefix("spool: listening on ") {
-            addr = rest.split(' ').next().map(str::to_owned);
-            break;
-        }
-    }
-    // Keep draining stderr so the server never blocks on a full pipe.
-    std::thread::spawn(move || {
-        let mut sink = String::new();
-        let _ = stderr.read_to_string(&mut sink);
-    });
-    Running {
-        child,
-        addr: addr.expect("the server says where it listens"),
-    }
-}
+pub(crate) use crate::server::{Running, serve, terminate};
 
 fn post(addr: &str, path: &str, body: &str, token: Option<&str>) -> (u16, String) {
     let mut stream = std::net::TcpStream::connect(addr).unwrap();
@@ -53,23 +19,6 @@ fn post(addr: &str, path: &str, body: &str, token: Option<&str>) -> (u16, String
     stream.read_to_string(&mut reply).unwrap();
     let status = reply.split(' ').nth(1).unwrap().parse().unwrap();
     (status, reply)
-}
-
-pub(crate) fn terminate(running: Running) -> std::process::ExitStatus {
-    let Running { mut child, .. } = running;
-    let pid = child.id().to_string();
-    Command::new("kill").args(["-TERM", &pid]).status().unwrap();
-    let (sender, exited) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = sender.send(child.wait());
-    });
-    match exited.recv_timeout(Duration::from_secs(20)) {
-        Ok(status) => status.unwrap(),
-        Err(_) => {
-            let _ = Command::new("kill").args(["-9", &pid]).status();
-            panic!("the server did not stop within 20 s of SIGTERM");
-        }
-    }
 }
 
 #[test]

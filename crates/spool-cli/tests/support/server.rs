@@ -1,0 +1,60 @@
+//! Running the real `spool serve` binary: start it on a free port (it says
+//! where it listens), stop it with SIGTERM. Shared by the test binaries
+//! that drive a server from outside.
+
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+pub(crate) struct Running {
+    pub(crate) child: Child,
+    pub(crate) addr: String,
+}
+
+pub(crate) fn serve(dir: &std::path::Path, extra: &[&str]) -> Running {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_spool"))
+        .args(["serve", "--addr", "127.0.0.1:0", "--journal"])
+        .arg(dir.join("journal"))
+        .args(extra)
+        .current_dir(dir)
+        .env_remove("SPOOL_JOURNAL")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut addr = None;
+    for _ in 0..5 {
+        let mut line = String::new();
+        stderr.read_line(&mut line).unwrap();
+        if let Some(rest) = line.strip_prefix("spool: listening on ") {
+            addr = rest.split(' ').next().map(str::to_owned);
+            break;
+        }
+    }
+    // Keep draining stderr so the server never blocks on a full pipe.
+    std::thread::spawn(move || {
+        let mut sink = String::new();
+        let _ = stderr.read_to_string(&mut sink);
+    });
+    Running {
+        child,
+        addr: addr.expect("the server says where it listens"),
+    }
+}
+
+pub(crate) fn terminate(running: Running) -> std::process::ExitStatus {
+    let Running { mut child, .. } = running;
+    let pid = child.id().to_string();
+    Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    let (sender, exited) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = sender.send(child.wait());
+    });
+    match exited.recv_timeout(Duration::from_secs(20)) {
+        Ok(status) => status.unwrap(),
+        Err(_) => {
+            let _ = Command::new("kill").args(["-9", &pid]).status();
+            panic!("the server did not stop within 20 s of SIGTERM");
+        }
+    }
+}

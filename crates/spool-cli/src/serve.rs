@@ -42,6 +42,19 @@ pub(crate) struct ServeArgs {
     /// out of it has its log read once when next touched).
     #[arg(long, env = "SPOOL_CACHED_RUNS", default_value_t = spool_runtime::DEFAULT_CACHED_RUNS as u64, value_parser = clap::value_parser!(u64).range(1..))]
     cached_runs: u64,
+    /// Who may read or drive a run: `any` caller the token file admits
+    /// (the default), or only its `owner` (the token that created it) and
+    /// tokens made with `spool token new --admin`. `owner` needs
+    /// `--token-file`.
+    #[arg(long, value_enum, default_value = "any")]
+    run_access: RunAccessArg,
+}
+
+/// `--run-access`.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum RunAccessArg {
+    Any,
+    Owner,
 }
 
 #[derive(Debug, Subcommand)]
@@ -51,6 +64,10 @@ pub(crate) enum TokenCommand {
     New {
         /// The token's name (the principal's id).
         name: String,
+        /// An administrator's token: it reaches every run under
+        /// `spool serve --run-access owner`.
+        #[arg(long)]
+        admin: bool,
         /// The token file.
         #[arg(long, default_value = ".spool/tokens")]
         token_file: PathBuf,
@@ -58,11 +75,19 @@ pub(crate) enum TokenCommand {
 }
 
 pub(crate) fn token(command: TokenCommand) -> anyhow::Result<ExitCode> {
-    let TokenCommand::New { name, token_file } = command;
+    let TokenCommand::New {
+        name,
+        admin,
+        token_file,
+    } = command;
     if let Some(dir) = token_file.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
-    let token = TokenFile::issue(&token_file, &name)?;
+    let token = if admin {
+        TokenFile::issue_admin(&token_file, &name)?
+    } else {
+        TokenFile::issue(&token_file, &name)?
+    };
     writeln!(std::io::stdout(), "{token}")?;
     Ok(ExitCode::SUCCESS)
 }
@@ -76,6 +101,14 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    if matches!(args.run_access, RunAccessArg::Owner) && args.token_file.is_none() {
+        // Without an authenticator no caller is proven, and every run
+        // would be out of everyone's reach.
+        say(
+            "spool: --run-access owner needs --token-file: runs belong to the tokens that create them",
+        );
+        return Ok(ExitCode::from(2));
+    }
     let agent = load_agent(args.agent.as_deref(), args.model.as_deref())?;
     let tokens = match &args.token_file {
         Some(path) => Some(Arc::new(TokenFile::load(path)?)),
@@ -108,6 +141,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         HttpChannel::new(runtime, closing).with_agent(agent.loaded.definition.agent.name.clone());
     if let Some(tokens) = tokens {
         channel = channel.with_authenticator(tokens);
+    }
+    if matches!(args.run_access, RunAccessArg::Owner) {
+        channel = channel.with_run_access(spool_http::channel::RunAccess::Owner);
     }
     say(&format!(
         "spool: listening on {} (journal {}, {resumed} runs resumed)",

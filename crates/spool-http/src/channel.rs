@@ -47,6 +47,22 @@ pub struct HttpChannel {
     lines: Arc<crate::lines::LineCache>,
     /// How many stream tasks are running.
     streams: Arc<watch::Sender<usize>>,
+    /// Who may reach a run.
+    access: RunAccess,
+}
+
+/// Who may read or drive a run through the channel.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RunAccess {
+    /// Any caller the authenticator admits, as the seed says (the default):
+    /// the channel does not restrict a run to its creator.
+    #[default]
+    Any,
+    /// A run is reached only by the principal that created it, or by one
+    /// with the attribute `admin = "true"`; to anyone else it does not
+    /// exist (404), and listings leave it out. A run with no recorded
+    /// creator is reached by administrators only. Needs an authenticator.
+    Owner,
 }
 
 /// Every route the channel serves, as `(method, path)` under
@@ -105,7 +121,18 @@ impl HttpChannel {
             mounted: Vec::new(),
             lines: Arc::default(),
             streams: Arc::new(watch::channel(0).0),
+            access: RunAccess::Any,
         }
+    }
+
+    /// Who may reach a run ([`RunAccess::Any`] by default). With
+    /// [`RunAccess::Owner`], set an authenticator too: without one no
+    /// caller is proven, so only runs nobody owns would be reachable, by
+    /// nobody.
+    #[must_use]
+    pub fn with_run_access(mut self, access: RunAccess) -> Self {
+        self.access = access;
+        self
     }
 
     /// How many streams are open, as it changes: each `GET …/stream` runs
@@ -253,6 +280,20 @@ impl HttpChannel {
             Ok(caller) => caller,
             Err(reply) => return *reply,
         };
+        // A run the caller may not reach does not exist for it: answered
+        // before its body is read, the same as an unknown run.
+        if let Route::Run(id) | Route::RunAction(id, _) = &route {
+            match run_id(id) {
+                Ok(run) => match self.reaches(&caller, &run).await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        return runtime_error(&RuntimeError::RunNotFound(run));
+                    }
+                    Err(error) => return runtime_error(&error),
+                },
+                Err(message) => return body::error(ErrorCode::InvalidRunId, message),
+            }
+        }
         let query = request.uri().query().map(str::to_owned);
         // Runs take JSON; a form upload is a file the channel cannot keep.
         if method == Method::POST
@@ -291,10 +332,10 @@ impl HttpChannel {
                     channels: vec![NAMESPACE.into()],
                 },
             )),
-            (Route::Runs, Method::GET) => self.list(query.as_deref()).await,
+            (Route::Runs, Method::GET) => self.list(query.as_deref(), &caller).await,
             (Route::Runs, _) => self.start(&text, caller).await,
-            (Route::Address(address), Method::GET) => self.address(&address, false).await,
-            (Route::Address(address), _) => self.address(&address, true).await,
+            (Route::Address(address), Method::GET) => self.address(&address, false, &caller).await,
+            (Route::Address(address), _) => self.address(&address, true, &caller).await,
             (Route::Run(id), Method::GET) => match run_id(&id) {
                 Ok(run) => self
                     .runtime
@@ -314,6 +355,17 @@ impl HttpChannel {
             (Route::Health | Route::Ready, _) => unreachable!("answered above"),
         };
         result.unwrap_or_else(|error| runtime_error(&error))
+    }
+
+    /// Whether `caller` may reach `run` under the channel's [`RunAccess`].
+    async fn reaches(&self, caller: &Caller, run: &RunId) -> Result<bool, RuntimeError> {
+        match self.access {
+            RunAccess::Any => Ok(true),
+            RunAccess::Owner => {
+                let owner = self.runtime.owner(run).await?;
+                Ok(owns(caller, owner.as_ref()))
+            }
+        }
     }
 
     /// `GET /ready`: 503 `journal_unavailable` while the journal cannot
@@ -392,7 +444,11 @@ impl HttpChannel {
     /// a position in the order (updated time, then id), so a walk neither
     /// repeats nor skips a run that stays unchanged during it, and a run
     /// updated meanwhile moves to the front.
-    async fn list(&self, query: Option<&str>) -> Result<Response<Body>, RuntimeError> {
+    async fn list(
+        &self,
+        query: Option<&str>,
+        caller: &Caller,
+    ) -> Result<Response<Body>, RuntimeError> {
         let page = match Page::parse(query) {
             Ok(page) => page,
             Err(message) => return Ok(body::error(ErrorCode::BadRequest, message)),
@@ -411,8 +467,21 @@ impl HttpChannel {
                 at < *updated || (at == *updated && run.run_id.as_str() > id.as_str())
             })
         });
-        let listed: Vec<_> = runs.by_ref().take(page.limit).collect();
-        let next = match (runs.next(), listed.last()) {
+        // Under owner access a page holds the caller's runs only, found by
+        // reading each listed run's creator.
+        let mut listed = Vec::with_capacity(page.limit);
+        let mut more = None;
+        for run in runs.by_ref() {
+            if !self.reaches(caller, &run.run_id).await? {
+                continue;
+            }
+            if listed.len() == page.limit {
+                more = Some(run);
+                break;
+            }
+            listed.push(run);
+        }
+        let next = match (more, listed.last()) {
             (Some(_), Some(last)) => Some(format!(
                 "{}.{}",
                 last.updated_at.unix_timestamp_nanos(),
@@ -443,6 +512,22 @@ impl HttpChannel {
             Ok(start) => start,
             Err(rejection) => return Ok(body::error(rejection.code, rejection.message)),
         };
+        // A message through an address bound to another's run is refused
+        // as for an unknown run: the caller learns nothing of the run
+        // behind it (addresses are one namespace, so it cannot take the
+        // address either).
+        if self.access == RunAccess::Owner
+            && let Some(address) = &start.address
+        {
+            let address = Address::new(NAMESPACE, address.clone());
+            match self.runtime.lookup(&address).await {
+                Ok(view) if !self.reaches(&caller, &view.run_id).await? => {
+                    return Err(RuntimeError::AddressNotFound(address));
+                }
+                Err(error) if error.kind() != ErrorKind::AddressNotFound => return Err(error),
+                _ => {}
+            }
+        }
         // With an authenticator, identity is what it proved; without one a
         // body principal is self-asserted, and never enough for an
         // operation id.
@@ -531,7 +616,12 @@ impl HttpChannel {
         }
     }
 
-    async fn address(&self, raw: &str, ensure: bool) -> Result<Response<Body>, RuntimeError> {
+    async fn address(
+        &self,
+        raw: &str,
+        ensure: bool,
+        caller: &Caller,
+    ) -> Result<Response<Body>, RuntimeError> {
         let name = match segment(raw, "address") {
             Ok(name) => name,
             Err(message) => return Ok(body::error(ErrorCode::BadRequest, message)),
@@ -547,10 +637,15 @@ impl HttpChannel {
         }
         let address = Address::new(NAMESPACE, name);
         let view = if ensure {
-            self.runtime.ensure(&address).await?
+            // A run made here belongs to the caller, when it was proven.
+            let creator = caller.principal.clone().filter(|_| caller.verified);
+            self.runtime.ensure_as(&address, creator).await?
         } else {
             self.runtime.lookup(&address).await?
         };
+        if !self.reaches(caller, &view.run_id).await? {
+            return Err(RuntimeError::AddressNotFound(address));
+        }
         Ok(body::json(
             StatusCode::OK,
             &AddressReply {
@@ -748,6 +843,18 @@ impl HttpChannel {
             .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         Ok(response)
     }
+}
+
+/// Whether `caller` is `owner`, or an administrator.
+fn owns(caller: &Caller, owner: Option<&Principal>) -> bool {
+    let Some(principal) = caller.principal.as_ref().filter(|_| caller.verified) else {
+        return false;
+    };
+    principal
+        .attributes
+        .get(crate::token::ADMIN_ATTRIBUTE)
+        .is_some_and(|admin| admin == "true")
+        || owner.is_some_and(|owner| owner.scope() == principal.scope())
 }
 
 /// One running stream task, counted in [`HttpChannel::open_streams`]

@@ -1,6 +1,8 @@
 //! The built-in authenticator: a file of named bearer tokens, stored as
-//! SHA-256 hashes, one `name sha256:<hex>` per line. The file must not be
-//! readable by others. A presented token is hashed and compared with every
+//! SHA-256 hashes, one `name sha256:<hex>` per line, optionally followed by
+//! `admin` (the principal then carries the attribute `admin = "true"`,
+//! which lets it reach every run when runs belong to their creators). The
+//! file must not be readable by others. A presented token is hashed and compared with every
 //! entry in constant time, so neither timing nor the file reveals a token.
 //!
 //! `spool token new NAME` prints a fresh token once and appends its hash.
@@ -16,13 +18,21 @@ use spool_runtime::{AuthError, Authenticator, BoxFuture, Credentials};
 #[derive(Clone)]
 pub struct TokenFile {
     path: PathBuf,
-    entries: Vec<(String, [u8; 32])>,
+    entries: Vec<Entry>,
+}
+
+/// One token: its name, its hash, and whether it is an administrator's.
+#[derive(Clone)]
+struct Entry {
+    name: String,
+    hash: [u8; 32],
+    admin: bool,
 }
 
 impl std::fmt::Debug for TokenFile {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Names only: hashes stay out of logs too.
-        let names: Vec<&str> = self.entries.iter().map(|(n, _)| n.as_str()).collect();
+        let names: Vec<&str> = self.entries.iter().map(|e| e.name.as_str()).collect();
         f.debug_struct("TokenFile")
             .field("path", &self.path)
             .field("names", &names)
@@ -56,8 +66,10 @@ pub enum TokenFileError {
     /// It holds no token, so it would lock every client out.
     #[error("token file {0} holds no token: make one with `spool token new NAME --token-file {0}`")]
     Empty(PathBuf),
-    /// A line is not `name sha256:<64 hex>`.
-    #[error("token file {path}, line {line}: expected `name sha256:<64 hex digits>`")]
+    /// A line is not `name sha256:<64 hex>`, optionally with `admin`.
+    #[error(
+        "token file {path}, line {line}: expected `name sha256:<64 hex digits>`, optionally followed by `admin`"
+    )]
     Malformed {
         /// The file.
         path: PathBuf,
@@ -89,7 +101,7 @@ impl TokenFile {
 
     /// The file's entries, after its permissions are checked; none for a
     /// file that only `spool token new` is about to fill.
-    fn entries(path: &Path) -> Result<Vec<(String, [u8; 32])>, TokenFileError> {
+    fn entries(path: &Path) -> Result<Vec<Entry>, TokenFileError> {
         use std::os::unix::fs::PermissionsExt;
         let io = |source| TokenFileError::Io {
             path: path.to_owned(),
@@ -120,9 +132,21 @@ impl TokenFile {
                 path: path.to_owned(),
                 line: index + 1,
             };
-            let (name, hash) = line.split_once(' ').ok_or_else(malformed)?;
-            let hex = hash.trim().strip_prefix("sha256:").ok_or_else(malformed)?;
-            entries.push((name.to_owned(), parse_hex(hex).ok_or_else(malformed)?));
+            let mut words = line.split_whitespace();
+            let (Some(name), Some(hash)) = (words.next(), words.next()) else {
+                return Err(malformed());
+            };
+            let hex = hash.strip_prefix("sha256:").ok_or_else(malformed)?;
+            let admin = match (words.next(), words.next()) {
+                (None, _) => false,
+                (Some("admin"), None) => true,
+                _ => return Err(malformed()),
+            };
+            entries.push(Entry {
+                name: name.to_owned(),
+                hash: parse_hex(hex).ok_or_else(malformed)?,
+                admin,
+            });
         }
         Ok(entries)
     }
@@ -135,6 +159,20 @@ impl TokenFile {
     ///
     /// When the name is taken or invalid, or the file cannot be written.
     pub fn issue(path: &Path, name: &str) -> Result<String, TokenFileError> {
+        Self::issue_as(path, name, false)
+    }
+
+    /// [`TokenFile::issue`], for an administrator: the token's principal
+    /// carries `admin = "true"`.
+    ///
+    /// # Errors
+    ///
+    /// As [`TokenFile::issue`].
+    pub fn issue_admin(path: &Path, name: &str) -> Result<String, TokenFileError> {
+        Self::issue_as(path, name, true)
+    }
+
+    fn issue_as(path: &Path, name: &str, admin: bool) -> Result<String, TokenFileError> {
         use std::io::Write;
         use std::os::unix::fs::OpenOptionsExt;
         let valid = !name.is_empty()
@@ -146,7 +184,7 @@ impl TokenFile {
         } else {
             Vec::new()
         };
-        if !valid || existing.iter().any(|(n, _)| n == name) {
+        if !valid || existing.iter().any(|e| e.name == name) {
             return Err(TokenFileError::BadName(name.to_owned()));
         }
         let token = fresh_token().map_err(|source| TokenFileError::Io {
@@ -164,8 +202,9 @@ impl TokenFile {
             })?;
         writeln!(
             file,
-            "{name} sha256:{}",
-            to_hex(&Sha256::digest(token.as_bytes()).into())
+            "{name} sha256:{}{}",
+            to_hex(&Sha256::digest(token.as_bytes()).into()),
+            if admin { " admin" } else { "" }
         )
         .map_err(|source| TokenFileError::Io {
             path: path.to_owned(),
@@ -174,15 +213,15 @@ impl TokenFile {
         Ok(token)
     }
 
-    /// The name whose token this is.
-    fn find(&self, token: &str) -> Option<&str> {
+    /// The entry whose token this is.
+    fn find(&self, token: &str) -> Option<&Entry> {
         let presented: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         let mut found = None;
         // Every entry is compared, matched or not, so the time taken does not
         // say which entry (or how much of one) matched.
-        for (name, hash) in &self.entries {
-            if constant_time_eq(&presented, hash) {
-                found = Some(name.as_str());
+        for entry in &self.entries {
+            if constant_time_eq(&presented, &entry.hash) {
+                found = Some(entry);
             }
         }
         found
@@ -196,16 +235,25 @@ impl Authenticator for TokenFile {
     ) -> BoxFuture<'a, Result<Option<Principal>, AuthError>> {
         Box::pin(async move {
             let token = credentials.bearer().ok_or(AuthError::Unauthenticated)?;
-            let name = self.find(token).ok_or(AuthError::Unauthenticated)?;
-            Ok(Some(Principal {
+            let entry = self.find(token).ok_or(AuthError::Unauthenticated)?;
+            let mut principal = Principal {
                 authenticator: "token".into(),
                 kind: "token".into(),
-                id: name.to_owned(),
+                id: entry.name.clone(),
                 ..Principal::default()
-            }))
+            };
+            if entry.admin {
+                principal
+                    .attributes
+                    .insert(ADMIN_ATTRIBUTE.into(), "true".into());
+            }
+            Ok(Some(principal))
         })
     }
 }
+
+/// The attribute that marks an administrator's principal: `admin = "true"`.
+pub const ADMIN_ATTRIBUTE: &str = "admin";
 
 fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0

@@ -68,6 +68,20 @@ fn serve_refuses_a_run_cache_of_zero_runs_as_a_usage_error() {
 }
 
 #[test]
+fn serve_refuses_owner_run_access_without_a_token_file_as_a_usage_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_spool"))
+        .args(["serve", "--run-access", "owner", "--journal"])
+        .arg(dir.path().join("journal"))
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--token-file"));
+    assert!(!dir.path().join("journal").exists());
+}
+
+#[test]
 fn serve_refuses_a_non_loopback_address_without_a_token_file() {
     let dir = tempfile::tempdir().unwrap();
     let output = Command::new(env!("CARGO_BIN_EXE_spool"))

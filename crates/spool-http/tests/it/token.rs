@@ -211,3 +211,158 @@ async fn a_failing_authenticator_is_500_internal_with_the_detail_only_in_the_log
         .await;
     server.stop().await;
 }
+
+#[test]
+fn an_admin_token_is_marked_in_the_file_and_any_other_third_word_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tokens");
+    TokenFile::issue(&path, "ops").unwrap();
+    TokenFile::issue_admin(&path, "root").unwrap();
+    let stored = std::fs::read_to_string(&path).unwrap();
+    let lines: Vec<&str> = stored.lines().collect();
+    assert!(lines[0].starts_with("ops sha256:") && !lines[0].ends_with(" admin"));
+    assert!(lines[1].starts_with("root sha256:") && lines[1].ends_with(" admin"));
+    assert!(TokenFile::load(&path).is_ok());
+    std::fs::write(&path, format!("{} owner\n", lines[0])).unwrap();
+    let refused = TokenFile::load(&path).unwrap_err().to_string();
+    assert!(
+        refused.contains("line 1") && refused.contains("admin"),
+        "{refused}"
+    );
+}
+
+/// Three tokens, `alice`, `bob` and the administrator `root`, and a server
+/// whose runs belong to their creators.
+async fn owned_server(dir: &std::path::Path) -> (Server, [String; 3]) {
+    let path = dir.join("tokens");
+    let alice = TokenFile::issue(&path, "alice").unwrap();
+    let bob = TokenFile::issue(&path, "bob").unwrap();
+    let root = TokenFile::issue_admin(&path, "root").unwrap();
+    let tokens = Arc::new(TokenFile::load(&path).unwrap());
+    let server = Server::start_with(echo_runtime(), |channel| {
+        channel
+            .with_authenticator(tokens)
+            .with_run_access(spool_http::channel::RunAccess::Owner)
+    })
+    .await;
+    (server, [alice, bob, root])
+}
+
+async fn as_token(server: &Server, token: &str, method: &str, path: &str, body: &str) -> Reply {
+    let bearer = format!("Bearer {token}");
+    let body = (method == "POST").then_some(body.as_bytes());
+    request(
+        &server.addr,
+        method,
+        path,
+        body,
+        &[("Authorization", &bearer)],
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_owner_access_a_run_exists_only_for_its_creator_and_administrators() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, [alice, bob, root]) = owned_server(dir.path()).await;
+    let started = as_token(
+        &server,
+        &alice,
+        "POST",
+        "/spool/v1/runs",
+        r#"{"text": "mine", "address": "alice-desk"}"#,
+    )
+    .await;
+    assert_eq!(started.status, 200, "{:?}", started.json());
+    let run = started.json()["run_id"].as_str().unwrap().to_owned();
+
+    // To bob the run does not exist, by any route.
+    for (method, path, body) in [
+        ("GET", format!("/spool/v1/runs/{run}"), ""),
+        (
+            "POST",
+            format!("/spool/v1/runs/{run}"),
+            r#"{"text": "hijack"}"#,
+        ),
+        ("GET", format!("/spool/v1/runs/{run}/snapshot"), ""),
+        ("GET", format!("/spool/v1/runs/{run}/stream"), ""),
+        ("POST", format!("/spool/v1/runs/{run}/cancel"), "{}"),
+        ("POST", format!("/spool/v1/runs/{run}/reset"), "{}"),
+        ("GET", "/spool/v1/addresses/alice-desk".to_owned(), ""),
+        (
+            "POST",
+            "/spool/v1/runs".to_owned(),
+            r#"{"text": "hijack", "address": "alice-desk"}"#,
+        ),
+    ] {
+        let reply = as_token(&server, &bob, method, &path, body).await;
+        assert_eq!(reply.status, 404, "{method} {path}: {:?}", reply.json());
+        assert_eq!(reply.json()["code"], "run_not_found");
+    }
+    let listed = as_token(&server, &bob, "GET", "/spool/v1/runs", "")
+        .await
+        .json();
+    assert_eq!(listed["runs"], json!([]), "bob lists none of alice's runs");
+
+    // Alice and root reach it; bob's own run is his.
+    for token in [&alice, &root] {
+        let view = as_token(&server, token, "GET", &format!("/spool/v1/runs/{run}"), "").await;
+        assert_eq!(view.status, 200);
+        let listed = as_token(&server, token, "GET", "/spool/v1/runs", "")
+            .await
+            .json();
+        assert_eq!(listed["runs"][0]["id"], run.as_str());
+    }
+    let ensured = as_token(&server, &bob, "POST", "/spool/v1/addresses/bob-desk", "").await;
+    assert_eq!(ensured.status, 200);
+    let bobs = ensured.json()["run_id"].as_str().unwrap().to_owned();
+    let view = as_token(
+        &server,
+        &alice,
+        "GET",
+        &format!("/spool/v1/runs/{bobs}"),
+        "",
+    )
+    .await;
+    assert_eq!(
+        view.status, 404,
+        "a run made through an address belongs to its maker"
+    );
+    // Nothing bob sent reached alice's run.
+    let snapshot = as_token(
+        &server,
+        &alice,
+        "GET",
+        &format!("/spool/v1/runs/{run}/snapshot"),
+        "",
+    )
+    .await;
+    assert!(!snapshot.json().to_string().contains("hijack"));
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn by_default_any_admitted_caller_reaches_any_run_as_the_seed_says() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tokens");
+    let alice = TokenFile::issue(&path, "alice").unwrap();
+    let bob = TokenFile::issue(&path, "bob").unwrap();
+    let tokens = Arc::new(TokenFile::load(&path).unwrap());
+    let server =
+        Server::start_with(echo_runtime(), |channel| channel.with_authenticator(tokens)).await;
+    let run = as_token(
+        &server,
+        &alice,
+        "POST",
+        "/spool/v1/runs",
+        r#"{"text": "mine"}"#,
+    )
+    .await
+    .json()["run_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let view = as_token(&server, &bob, "GET", &format!("/spool/v1/runs/{run}"), "").await;
+    assert_eq!(view.status, 200);
+    server.stop().await;
+}

@@ -56,12 +56,27 @@ impl Runtime {
     ///
     /// When the journal fails.
     pub async fn ensure(&self, address: &Address) -> Result<RunView, RuntimeError> {
+        self.ensure_as(address, None).await
+    }
+
+    /// [`Runtime::ensure`], recording `principal` as the creator of a run
+    /// it makes (what [`Runtime::owner`] answers).
+    ///
+    /// # Errors
+    ///
+    /// When the journal fails.
+    pub async fn ensure_as(
+        &self,
+        address: &Address,
+        principal: Option<spool_journal::Principal>,
+    ) -> Result<RunView, RuntimeError> {
         if let Some(run) = self.inner.journal.find_address(address).await? {
             return self.get(&run).await;
         }
         let run = self.inner.ids.run_id();
         let created = Event::RunCreated(RunCreated {
             address: Some(address.clone()),
+            principal,
             ..RunCreated::default()
         });
         let mut locked = Locked::fresh(&self.inner.runs, &run).await;
@@ -73,6 +88,25 @@ impl Runtime {
             }
             Err(other) => Err(other),
         }
+    }
+
+    /// Who created `run`, when that was proven (a verified principal
+    /// passed to [`Runtime::start`] or [`Runtime::ensure_as`]): what a
+    /// transport checks when runs belong to their creators.
+    ///
+    /// # Errors
+    ///
+    /// `RunNotFound`; a journal error when its log must be read and cannot.
+    pub async fn owner(
+        &self,
+        run: &RunId,
+    ) -> Result<Option<spool_journal::Principal>, RuntimeError> {
+        let locked = self.inner.lock(run).await?;
+        Ok(locked
+            .state()
+            .created
+            .as_ref()
+            .and_then(|created| created.principal.clone()))
     }
 
     /// Every run, most recently updated first.

@@ -215,6 +215,25 @@ impl HttpChannel {
     /// Answers one request.
     pub async fn handle(&self, request: Request<Incoming>) -> Response<Body> {
         let path = request.uri().path().to_owned();
+        let method = request.method().clone();
+        // Liveness and readiness are public, as a load balancer asks them.
+        // Every other path, known or not, meets the authenticator first:
+        // without valid credentials a caller learns nothing, not even
+        // which routes exist.
+        match path.strip_prefix(wire::BASE_PATH) {
+            Some("/health") if method == Method::GET => {
+                return body::json(StatusCode::OK, &wire::Health::ready());
+            }
+            Some("/ready") if method == Method::GET => return self.ready(),
+            Some("/health" | "/ready") => {
+                return method_not_allowed(&method, &path, &[Method::GET]);
+            }
+            _ => {}
+        }
+        let caller = match self.authenticate(&request).await {
+            Ok(caller) => caller,
+            Err(reply) => return *reply,
+        };
         let Some(rest) = path.strip_prefix(wire::BASE_PATH) else {
             let mounted = self
                 .mounted
@@ -222,24 +241,20 @@ impl HttpChannel {
                 .filter(|(prefix, _)| path == *prefix || path.starts_with(&format!("{prefix}/")))
                 .max_by_key(|(prefix, _)| prefix.len());
             if let Some((_, handler)) = mounted {
-                if let Err(reply) = self.authenticate(&request).await {
-                    return *reply;
-                }
                 return handler(request).await;
             }
             return body::error(ErrorCode::RunNotFound, format!("no route {path}"));
         };
         let segments: Vec<&str> = rest.trim_start_matches('/').split('/').collect();
-        let method = request.method().clone();
         let route: (&[Method], Route) = match segments.as_slice() {
-            ["health"] => (&[Method::GET], Route::Health),
-            ["ready"] => (&[Method::GET], Route::Ready),
             ["info"] => (&[Method::GET], Route::Info),
             ["runs"] => (&[Method::GET, Method::POST], Route::Runs),
             ["addresses", address] => (
                 &[Method::GET, Method::POST],
                 Route::Address((*address).to_owned()),
             ),
+            // `/runs/` names no run: no such route, not a malformed id.
+            ["runs", ""] => return body::error(ErrorCode::RunNotFound, format!("no route {path}")),
             ["runs", id] => (&[Method::GET, Method::POST], Route::Run((*id).to_owned())),
             ["runs", id, action] => {
                 let allowed: &[Method] = match *action {
@@ -256,42 +271,26 @@ impl HttpChannel {
         };
         let (allowed, route) = route;
         if !allowed.contains(&method) {
-            let mut reply = body::error(
-                ErrorCode::MethodNotAllowed,
-                format!("{method} is not allowed on {path}"),
-            );
-            let allow = allowed
-                .iter()
-                .map(Method::as_str)
-                .collect::<Vec<_>>()
-                .join(", ");
-            if let Ok(value) = HeaderValue::from_str(&allow) {
-                reply.headers_mut().insert(header::ALLOW, value);
-            }
-            return reply;
+            return method_not_allowed(&method, &path, allowed);
         }
-        // Both public, as a load balancer or an orchestrator asks them.
-        match route {
-            Route::Health => return body::json(StatusCode::OK, &wire::Health::ready()),
-            Route::Ready => return self.ready(),
-            _ => {}
-        }
-        let caller = match self.authenticate(&request).await {
-            Ok(caller) => caller,
-            Err(reply) => return *reply,
-        };
         // A run the caller may not reach does not exist for it: answered
         // before its body is read, the same as an unknown run.
         if let Route::Run(id) | Route::RunAction(id, _) = &route {
-            match run_id(id) {
-                Ok(run) => match self.reaches(&caller, &run).await {
-                    Ok(true) => {}
-                    Ok(false) => {
-                        return runtime_error(&RuntimeError::RunNotFound(run));
-                    }
-                    Err(error) => return runtime_error(&error),
-                },
+            let run = match run_id(id) {
+                Ok(run) => run,
                 Err(message) => return body::error(ErrorCode::InvalidRunId, message),
+            };
+            let unknown = match self.reaches(&caller, &run).await {
+                Ok(reached) => !reached,
+                Err(RuntimeError::RunNotFound(_)) => true,
+                Err(error) => return runtime_error(&error),
+            };
+            if unknown {
+                // As for any unknown run: cancel is a harmless no-op.
+                if matches!(&route, Route::RunAction(_, action) if action == "cancel") {
+                    return cancel_reply(CancelStatus::NotActive, None, None);
+                }
+                return runtime_error(&RuntimeError::RunNotFound(run));
             }
         }
         let query = request.uri().query().map(str::to_owned);
@@ -352,7 +351,6 @@ impl HttpChannel {
                 Ok(run) => self.action(&run, &action, &text, query.as_deref()).await,
                 Err(message) => return body::error(ErrorCode::InvalidRunId, message),
             },
-            (Route::Health | Route::Ready, _) => unreachable!("answered above"),
         };
         result.unwrap_or_else(|error| runtime_error(&error))
     }
@@ -683,16 +681,32 @@ impl HttpChannel {
                     Ok(respond) => respond,
                     Err(rejection) => return Ok(body::error(rejection.code, rejection.message)),
                 };
-                let turn = match respond.responses.iter().find_map(|a| a.turn_id.clone()) {
-                    Some(turn) => match spool_journal::TurnId::new(turn) {
-                        Ok(turn) => Some(turn),
-                        Err(_) => {
+                // Every answer that names a turn must name the same one: a
+                // respond is one reply to one suspension.
+                let mut named = respond
+                    .responses
+                    .iter()
+                    .filter_map(|a| a.turn_id.as_deref());
+                let turn = match named.next() {
+                    Some(first) => {
+                        if let Some(other) = named.find(|t| *t != first) {
                             return Ok(body::error(
-                                ErrorCode::RunNotWaiting,
-                                "the turn id names no turn of this run",
+                                ErrorCode::BadRequest,
+                                format!(
+                                    "the answers name different turns, `{first}` and `{other}`: answer one turn at a time"
+                                ),
                             ));
                         }
-                    },
+                        match spool_journal::TurnId::new(first) {
+                            Ok(turn) => Some(turn),
+                            Err(e) => {
+                                return Ok(body::error(
+                                    ErrorCode::BadRequest,
+                                    format!("`turn_id` is not a turn id: {e}"),
+                                ));
+                            }
+                        }
+                    }
                     None => None,
                 };
                 let answers = respond
@@ -717,9 +731,17 @@ impl HttpChannel {
                     Ok(cancel) => cancel,
                     Err(rejection) => return Ok(body::error(rejection.code, rejection.message)),
                 };
-                let turn = cancel
-                    .turn_id
-                    .and_then(|t| spool_journal::TurnId::new(t).ok());
+                // A turn id that cannot be one is a mistake to report, not
+                // a reason to cancel whatever turn runs now.
+                let turn = match cancel.turn_id.map(spool_journal::TurnId::new).transpose() {
+                    Ok(turn) => turn,
+                    Err(e) => {
+                        return Ok(body::error(
+                            ErrorCode::BadRequest,
+                            format!("`turn_id` is not a turn id: {e}"),
+                        ));
+                    }
+                };
                 let outcome = match self.runtime.cancel(run, turn.as_ref()).await {
                     Ok(outcome) => outcome,
                     // Cancel on an unknown run is a harmless no-op.
@@ -735,15 +757,7 @@ impl HttpChannel {
                         (CancelStatus::Stale, current.map(|t| t.to_string()))
                     }
                 };
-                let code = StatusCode::from_u16(status.status()).unwrap_or(StatusCode::OK);
-                Ok(body::json(
-                    code,
-                    &CancelReply {
-                        status,
-                        run_id: Some(run.to_string()),
-                        turn_id,
-                    },
-                ))
+                Ok(cancel_reply(status, Some(run), turn_id))
             }
             "reset" => {
                 let reset: wire::Reset = match wire::decode_body(text) {
@@ -845,6 +859,40 @@ impl HttpChannel {
     }
 }
 
+/// A cancel's reply: 202 for `requested`, 200 for the no-op outcomes.
+fn cancel_reply(
+    status: CancelStatus,
+    run: Option<&RunId>,
+    turn_id: Option<String>,
+) -> Response<Body> {
+    let code = StatusCode::from_u16(status.status()).unwrap_or(StatusCode::OK);
+    body::json(
+        code,
+        &CancelReply {
+            status,
+            run_id: run.map(ToString::to_string),
+            turn_id,
+        },
+    )
+}
+
+/// 405 `method_not_allowed`, with the `Allow` header listing `allowed`.
+fn method_not_allowed(method: &Method, path: &str, allowed: &[Method]) -> Response<Body> {
+    let mut reply = body::error(
+        ErrorCode::MethodNotAllowed,
+        format!("{method} is not allowed on {path}"),
+    );
+    let allow = allowed
+        .iter()
+        .map(Method::as_str)
+        .collect::<Vec<_>>()
+        .join(", ");
+    if let Ok(value) = HeaderValue::from_str(&allow) {
+        reply.headers_mut().insert(header::ALLOW, value);
+    }
+    reply
+}
+
 /// Whether `caller` is `owner`, or an administrator.
 fn owns(caller: &Caller, owner: Option<&Principal>) -> bool {
     let Some(principal) = caller.principal.as_ref().filter(|_| caller.verified) else {
@@ -907,8 +955,6 @@ impl Drop for RequestLog {
 }
 
 enum Route {
-    Health,
-    Ready,
     Info,
     Runs,
     Address(String),

@@ -723,3 +723,75 @@ fn runtime_error_kinds_map_to_the_channels_codes_and_statuses() {
     );
     assert_eq!(error_code(ErrorKind::InvalidAnswer), ErrorCode::BadRequest);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_whose_turn_id_is_malformed_is_400_and_cancels_nothing() {
+    let server = Server::start(scripted_runtime(ask())).await;
+    let waiting = server
+        .post("/spool/v1/runs", r#"{"text": "deploy"}"#)
+        .await
+        .json();
+    let run = waiting["run_id"].as_str().unwrap();
+    let refused = server
+        .post(
+            &format!("/spool/v1/runs/{run}/cancel"),
+            r#"{"turn_id": "not a turn!"}"#,
+        )
+        .await;
+    assert_eq!(refused.status, 400);
+    assert_eq!(refused.json()["code"], "bad_request");
+    let view = server.get(&format!("/spool/v1/runs/{run}")).await.json();
+    assert_eq!(
+        view["state"], "waiting",
+        "the waiting run was not cancelled"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_respond_whose_answers_name_different_turns_is_400_and_records_nothing() {
+    let server = Server::start(scripted_runtime(ask())).await;
+    let waiting = server
+        .post("/spool/v1/runs", r#"{"text": "deploy"}"#)
+        .await
+        .json();
+    let run = waiting["run_id"].as_str().unwrap();
+    let turn = waiting["turn_id"].as_str().unwrap();
+    let body = json!({"responses": [
+        {"turn_id": turn, "text": "yes", "approved": true},
+        {"turn_id": "turn_other", "text": "no", "approved": false},
+    ]});
+    let refused = server
+        .post(&format!("/spool/v1/runs/{run}/respond"), &body.to_string())
+        .await;
+    assert_eq!(refused.status, 400, "{:?}", refused.json());
+    assert_eq!(refused.json()["code"], "bad_request");
+    let malformed =
+        json!({"responses": [{"turn_id": "not a turn!", "text": "yes", "approved": true}]});
+    let refused = server
+        .post(
+            &format!("/spool/v1/runs/{run}/respond"),
+            &malformed.to_string(),
+        )
+        .await;
+    assert_eq!(refused.status, 400, "{:?}", refused.json());
+    let view = server.get(&format!("/spool/v1/runs/{run}")).await.json();
+    assert_eq!(view["state"], "waiting");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_with_an_empty_id_is_no_route_and_an_unknown_address_404_names_it() {
+    let server = Server::start(echo_runtime()).await;
+    let empty = server.get("/spool/v1/runs/").await;
+    assert_eq!(empty.status, 404);
+    assert_eq!(empty.json()["code"], "run_not_found");
+    let unknown = server.get("/spool/v1/addresses/desk-9").await;
+    assert_eq!(unknown.status, 404);
+    assert!(
+        unknown.json()["error"].as_str().unwrap().contains("desk-9"),
+        "{:?}",
+        unknown.json()
+    );
+    server.stop().await;
+}

@@ -130,12 +130,30 @@ async fn with_an_authenticator_every_route_but_health_needs_a_valid_token() {
         200,
         "health is public"
     );
-    for (path, headers) in [
-        ("/spool/v1/info", vec![]),
-        ("/spool/v1/runs", vec![("Authorization", "Bearer wrong")]),
-        ("/spool/v1/runs", vec![("Authorization", "Basic b3BzOng=")]),
+    assert_eq!(
+        server.get("/spool/v1/ready").await.status,
+        200,
+        "so is readiness"
+    );
+    // Unknown paths and wrong methods too: without credentials a caller
+    // learns nothing, not even which routes exist.
+    for (method, path, headers) in [
+        ("GET", "/spool/v1/info", vec![]),
+        (
+            "GET",
+            "/spool/v1/runs",
+            vec![("Authorization", "Bearer wrong")],
+        ),
+        (
+            "GET",
+            "/spool/v1/runs",
+            vec![("Authorization", "Basic b3BzOng=")],
+        ),
+        ("GET", "/spool/v1/nope", vec![]),
+        ("DELETE", "/spool/v1/runs", vec![]),
+        ("GET", "/elsewhere", vec![]),
     ] {
-        let reply = request(&server.addr, "GET", path, None, &headers).await;
+        let reply = request(&server.addr, method, path, None, &headers).await;
         assert_eq!(
             (reply.status, reply.json()["code"].clone()),
             (401, json!("unauthenticated")),
@@ -286,7 +304,6 @@ async fn under_owner_access_a_run_exists_only_for_its_creator_and_administrators
         ),
         ("GET", format!("/spool/v1/runs/{run}/snapshot"), ""),
         ("GET", format!("/spool/v1/runs/{run}/stream"), ""),
-        ("POST", format!("/spool/v1/runs/{run}/cancel"), "{}"),
         ("POST", format!("/spool/v1/runs/{run}/reset"), "{}"),
         ("GET", "/spool/v1/addresses/alice-desk".to_owned(), ""),
         (
@@ -299,6 +316,17 @@ async fn under_owner_access_a_run_exists_only_for_its_creator_and_administrators
         assert_eq!(reply.status, 404, "{method} {path}: {:?}", reply.json());
         assert_eq!(reply.json()["code"], "run_not_found");
     }
+    // Cancel answers as for an unknown run: a harmless no-op.
+    let cancel = as_token(
+        &server,
+        &bob,
+        "POST",
+        &format!("/spool/v1/runs/{run}/cancel"),
+        "{}",
+    )
+    .await;
+    assert_eq!(cancel.status, 200);
+    assert_eq!(cancel.json(), json!({"status": "not_active"}));
     let listed = as_token(&server, &bob, "GET", "/spool/v1/runs", "")
         .await
         .json();

@@ -585,7 +585,25 @@ impl HttpChannel {
     /// `running`: the request was taken and must not be sent again; the
     /// turn goes on by itself once the journal writes.
     async fn answer(&self, accepted: Accepted) -> Result<Response<Body>, RuntimeError> {
-        let (run, turn) = match &accepted {
+        let mut reply = self.answer_at_boundary(&accepted).await?;
+        if let Accepted::Replayed { run, differs } = &accepted {
+            // The seed: a retry's changed text does not change the admitted
+            // operation. Said in the log, and every replay is marked.
+            if *differs {
+                tracing::warn!(target: "spool::http", run_id = %run, "an operation id was retried with a different request; its saved run is returned unchanged");
+            }
+            reply
+                .headers_mut()
+                .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+        }
+        Ok(reply)
+    }
+
+    async fn answer_at_boundary(
+        &self,
+        accepted: &Accepted,
+    ) -> Result<Response<Body>, RuntimeError> {
+        let (run, turn) = match accepted {
             Accepted::Started { run, turn } | Accepted::Steered { run, turn } => {
                 (run, turn.clone())
             }
@@ -595,7 +613,7 @@ impl HttpChannel {
             }
             // The first request for the operation answers at its turn's
             // boundary; a replay racing it answers the same way.
-            Accepted::Replayed { run } => {
+            Accepted::Replayed { run, .. } => {
                 let view = self.runtime.get(run).await?;
                 match (&view.status, &view.turn_id) {
                     (Status::Running, Some(turn)) => (run, turn.clone()),
@@ -859,6 +877,10 @@ impl HttpChannel {
     }
 }
 
+/// The header that marks a reply to a retried `operation_id`: the saved
+/// run, not a new turn.
+pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
+
 /// A cancel's reply: 202 for `requested`, 200 for the no-op outcomes.
 fn cancel_reply(
     status: CancelStatus,
@@ -1110,7 +1132,6 @@ pub fn error_code(kind: ErrorKind) -> ErrorCode {
         ErrorKind::RunNotWaiting => ErrorCode::RunNotWaiting,
         ErrorKind::RunRetired => ErrorCode::RunRetired,
         ErrorKind::InvalidAnswer | ErrorKind::BadRequest => ErrorCode::BadRequest,
-        ErrorKind::OperationConflict => ErrorCode::OperationConflict,
         ErrorKind::CompactionUnsupported => ErrorCode::CompactionUnsupported,
         ErrorKind::EngineFailed => ErrorCode::EngineFailed,
         ErrorKind::ConversationCorrupt => ErrorCode::ConversationCorrupt,

@@ -27,8 +27,6 @@ pub enum ErrorKind {
     InvalidAnswer,
     /// The request is malformed.
     BadRequest,
-    /// An operation id was reused with another request.
-    OperationConflict,
     /// The engine cannot compact.
     CompactionUnsupported,
     /// The engine failed a call the request needed.
@@ -94,14 +92,6 @@ pub enum RuntimeError {
     /// The request is malformed.
     #[error("{0}")]
     BadRequest(String),
-    /// The operation id already started a run with a different request.
-    #[error("operation id `{operation_id}` already started run {run} with a different request")]
-    OperationConflict {
-        /// The operation id.
-        operation_id: String,
-        /// The run it started.
-        run: RunId,
-    },
     /// The engine cannot compact a conversation.
     #[error("this agent's engine cannot compact a conversation")]
     CompactionUnsupported,
@@ -143,7 +133,6 @@ impl RuntimeError {
             Self::RunRetired(_) => ErrorKind::RunRetired,
             Self::InvalidAnswer { .. } => ErrorKind::InvalidAnswer,
             Self::BadRequest(_) => ErrorKind::BadRequest,
-            Self::OperationConflict { .. } => ErrorKind::OperationConflict,
             Self::CompactionUnsupported => ErrorKind::CompactionUnsupported,
             Self::Engine(_) => ErrorKind::EngineFailed,
             Self::ConversationCorrupt { .. } => ErrorKind::ConversationCorrupt,

@@ -440,8 +440,6 @@ string_enum! {
         RunRetired = "run_retired",
         /// Another node owns the run.
         RunOwnedElsewhere = "run_owned_elsewhere",
-        /// An operation id was reused with a different request.
-        OperationConflict = "operation_conflict",
         /// The journal cannot be replayed into a conversation.
         ConversationCorrupt = "conversation_corrupt",
         /// The body did not arrive within the time allowed.
@@ -486,7 +484,6 @@ impl ErrorCode {
             | Self::RunNotActive
             | Self::RunRetired
             | Self::RunOwnedElsewhere
-            | Self::OperationConflict
             | Self::ConversationCorrupt => 409,
             Self::RequestTimeout => 408,
             Self::TooLarge => 413,

@@ -188,11 +188,14 @@ async fn an_operation_id_works_under_a_verified_principal_and_ignores_a_body_aut
         "the same key under the same principal returns the saved run"
     );
     let changed = r#"{"operation_id": "deploy-42", "text": "Deploy to production."}"#;
-    let conflict = server.post_as(&token, "/spool/v1/runs", changed).await;
+    let replayed = server.post_as(&token, "/spool/v1/runs", changed).await;
     assert_eq!(
-        (conflict.status, conflict.json()["code"].clone()),
-        (409, json!("operation_conflict"))
+        replayed.status, 200,
+        "a retry's changed text does not change the admitted operation"
     );
+    assert_eq!(replayed.json()["run_id"], first["run_id"]);
+    assert_eq!(replayed.json()["response"], first["response"]);
+    assert_eq!(replayed.header("idempotent-replayed"), Some("true"));
     server.stop().await;
 }
 

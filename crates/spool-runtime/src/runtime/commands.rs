@@ -25,9 +25,9 @@ impl Runtime {
     /// # Errors
     ///
     /// `BadRequest` for an operation id without a principal or with an
-    /// address; `OperationConflict` for an operation id reused with a
-    /// different request; as [`Runtime::send`] for a message through an
-    /// address.
+    /// address; as [`Runtime::send`] for a message through an address. An
+    /// operation id used before returns its run, whatever this request
+    /// says ([`Accepted::Replayed`]).
     pub async fn start(&self, request: StartRequest) -> Result<Accepted, RuntimeError> {
         if let Some(operation_id) = &request.operation_id {
             let Some(principal) = &request.principal else {
@@ -46,7 +46,7 @@ impl Runtime {
                 .find_operation(principal, operation_id)
                 .await?
             {
-                return self.replay_operation(run, operation_id, &request).await;
+                return self.replay_operation(run, &request).await;
             }
         }
         if let Some(address) = &request.address
@@ -82,8 +82,8 @@ impl Runtime {
             Err(RuntimeError::Journal(JournalError::AddressTaken { run, .. })) => {
                 return self.send(&run, request.into_message()).await;
             }
-            Err(RuntimeError::Journal(JournalError::OperationTaken { run, operation_id })) => {
-                return self.replay_operation(run, &operation_id, &request).await;
+            Err(RuntimeError::Journal(JournalError::OperationTaken { run, .. })) => {
+                return self.replay_operation(run, &request).await;
             }
             Err(other) => return Err(other),
         }
@@ -95,7 +95,6 @@ impl Runtime {
     async fn replay_operation(
         &self,
         run: RunId,
-        operation_id: &str,
         request: &StartRequest,
     ) -> Result<Accepted, RuntimeError> {
         let locked = self.inner.lock(&run).await?;
@@ -105,14 +104,8 @@ impl Runtime {
             .as_ref()
             .and_then(|created| created.request_hash.clone());
         drop(locked);
-        if recorded.as_deref() == Some(request.hash().as_str()) {
-            Ok(Accepted::Replayed { run })
-        } else {
-            Err(RuntimeError::OperationConflict {
-                operation_id: operation_id.to_owned(),
-                run,
-            })
-        }
+        let differs = recorded.as_deref() != Some(request.hash().as_str());
+        Ok(Accepted::Replayed { run, differs })
     }
 
     /// Sends a message to an existing run: a new turn when it is idle;

@@ -71,10 +71,15 @@ pub enum Accepted {
         /// The run.
         run: RunId,
     },
-    /// An operation id's earlier run, returned without another turn.
+    /// An operation id's earlier run, returned without another turn. As
+    /// the HTTP seed says, a retry's changed text does not change the
+    /// admitted operation: `differs` says it changed, for the transport to
+    /// log.
     Replayed {
         /// The run.
         run: RunId,
+        /// Whether this request differs from the one that created the run.
+        differs: bool,
     },
 }
 
@@ -86,7 +91,7 @@ impl Accepted {
             Self::Started { run, .. }
             | Self::Steered { run, .. }
             | Self::Queued { run }
-            | Self::Replayed { run } => run,
+            | Self::Replayed { run, .. } => run,
         }
     }
 }

@@ -554,28 +554,41 @@ async fn the_same_operation_id_and_body_returns_the_saved_run_without_another_tu
     let before = kinds(&journal, &run).await.len();
     assert_eq!(
         runtime.start(request).await.unwrap(),
-        Accepted::Replayed { run: run.clone() }
+        Accepted::Replayed {
+            run: run.clone(),
+            differs: false
+        }
     );
     assert_eq!(kinds(&journal, &run).await.len(), before, "no second turn");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_same_operation_id_with_a_different_body_is_a_conflict() {
-    let runtime = Runtime::builder(Arc::new(MemoryJournal::new())).build();
+async fn the_same_operation_id_with_a_different_body_returns_the_saved_run_and_says_it_differs() {
+    let journal: Arc<dyn Journal> = Arc::new(MemoryJournal::new());
+    let runtime = Runtime::builder(Arc::clone(&journal)).build();
     let request = StartRequest {
         operation_id: Some("deploy-42".into()),
         principal: Some(operator()),
         ..start("deploy")
     };
-    runtime.start(request.clone()).await.unwrap();
+    let (run, turn) = started(runtime.start(request.clone()).await.unwrap());
+    settle(&runtime, &run, &turn).await;
+    let before = kinds(&journal, &run).await.len();
     let changed = runtime
         .start(StartRequest {
             text: "deploy to production".into(),
             ..request
         })
         .await
-        .unwrap_err();
-    assert_eq!(changed.kind(), ErrorKind::OperationConflict, "{changed}");
+        .unwrap();
+    assert_eq!(
+        changed,
+        Accepted::Replayed {
+            run: run.clone(),
+            differs: true
+        }
+    );
+    assert_eq!(kinds(&journal, &run).await.len(), before, "no second turn");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

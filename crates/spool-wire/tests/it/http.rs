@@ -22,7 +22,6 @@ fn each_error_code_has_its_string_and_status() {
         ("run_not_active", ErrorCode::RunNotActive, 409),
         ("run_retired", ErrorCode::RunRetired, 409),
         ("run_owned_elsewhere", ErrorCode::RunOwnedElsewhere, 409),
-        ("operation_conflict", ErrorCode::OperationConflict, 409),
         ("conversation_corrupt", ErrorCode::ConversationCorrupt, 409),
         ("request_timeout", ErrorCode::RequestTimeout, 408),
         ("too_large", ErrorCode::TooLarge, 413),

@@ -88,7 +88,8 @@ fn prompt_of(input: &Value) -> String {
         .to_owned()
 }
 
-/// `request_approval {prompt}`: parks the run for an explicit verdict.
+/// `request_approval {prompt}`: parks the run for a person's verdict
+/// (`approved: true` or `false`), or a text-only answer without one.
 #[derive(Clone, Copy, Debug)]
 pub struct RequestApproval;
 
@@ -120,12 +121,12 @@ impl Tool for RequestApproval {
                 kind: SuspendKind::Approval,
                 prompt: prompt_of(&input),
                 options: Some(vec!["approve".into(), "reject".into()]),
-                // An approval needs an explicit verdict: an answer without
-                // `approved` is not a rejection, and is refused.
+                // `approved: true` approves, `false` rejects, and an answer
+                // without it is a text-only answer that rejects nothing (the
+                // HTTP seed's rule): the model reads the text.
                 answer_schema: json!({
                     "type": "object",
-                    "properties": {"approved": {"type": "boolean"}, "text": {"type": "string"}},
-                    "required": ["approved"]
+                    "properties": {"approved": {"type": "boolean"}, "text": {"type": "string"}}
                 }),
             })
         })

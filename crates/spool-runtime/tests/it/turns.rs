@@ -148,9 +148,10 @@ async fn more_answers_than_the_bound_are_refused_and_nothing_is_recorded() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_approval_needs_an_explicit_verdict_and_false_is_a_rejection_the_model_sees() {
+async fn an_approval_answered_without_a_verdict_is_a_text_only_answer_and_false_a_rejection() {
     let journal: Arc<dyn Journal> = Arc::new(MemoryJournal::new());
     let script = r#"{"tool_calls": [{"id": "c1", "name": "request_approval", "arguments": {"prompt": "Deploy?"}}]}
+{"tool_calls": [{"id": "c2", "name": "request_approval", "arguments": {"prompt": "Deploy now?"}}]}
 {"text": "not deploying"}"#;
     let runtime = runtime_with(
         Arc::clone(&journal),
@@ -162,25 +163,22 @@ async fn an_approval_needs_an_explicit_verdict_and_false_is_a_rejection_the_mode
         settle(&runtime, &run, &turn).await.status,
         Status::Waiting(SuspendKind::Approval)
     );
-    let silent = runtime
+    // No verdict: the text goes to the model, which decides what it means.
+    runtime
         .respond(
             &run,
             Some(&turn),
             vec![Answer {
-                text: "hmm".into(),
+                text: "Use staging only.".into(),
                 approved: None,
             }],
         )
         .await
-        .unwrap_err();
-    assert!(
-        matches!(silent, RuntimeError::InvalidAnswer { .. }),
-        "{silent}"
-    );
+        .unwrap();
     assert_eq!(
-        silent.kind(),
-        ErrorKind::InvalidAnswer,
-        "an absent verdict is not a rejection; it is refused"
+        settle(&runtime, &run, &turn).await.status,
+        Status::Waiting(SuspendKind::Approval),
+        "the model asked again"
     );
     runtime
         .respond(
@@ -197,11 +195,15 @@ async fn an_approval_needs_an_explicit_verdict_and_false_is_a_rejection_the_mode
         settle(&runtime, &run, &turn).await.status,
         Status::Completed
     );
-    let second = &requests(&journal, &run).await[1];
+    let requests = requests(&journal, &run).await;
     assert_eq!(
-        second,
-        &[
-            json!({"role": "tool", "call_id": "c1", "content": "{\"approved\":false,\"text\":\"no\"}"})
+        requests[1],
+        [json!({"role": "tool", "call_id": "c1", "content": "Use staging only."})]
+    );
+    assert_eq!(
+        requests[2],
+        [
+            json!({"role": "tool", "call_id": "c2", "content": "{\"approved\":false,\"text\":\"no\"}"})
         ]
     );
 }

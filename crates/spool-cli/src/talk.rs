@@ -213,6 +213,7 @@ impl Backend {
                     run,
                     subscription,
                     last: cursor.map(Seq),
+                    ready: std::collections::VecDeque::new(),
                 })
             }
             Self::Remote(client) => Ok(Events::Remote(client.stream(run, cursor).await?)),
@@ -305,6 +306,8 @@ enum Events {
         run: RunId,
         subscription: Subscription,
         last: Option<Seq>,
+        /// Lines of an item not yet handed out (an event may be two).
+        ready: std::collections::VecDeque<StreamEvent>,
     },
     Remote(Lines),
 }
@@ -316,10 +319,18 @@ impl Events {
                 run,
                 subscription,
                 last,
-            } => Ok(subscription
-                .next()
-                .await
-                .map(|item: StreamItem| spool_http::stream_line(run, last, &item))),
+                ready,
+            } => loop {
+                if let Some(line) = ready.pop_front() {
+                    return Ok(Some(line));
+                }
+                // Cancel-safe as the subscription is: an item taken is
+                // queued before anything else is awaited.
+                let Some(item): Option<StreamItem> = subscription.next().await else {
+                    return Ok(None);
+                };
+                ready.extend(spool_http::stream_lines(run, last, &item));
+            },
             Self::Remote(lines) => Ok(lines.next().await?),
         }
     }
@@ -585,13 +596,13 @@ impl Conversation {
         self.track(event);
         let text = event.text.as_deref().unwrap_or_default();
         let outcome = match &event.kind {
-            StreamEventType::Unknown(kind) if kind == "text_delta" => {
+            StreamEventType::TextDelta => {
                 self.streamed = true;
                 self.mid_line = !text.ends_with('\n') && (self.mid_line || !text.is_empty());
                 out(text, false);
                 None
             }
-            StreamEventType::Unknown(kind) if kind == "tool_call_start" => {
+            StreamEventType::ToolCallStart => {
                 let name = event
                     .data
                     .as_ref()
@@ -603,7 +614,7 @@ impl Conversation {
                 say(&format!("spool: calling {name}"));
                 None
             }
-            StreamEventType::Unknown(kind) if kind == "lagged" => {
+            StreamEventType::Lagged => {
                 // The reader fell behind; resume after the last position.
                 self.events = self.backend.events(&self.run, Some(event.seq)).await?;
                 None

@@ -8,17 +8,15 @@ use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use hyper::body::Incoming;
 use serde_json::{Value, json};
 use spool_journal::event::Answer;
-use spool_journal::fold::{Status, transition};
-use spool_journal::{Address, Envelope, Event, Principal, RunId, Seq};
-use spool_runtime::engine::Delta;
-use spool_runtime::hub::StreamItem;
+use spool_journal::fold::Status;
+use spool_journal::{Address, Principal, RunId, Seq};
 use spool_runtime::{
     Accepted, Authenticator, Credentials, ErrorKind, MessageRequest, RunView, Runtime,
     RuntimeError, StartRequest,
 };
 use spool_wire::http::{
     self as wire, AddressReply, CancelReply, CancelStatus, ErrorCode, Info, MessageRun, Respond,
-    RunReply, SnapshotReply, StartRun, StreamEvent, StreamEventType, Usage,
+    RunReply, SnapshotReply, StartRun, Usage,
 };
 use tokio::sync::watch;
 
@@ -26,12 +24,7 @@ use crate::body::{self, Body, ChannelBody};
 
 /// The namespace HTTP addresses live in.
 pub const NAMESPACE: &str = "http";
-/// How many stream lines may wait for a slow reader before it is dropped.
-pub const STREAM_QUEUE: usize = 256;
-
-/// Lines already read are written together up to this many bytes: one
-/// wake and one write for a burst, not one per line.
-pub const STREAM_BATCH_BYTES: usize = 16 * 1024;
+pub use crate::stream::{STREAM_BATCH_BYTES, STREAM_QUEUE};
 
 /// The HTTP channel: a runtime, an optional authenticator, and what
 /// `/info` says.
@@ -807,63 +800,20 @@ impl HttpChannel {
             Ok(cursor) => cursor,
             Err(message) => return Ok(body::error(ErrorCode::BadRequest, message)),
         };
-        let mut subscription = self.runtime.subscribe(run, cursor).await?;
+        let subscription = self.runtime.subscribe(run, cursor).await?;
         let (sender, channel_body) = ChannelBody::new(STREAM_QUEUE);
-        let mut closing = self.closing.clone();
-        let run = run.clone();
-        let lines = Arc::clone(&self.lines);
         let open = OpenStream::new(&self.streams);
+        let writing = crate::stream::write_stream(
+            run.clone(),
+            cursor,
+            subscription,
+            sender,
+            self.closing.clone(),
+            Arc::clone(&self.lines),
+        );
         tokio::spawn(async move {
             let _open = open;
-            let mut last = cursor;
-            loop {
-                // A client that goes away drops the body, which closes the
-                // channel: the task ends then, even on a run that never
-                // writes again, instead of waiting for a line to fail on.
-                let item = tokio::select! {
-                    item = subscription.next() => item,
-                    _ = closing.wait_for(|closing| *closing) => None,
-                    () = sender.closed() => None,
-                };
-                let Some(mut item) = item else { break };
-                // The lines already read go out in one write: a subscriber
-                // catching up after a burst is woken and written to once.
-                let mut bytes = Vec::new();
-                let lagged = loop {
-                    match &item {
-                        StreamItem::Event(envelope) => {
-                            last = Some(envelope.seq);
-                            bytes.extend_from_slice(&lines.line(envelope, |envelope| {
-                                let mut line = serde_json::to_vec(&stream_event(envelope))
-                                    .expect("stream lines are plain JSON");
-                                line.push(b'\n');
-                                Bytes::from(line)
-                            }));
-                        }
-                        item => {
-                            let line = stream_line(&run, &mut last, item);
-                            serde_json::to_writer(&mut bytes, &line)
-                                .expect("stream lines are plain JSON");
-                            bytes.push(b'\n');
-                        }
-                    }
-                    if matches!(item, StreamItem::Lagged { .. }) {
-                        break true;
-                    }
-                    if bytes.len() >= STREAM_BATCH_BYTES {
-                        break false;
-                    }
-                    match subscription.ready() {
-                        Some(next) => item = next,
-                        None => break false,
-                    }
-                };
-                // A reader that stopped reading: drop it rather than buffer
-                // for it; it resumes from its cursor.
-                if sender.try_send(Bytes::from(bytes)).is_err() || lagged {
-                    break;
-                }
-            }
+            writing.await;
         });
         let mut response = Response::new(http_body_util::BodyExt::boxed(channel_body));
         response.headers_mut().insert(
@@ -1168,129 +1118,5 @@ fn runtime_error(error: &RuntimeError) -> Response<Body> {
             reply
         }
         _ => body::error(code, error.to_string()),
-    }
-}
-
-/// A journal event as a stream line: the runtime's own types for the
-/// events a client acts on, the journal's kind for the rest.
-/// One item of a run's subscription as the channel's stream line. `last`
-/// is the last journal position written so far (the cursor a reader
-/// resumes after); journal events move it, live deltas carry it.
-///
-/// Public so an in-process client shows a run exactly as the stream does.
-pub fn stream_line(run: &RunId, last: &mut Option<Seq>, item: &StreamItem) -> StreamEvent {
-    match item {
-        StreamItem::Event(envelope) => {
-            *last = Some(envelope.seq);
-            stream_event(envelope)
-        }
-        StreamItem::Delta(delta) => delta_event(run, *last, &delta.turn, &delta.delta),
-        // The reader fell behind the live hub: the line tells it where to
-        // resume, and the stream ends.
-        StreamItem::Lagged { last } => StreamEvent {
-            run_id: run.to_string(),
-            seq: last.map_or(0, |s| s.0),
-            kind: StreamEventType::Unknown("lagged".into()),
-            time: time::OffsetDateTime::now_utc(),
-            turn_id: None,
-            text: None,
-            state: None,
-            data: None,
-        },
-    }
-}
-
-fn stream_event(envelope: &Envelope) -> StreamEvent {
-    let event = &envelope.event;
-    let kind = match event {
-        Event::TurnStarted(_) => StreamEventType::RunTurn,
-        Event::CancelRequested(_) => StreamEventType::RunCancelRequested,
-        Event::Suspended(_) | Event::BudgetExceeded(_) => StreamEventType::RunSuspend,
-        Event::Resumed(_) => StreamEventType::RunResume,
-        Event::TurnCompleted(_) => StreamEventType::RunResponse,
-        Event::TurnFailed(_)
-        | Event::TurnCancelled(_)
-        | Event::RunRetired(_)
-        | Event::SleepStarted(_) => StreamEventType::RunState,
-        other => StreamEventType::Unknown(other.kind().to_owned()),
-    };
-    let changes_state = matches!(
-        event,
-        Event::TurnStarted(_)
-            | Event::Suspended(_)
-            | Event::Resumed(_)
-            | Event::SleepStarted(_)
-            | Event::SleepCompleted(_)
-            | Event::BudgetExceeded(_)
-            | Event::TurnCompleted(_)
-            | Event::TurnFailed(_)
-            | Event::TurnCancelled(_)
-            | Event::RunRetired(_)
-    );
-    let (turn_id, text) = match event {
-        Event::TurnStarted(s) => (Some(s.turn_id.to_string()), Some(s.input.clone())),
-        Event::TurnCompleted(c) => (Some(c.turn_id.to_string()), c.response.clone()),
-        Event::TurnFailed(f) => (Some(f.turn_id.to_string()), Some(f.message.clone())),
-        Event::TurnCancelled(c) => (Some(c.turn_id.to_string()), None),
-        Event::Suspended(s) => (Some(s.turn_id.to_string()), Some(s.prompt.clone())),
-        Event::Resumed(r) => (Some(r.turn_id.to_string()), None),
-        Event::InputSteered(s) => (Some(s.turn_id.to_string()), Some(s.input.clone())),
-        Event::CancelRequested(c) => (c.turn_id.as_ref().map(ToString::to_string), None),
-        _ => (None, None),
-    };
-    StreamEvent {
-        run_id: envelope.run_id.to_string(),
-        seq: envelope.seq.0,
-        kind,
-        time: envelope.recorded_at,
-        turn_id,
-        text,
-        state: changes_state.then(|| transition(&Status::Running, event).state().into()),
-        data: serde_json::to_value(event)
-            .ok()
-            .and_then(|v| v.get("payload").cloned()),
-    }
-}
-
-/// A live delta as a stream line. Its `seq` is the last journal position
-/// before it: a delta is not a position of its own.
-fn delta_event(
-    run: &RunId,
-    last: Option<Seq>,
-    turn: &spool_journal::TurnId,
-    delta: &Delta,
-) -> StreamEvent {
-    let (kind, text, data) = match delta {
-        Delta::Text(text) => ("text_delta", Some(text.clone()), None),
-        Delta::Thinking(text) => ("thinking_delta", Some(text.clone()), None),
-        Delta::ToolCallStart { id, name } => (
-            "tool_call_start",
-            None,
-            Some(json!({"id": id, "name": name})),
-        ),
-        Delta::ToolCallArguments { id, fragment } => (
-            "tool_call_args_delta",
-            None,
-            Some(json!({"id": id, "json": fragment})),
-        ),
-        Delta::ToolCallDone {
-            id,
-            name,
-            arguments,
-        } => (
-            "tool_call_done",
-            None,
-            Some(json!({"id": id, "name": name, "arguments": arguments})),
-        ),
-    };
-    StreamEvent {
-        run_id: run.to_string(),
-        seq: last.map_or(0, |s| s.0),
-        kind: StreamEventType::Unknown(kind.into()),
-        time: time::OffsetDateTime::now_utc(),
-        turn_id: Some(turn.to_string()),
-        text,
-        state: None,
-        data,
     }
 }

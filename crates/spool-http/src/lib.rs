@@ -12,9 +12,11 @@ pub mod client;
 mod lines;
 mod refusals;
 pub mod server;
+pub mod stream;
 pub mod token;
 
-pub use channel::{HttpChannel, stream_line};
+pub use channel::HttpChannel;
 pub use client::{Client, ClientError};
 pub use server::{Listener, serve};
+pub use stream::stream_lines;
 pub use token::TokenFile;

@@ -312,21 +312,54 @@ pub struct AddressReply {
 }
 
 string_enum! {
-    /// The runtime's stream event types; other types come from lifecycle
-    /// events and are kept as `Unknown`.
+    /// Every stream line type. The first six are the seed's; the rest are
+    /// Spool's (the seed leaves "other types" to the runtime), listed with
+    /// their `data` in `docs/protocol/http.md`. A type this version does
+    /// not know reads as `Unknown`.
     pub enum StreamEventType {
-        /// A turn started.
+        /// A turn started (`text`: its input).
         RunTurn = "run_turn",
         /// A cancel was saved.
         RunCancelRequested = "run_cancel_requested",
-        /// The state changed.
+        /// The state changed (`state`): sent on every transition.
         RunState = "run_state",
-        /// The run parked.
+        /// The run parked (`text`: the prompt; `data`: the suspension).
         RunSuspend = "run_suspend",
         /// The run was answered and goes on.
         RunResume = "run_resume",
-        /// The turn's answer.
+        /// The turn's answer (`text`).
         RunResponse = "run_response",
+        /// The run was made (`data`: `title`, `kind`, `address`).
+        RunCreated = "run_created",
+        /// Input steered into or queued behind the running turn (`text`;
+        /// `data.policy`: `steer` or `queue`).
+        RunInput = "run_input",
+        /// The model called a tool (`data`: `call_id`, `name`, `input`,
+        /// `effect`).
+        ToolCall = "tool_call",
+        /// A tool call's result (`text`: what the model sees; `data`:
+        /// `call_id`, and `error`, `resolved` or `abandoned` when so).
+        ToolResult = "tool_result",
+        /// The model's context changed (`data.change`: `cleared` or
+        /// `compacted`).
+        RunContext = "run_context",
+        /// An address was bound to or freed from the run (`data`:
+        /// `address`, `bound`).
+        RunAddress = "run_address",
+        /// Live: a piece of the answer (`text`).
+        TextDelta = "text_delta",
+        /// Live: a piece of the model's thinking (`text`).
+        ThinkingDelta = "thinking_delta",
+        /// Live: a tool call began (`data`: `id`, `name`).
+        ToolCallStart = "tool_call_start",
+        /// Live: a piece of a tool call's arguments (`data`: `id`, `json`).
+        ToolCallArgsDelta = "tool_call_args_delta",
+        /// Live: a tool call's arguments are complete (`data`: `id`,
+        /// `name`, `arguments`).
+        ToolCallDone = "tool_call_done",
+        /// The reader fell behind and the stream ends here: resume from
+        /// `seq`.
+        Lagged = "lagged",
     }
 }
 

@@ -246,32 +246,54 @@ async fn a_stream_from_a_cursor_replays_then_goes_live_across_turns() {
         .await
         .json();
     assert_eq!(reply["state"], "completed");
-    let mut seqs = Vec::new();
+    let mut durable = Vec::new();
     let mut text = String::new();
     loop {
         let line = stream.next().await.unwrap();
         match line["type"].as_str().unwrap() {
             "text_delta" => text.push_str(line["text"].as_str().unwrap()),
-            "run_response" => {
-                seqs.push(line["seq"].as_u64().unwrap());
-                assert_eq!(line["text"], "echo: hello stream");
-                assert_eq!(line["state"], "completed");
-                break;
+            kind => {
+                durable.push((line["seq"].as_u64().unwrap(), kind.to_owned()));
+                if kind == "run_state" && line["state"] == "completed" {
+                    break;
+                }
             }
-            _ => seqs.push(line["seq"].as_u64().unwrap()),
         }
     }
-    assert_eq!(seqs.first(), Some(&1), "strictly after the cursor");
+    assert!(durable[0].0 > 0, "strictly after the cursor: {durable:?}");
     assert_eq!(
-        seqs,
-        (1..=*seqs.last().unwrap()).collect::<Vec<_>>(),
-        "no gap, no duplicate"
+        durable,
+        durable_lines_after(&server.addr, &run, 0, "completed").await,
+        "the same lines a full read has after the cursor: no gap, no duplicate"
     );
     assert_eq!(
         text, "echo: hello stream",
         "the answer streamed as it was made"
     );
     server.stop().await;
+}
+
+/// The durable lines (seq and type) a full read of the run's stream has
+/// after `cursor`, up to the `run_state` line with `state`.
+async fn durable_lines_after(
+    addr: &str,
+    run: &str,
+    cursor: u64,
+    state: &str,
+) -> Vec<(u64, String)> {
+    let mut stream = Stream::open(addr, &format!("/spool/v1/runs/{run}/stream")).await;
+    let mut lines = Vec::new();
+    loop {
+        let line = stream.next().await.unwrap();
+        let seq = line["seq"].as_u64().unwrap();
+        let kind = line["type"].as_str().unwrap().to_owned();
+        if seq > cursor && !kind.ends_with("_delta") {
+            lines.push((seq, kind.clone()));
+        }
+        if seq > cursor && kind == "run_state" && line["state"] == state {
+            return lines;
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -543,15 +565,22 @@ async fn a_stream_resumes_from_its_cursor_on_a_restarted_server_with_no_gap() {
         &format!("/spool/v1/runs/{run}/stream?cursor={seen}"),
     )
     .await;
-    let mut seqs = Vec::new();
+    let mut durable = Vec::new();
     loop {
         let line = stream.next().await.unwrap();
-        seqs.push(line["seq"].as_u64().unwrap());
-        if line["type"] == "run_response" && line["text"] == "echo: two" {
+        durable.push((
+            line["seq"].as_u64().unwrap(),
+            line["type"].as_str().unwrap().to_owned(),
+        ));
+        if line["type"] == "run_state" && line["state"] == "completed" {
             break;
         }
     }
-    assert_eq!(seqs, (seen + 1..=*seqs.last().unwrap()).collect::<Vec<_>>());
+    assert_eq!(
+        durable,
+        durable_lines_after(&second.addr, &run, seen, "completed").await,
+        "the same lines a full read has after the cursor"
+    );
     second.stop().await;
 }
 
@@ -786,5 +815,120 @@ async fn runs_with_an_empty_id_is_no_route_and_an_unknown_address_404_names_it()
         "{:?}",
         unknown.json()
     );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_that_stops_reading_gets_a_lagged_line_with_its_cursor_and_resumes_from_it() {
+    let server = Server::start(echo_runtime()).await;
+    let ensured = server.post("/spool/v1/addresses/slow", "").await.json();
+    let run = ensured["run_id"].as_str().unwrap().to_owned();
+    let cursor = ensured["cursor"].as_u64().unwrap();
+    // Opened, then not read while far more than the socket's buffers and
+    // the stream's queue can hold is written.
+    let mut slow = Stream::open(
+        &server.addr,
+        &format!("/spool/v1/runs/{run}/stream?cursor={cursor}"),
+    )
+    .await;
+    let big = "x".repeat(60_000);
+    for _ in 0..120 {
+        let reply = server
+            .post(
+                &format!("/spool/v1/runs/{run}"),
+                &json!({ "text": big }).to_string(),
+            )
+            .await;
+        assert_eq!(reply.status, 200);
+    }
+    let mut last = None;
+    while let Some(line) = slow.next().await {
+        last = Some(line);
+    }
+    let last = last.expect("the stream sent lines before it ended");
+    assert_eq!(
+        last["type"], "lagged",
+        "the stream ends with where to resume"
+    );
+    let resume = last["seq"].as_u64().unwrap();
+    assert!(resume >= cursor);
+    // Resuming from it reaches the end of the run with nothing missing.
+    let full = durable_lines_after(&server.addr, &run, resume, "completed").await;
+    assert!(!full.is_empty());
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_line_a_run_streams_is_a_known_type_with_run_state_on_each_transition_and_nothing_internal()
+ {
+    use spool_wire::http::StreamEventType;
+    let script = r#"{"tool_calls": [{"id": "c1", "name": "ask_human", "arguments": {"prompt": "Which region?"}}]}
+{"tool_calls": [{"id": "c2", "name": "no_such_tool", "arguments": {}}]}
+{"text": "Deployed to eu-west-1."}"#;
+    let server = Server::start(scripted_runtime(script)).await;
+    let ensured = server.post("/spool/v1/addresses/typed", "").await.json();
+    let run = ensured["run_id"].as_str().unwrap().to_owned();
+    let mut stream = Stream::open(&server.addr, &format!("/spool/v1/runs/{run}/stream")).await;
+    let waiting = server
+        .post(
+            &format!("/spool/v1/runs/{run}"),
+            r#"{"text": "deploy the secret plan"}"#,
+        )
+        .await
+        .json();
+    assert_eq!(waiting["state"], "waiting");
+    let turn = waiting["turn_id"].as_str().unwrap();
+    let done = server
+        .post(
+            &format!("/spool/v1/runs/{run}/respond"),
+            &json!({"responses": [{"turn_id": turn, "text": "eu-west-1"}]}).to_string(),
+        )
+        .await;
+    assert_eq!(done.json()["state"], "completed");
+    let mut lines = Vec::new();
+    loop {
+        let line = stream.next().await.unwrap();
+        let end = line["type"] == "run_state" && line["state"] == "completed";
+        lines.push(line);
+        if end {
+            break;
+        }
+    }
+    let text = serde_json::to_string(&lines).unwrap();
+    assert!(
+        !text.contains("__spool"),
+        "no recorded sentinel reaches a client: {text}"
+    );
+    for line in &lines {
+        let kind = StreamEventType::parse(line["type"].as_str().unwrap());
+        assert!(!matches!(kind, StreamEventType::Unknown(_)), "{line}");
+    }
+    let durable: Vec<(&str, Option<&str>)> = lines
+        .iter()
+        .filter(|l| !l["type"].as_str().unwrap().ends_with("_delta"))
+        .filter(|l| !l["type"].as_str().unwrap().starts_with("tool_call_"))
+        .map(|l| (l["type"].as_str().unwrap(), l["state"].as_str()))
+        .collect();
+    assert_eq!(
+        durable,
+        [
+            ("run_created", Some("pending")),
+            ("run_turn", Some("running")),
+            ("run_state", Some("running")),
+            ("tool_call", None),
+            ("run_suspend", Some("waiting")),
+            ("run_state", Some("waiting")),
+            // The answer is the resume's; no tool result repeats it.
+            ("run_resume", Some("running")),
+            ("run_state", Some("running")),
+            ("tool_call", None),
+            ("tool_result", None),
+            ("run_response", Some("completed")),
+            ("run_state", Some("completed")),
+        ],
+        "{text}"
+    );
+    // The user's words appear as the turn's input, never in a model request.
+    assert_eq!(text.matches("deploy the secret plan").count(), 1, "{text}");
     server.stop().await;
 }

@@ -213,6 +213,9 @@ fn header_list(headers: &http::HeaderMap) -> Vec<(String, String)> {
 pub(crate) struct Stream {
     body: Incoming,
     lines: std::collections::VecDeque<String>,
+    /// The start of a line whose end has not arrived: the server writes
+    /// whole lines, but a large write may reach the client in pieces.
+    partial: Vec<u8>,
     pub(crate) status: u16,
     pub(crate) headers: Vec<(String, String)>,
 }
@@ -227,6 +230,7 @@ impl Stream {
             headers: header_list(response.headers()),
             body: response.into_body(),
             lines: std::collections::VecDeque::new(),
+            partial: Vec::new(),
         }
     }
 
@@ -262,12 +266,20 @@ impl Stream {
                 if let Some(line) = self.lines.pop_front() {
                     return Some(line);
                 }
-                let frame = self.body.frame().await?.unwrap();
-                let Ok(data) = frame.into_data() else {
+                let Some(frame) = self.body.frame().await else {
+                    assert!(self.partial.is_empty(), "the stream ended mid-line");
+                    return None;
+                };
+                let Ok(data) = frame.unwrap().into_data() else {
                     continue;
                 };
-                // The server writes whole lines, so a frame never splits one.
-                let text = String::from_utf8_lossy(&data).into_owned();
+                self.partial.extend_from_slice(&data);
+                let Some(end) = self.partial.iter().rposition(|b| *b == b'\n') else {
+                    continue;
+                };
+                let rest = self.partial.split_off(end + 1);
+                let whole = std::mem::replace(&mut self.partial, rest);
+                let text = String::from_utf8_lossy(&whole).into_owned();
                 self.lines.extend(
                     text.lines()
                         .map(str::trim)

@@ -31,6 +31,30 @@ fn the_openapi_document_lists_exactly_the_routes_the_router_serves() {
     assert_eq!(documented, served);
 }
 
+#[test]
+fn the_openapi_document_lists_every_stream_line_type_and_error_code_the_wire_knows() {
+    use spool_wire::http::{ErrorCode, StreamEventType};
+    let doc: Value = serde_json::from_str(OPENAPI).unwrap();
+    let listed = |schema: &str, field: &str| -> BTreeSet<String> {
+        doc["components"]["schemas"][schema]["properties"][field]["enum"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap().to_owned())
+            .collect()
+    };
+    let types: BTreeSet<String> = StreamEventType::KNOWN
+        .iter()
+        .map(|t| t.as_str().to_owned())
+        .collect();
+    assert_eq!(listed("StreamEvent", "type"), types);
+    let codes: BTreeSet<String> = ErrorCode::KNOWN
+        .iter()
+        .map(|c| c.as_str().to_owned())
+        .collect();
+    assert_eq!(listed("Error", "code"), codes);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_listed_route_is_served() {
     let server = Server::start(echo_runtime()).await;

@@ -9,7 +9,7 @@ use spool_journal::fold::Status;
 use spool_journal::store::memory::MemoryJournal;
 use spool_journal::{Address, Event, Journal, Principal, RunId, Seq, TurnId};
 use spool_runtime::ErrorKind;
-use spool_runtime::{Accepted, CancelOutcome, MessageRequest, Runtime, RuntimeError, StartRequest};
+use spool_runtime::{Accepted, CancelOutcome, MessageRequest, Runtime, StartRequest};
 use spool_wire::run::{SuspendKind, TurnPolicy};
 
 use crate::support::*;

@@ -1,0 +1,450 @@
+//! The NDJSON stream: what each journal event and live delta becomes as
+//! stream lines, and the task that writes them to one client.
+//!
+//! Every line type is a [`StreamEventType`] variant. Journal events are
+//! mapped explicitly: the ones a client acts on become the seed's types
+//! (with a `run_state` line on every state transition), the others Spool's
+//! own types, and the runtime's internal records (model calls, with their
+//! full requests) become nothing. Recorded sentinels never reach a client:
+//! a tool's result is what the model was shown.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde_json::json;
+use spool_journal::fold::{Status, transition};
+use spool_journal::{Envelope, Event, RunId, Seq};
+use spool_runtime::engine::Delta;
+use spool_runtime::hub::{StreamItem, Subscription};
+use spool_wire::http::{RunState, StreamEvent, StreamEventType};
+use spool_wire::sentinel::{self, Sentinel};
+use tokio::sync::{mpsc, watch};
+
+use crate::lines::LineCache;
+
+/// How many stream writes may wait for a slow reader. The last slot is
+/// kept for the `lagged` line that tells it where to resume.
+pub const STREAM_QUEUE: usize = 256;
+
+/// Lines already read are written together up to this many bytes: one
+/// wake and one write for a burst, not one per line.
+pub const STREAM_BATCH_BYTES: usize = 16 * 1024;
+
+/// One item of a run's subscription as stream lines (none, one or two).
+/// `last` is the last journal position written so far (the cursor a
+/// reader resumes after); journal events move it, live deltas carry it.
+///
+/// Public so an in-process client shows a run exactly as the stream does,
+/// and other transports can map events the same way.
+pub fn stream_lines(run: &RunId, last: &mut Option<Seq>, item: &StreamItem) -> Vec<StreamEvent> {
+    match item {
+        StreamItem::Event(envelope) => {
+            *last = Some(envelope.seq);
+            event_lines(envelope)
+        }
+        StreamItem::Delta(delta) => vec![delta_line(run, *last, &delta.turn, &delta.delta)],
+        // The reader fell behind the live hub: the line tells it where to
+        // resume, and the stream ends.
+        StreamItem::Lagged { last } => vec![lagged_line(run, *last)],
+    }
+}
+
+/// The `lagged` line: the stream ends here; resume after `last`.
+fn lagged_line(run: &RunId, last: Option<Seq>) -> StreamEvent {
+    StreamEvent {
+        run_id: run.to_string(),
+        seq: last.map_or(0, |s| s.0),
+        kind: StreamEventType::Lagged,
+        time: time::OffsetDateTime::now_utc(),
+        turn_id: None,
+        text: None,
+        state: None,
+        data: None,
+    }
+}
+
+/// The lines a journal event becomes.
+fn event_lines(envelope: &Envelope) -> Vec<StreamEvent> {
+    let event = &envelope.event;
+    let line = |kind: StreamEventType, turn: Option<String>, text: Option<String>| StreamEvent {
+        run_id: envelope.run_id.to_string(),
+        seq: envelope.seq.0,
+        kind,
+        time: envelope.recorded_at,
+        turn_id: turn,
+        text,
+        state: None,
+        data: None,
+    };
+    let payload = || {
+        serde_json::to_value(event)
+            .ok()
+            .and_then(|v| v.get("payload").cloned())
+    };
+    let mut primary = match event {
+        Event::RunCreated(created) => {
+            // Who made it stays out: a principal is not the stream's to show.
+            let mut data = json!({});
+            if let Some(title) = &created.title {
+                data["title"] = title.clone().into();
+            }
+            if let Some(kind) = &created.kind {
+                data["kind"] = kind.clone().into();
+            }
+            if let Some(address) = &created.address {
+                data["address"] = address.to_string().into();
+            }
+            let mut line = line(StreamEventType::RunCreated, None, None);
+            line.state = Some(RunState::Pending);
+            line.data = Some(data);
+            Some(line)
+        }
+        Event::TurnStarted(started) => {
+            let mut line = line(
+                StreamEventType::RunTurn,
+                Some(started.turn_id.to_string()),
+                Some(started.input.clone()),
+            );
+            // The input is the line's text; the rest of the record is
+            // the turn's policy and its one-turn context.
+            let mut data = json!({"policy": started.policy.as_str()});
+            if !started.context.is_empty() {
+                data["context"] = json!(started.context);
+            }
+            line.data = Some(data);
+            Some(line)
+        }
+        Event::InputSteered(steered) => {
+            let mut line = line(
+                StreamEventType::RunInput,
+                Some(steered.turn_id.to_string()),
+                Some(steered.input.clone()),
+            );
+            line.data = Some(json!({"policy": "steer"}));
+            Some(line)
+        }
+        Event::InputQueued(queued) => {
+            let mut line = line(StreamEventType::RunInput, None, Some(queued.input.clone()));
+            line.data = Some(json!({"policy": "queue"}));
+            Some(line)
+        }
+        // The runtime's own records: a model call's request carries the
+        // whole conversation, and its answer reaches clients as deltas and
+        // as the turn's response.
+        Event::ModelCallRequested(_) | Event::ModelCallCompleted(_) => None,
+        Event::ToolCallRequested(call) => {
+            let mut line = line(StreamEventType::ToolCall, None, None);
+            line.data = Some(json!({
+                "call_id": call.call_id,
+                "name": call.tool,
+                "input": call.input,
+                "effect": call.effect,
+            }));
+            Some(line)
+        }
+        Event::ToolCallCompleted(done) => match Sentinel::decode(&done.output) {
+            Ok(None) => {
+                let mut line = line(
+                    StreamEventType::ToolResult,
+                    None,
+                    Some(sentinel::content_string(&done.output)),
+                );
+                line.data = Some(json!({"call_id": done.call_id}));
+                Some(line)
+            }
+            Ok(Some(Sentinel::Failure(failure))) => {
+                let mut line = line(
+                    StreamEventType::ToolResult,
+                    None,
+                    Some(format!("error: {}", failure.message)),
+                );
+                line.data = Some(json!({"call_id": done.call_id, "error": failure.message}));
+                Some(line)
+            }
+            // A suspension or a sleep: its own lines say so.
+            Ok(Some(_)) | Err(_) => None,
+        },
+        Event::ToolCallResolved(resolved) => {
+            let mut line = line(
+                StreamEventType::ToolResult,
+                None,
+                Some(sentinel::content_string(&resolved.output)),
+            );
+            line.data = Some(json!({"call_id": resolved.call_id, "resolved": true}));
+            Some(line)
+        }
+        Event::ToolCallAbandoned(abandoned) => {
+            let mut line = line(StreamEventType::ToolResult, None, None);
+            line.data = Some(json!({"call_id": abandoned.call_id, "abandoned": true}));
+            Some(line)
+        }
+        Event::Suspended(suspended) => {
+            let mut line = line(
+                StreamEventType::RunSuspend,
+                Some(suspended.turn_id.to_string()),
+                Some(suspended.prompt.clone()),
+            );
+            line.data = payload();
+            Some(line)
+        }
+        Event::BudgetExceeded(exceeded) => {
+            let mut line = line(
+                StreamEventType::RunSuspend,
+                None,
+                Some(format!(
+                    "the {} budget is used up ({} of {})",
+                    exceeded.budget, exceeded.used, exceeded.limit
+                )),
+            );
+            line.data = payload();
+            Some(line)
+        }
+        Event::Resumed(resumed) => {
+            let mut line = line(
+                StreamEventType::RunResume,
+                Some(resumed.turn_id.to_string()),
+                None,
+            );
+            line.data = payload();
+            Some(line)
+        }
+        Event::CancelRequested(cancel) => Some(line(
+            StreamEventType::RunCancelRequested,
+            cancel.turn_id.as_ref().map(ToString::to_string),
+            None,
+        )),
+        Event::TurnCompleted(completed) => {
+            let mut line = line(
+                StreamEventType::RunResponse,
+                Some(completed.turn_id.to_string()),
+                completed.response.clone(),
+            );
+            line.data = payload();
+            Some(line)
+        }
+        Event::ContextCleared(_) | Event::Compacted(_) => {
+            let change = if matches!(event, Event::Compacted(_)) {
+                "compacted"
+            } else {
+                "cleared"
+            };
+            let mut line = line(StreamEventType::RunContext, None, None);
+            line.data = Some(json!({"change": change}));
+            Some(line)
+        }
+        Event::AddressBound(binding) | Event::AddressUnbound(binding) => {
+            let mut line = line(StreamEventType::RunAddress, None, None);
+            line.data = Some(json!({
+                "address": binding.address.to_string(),
+                "bound": matches!(event, Event::AddressBound(_)),
+            }));
+            Some(line)
+        }
+        // Transitions only: the run_state line below is all they say.
+        Event::SleepStarted(_)
+        | Event::SleepCompleted(_)
+        | Event::TurnFailed(_)
+        | Event::TurnCancelled(_)
+        | Event::RunRetired(_) => None,
+    };
+    // Every state transition also has its run_state line, after the line
+    // that caused it.
+    let state = state_after(event).map(|state| {
+        let turn = match event {
+            Event::TurnFailed(f) => Some(f.turn_id.to_string()),
+            Event::TurnCancelled(c) => Some(c.turn_id.to_string()),
+            _ => primary.as_ref().and_then(|p| p.turn_id.clone()),
+        };
+        let text = match event {
+            Event::TurnFailed(f) => Some(f.message.clone()),
+            _ => None,
+        };
+        let mut line = line(StreamEventType::RunState, turn, text);
+        line.state = Some(state);
+        line.data = match event {
+            Event::TurnFailed(_) | Event::SleepStarted(_) | Event::RunRetired(_) => payload(),
+            _ => None,
+        };
+        line
+    });
+    if let (Some(primary), Some(state)) = (primary.as_mut(), &state) {
+        primary.state = state.state.clone();
+    }
+    primary.into_iter().chain(state).collect()
+}
+
+/// The run's state after `event`, when `event` moves it.
+fn state_after(event: &Event) -> Option<RunState> {
+    let moves = matches!(
+        event,
+        Event::TurnStarted(_)
+            | Event::Suspended(_)
+            | Event::Resumed(_)
+            | Event::SleepStarted(_)
+            | Event::SleepCompleted(_)
+            | Event::BudgetExceeded(_)
+            | Event::TurnCompleted(_)
+            | Event::TurnFailed(_)
+            | Event::TurnCancelled(_)
+            | Event::RunRetired(_)
+    );
+    moves.then(|| transition(&Status::Running, event).state().into())
+}
+
+/// A live delta as a stream line. Its `seq` is the last journal position
+/// before it: a delta is not a position of its own.
+fn delta_line(
+    run: &RunId,
+    last: Option<Seq>,
+    turn: &spool_journal::TurnId,
+    delta: &Delta,
+) -> StreamEvent {
+    let (kind, text, data) = match delta {
+        Delta::Text(text) => (StreamEventType::TextDelta, Some(text.clone()), None),
+        Delta::Thinking(text) => (StreamEventType::ThinkingDelta, Some(text.clone()), None),
+        Delta::ToolCallStart { id, name } => (
+            StreamEventType::ToolCallStart,
+            None,
+            Some(json!({"id": id, "name": name})),
+        ),
+        Delta::ToolCallArguments { id, fragment } => (
+            StreamEventType::ToolCallArgsDelta,
+            None,
+            Some(json!({"id": id, "json": fragment})),
+        ),
+        Delta::ToolCallDone {
+            id,
+            name,
+            arguments,
+        } => (
+            StreamEventType::ToolCallDone,
+            None,
+            Some(json!({"id": id, "name": name, "arguments": arguments})),
+        ),
+    };
+    StreamEvent {
+        run_id: run.to_string(),
+        seq: last.map_or(0, |s| s.0),
+        kind,
+        time: time::OffsetDateTime::now_utc(),
+        turn_id: Some(turn.to_string()),
+        text,
+        state: None,
+        data,
+    }
+}
+
+/// Appends `lines` as NDJSON to `bytes`.
+fn write_lines(bytes: &mut Vec<u8>, lines: &[StreamEvent]) {
+    for line in lines {
+        serde_json::to_writer(&mut *bytes, line).expect("stream lines are plain JSON");
+        bytes.push(b'\n');
+    }
+}
+
+/// Writes `run`'s subscription to `sender` until the client goes, the
+/// stream ends, or `closing` turns true. A reader that stops reading is
+/// sent a `lagged` line with the cursor to resume from, in the queue's
+/// last slot, and the stream ends: nothing is buffered for it beyond the
+/// queue, and it never sees a silent close.
+pub(crate) async fn write_stream(
+    run: RunId,
+    cursor: Option<Seq>,
+    mut subscription: Subscription,
+    sender: mpsc::Sender<Bytes>,
+    mut closing: watch::Receiver<bool>,
+    cache: Arc<LineCache>,
+) {
+    // The last position of the lines already queued: where a reader that
+    // falls behind resumes.
+    let mut queued = cursor;
+    let mut last = cursor;
+    loop {
+        // A client that goes away drops the body, which closes the
+        // channel: the task ends then, even on a run that never writes
+        // again, instead of waiting for a line to fail on.
+        let item = tokio::select! {
+            item = subscription.next() => item,
+            _ = closing.wait_for(|closing| *closing) => None,
+            () = sender.closed() => None,
+        };
+        let Some(mut item) = item else { break };
+        // The lines already read go out in one write: a subscriber
+        // catching up after a burst is woken and written to once.
+        let mut bytes = Vec::new();
+        let lagged = loop {
+            match &item {
+                StreamItem::Event(envelope) => {
+                    last = Some(envelope.seq);
+                    bytes.extend_from_slice(&cache.line(envelope, |envelope| {
+                        let mut line = Vec::new();
+                        write_lines(&mut line, &event_lines(envelope));
+                        Bytes::from(line)
+                    }));
+                }
+                item => write_lines(&mut bytes, &stream_lines(&run, &mut last, item)),
+            }
+            if matches!(item, StreamItem::Lagged { .. }) {
+                break true;
+            }
+            if bytes.len() >= STREAM_BATCH_BYTES {
+                break false;
+            }
+            match subscription.ready() {
+                Some(next) => item = next,
+                None => break false,
+            }
+        };
+        if bytes.is_empty() {
+            continue;
+        }
+        if sender.capacity() <= 1 && !lagged {
+            // The reader is a queue behind: its last slot says where to
+            // resume, and the stream ends.
+            let mut line = Vec::new();
+            write_lines(&mut line, &[lagged_line(&run, queued)]);
+            let _ = sender.try_send(Bytes::from(line));
+            break;
+        }
+        if sender.try_send(Bytes::from(bytes)).is_err() || lagged {
+            break;
+        }
+        queued = last;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use spool_journal::event::{ModelCallRequested, TurnCompleted};
+
+    fn envelope(event: Event) -> Envelope {
+        Envelope {
+            run_id: RunId::new("r").unwrap(),
+            seq: Seq(3),
+            recorded_at: time::OffsetDateTime::UNIX_EPOCH,
+            event,
+        }
+    }
+
+    #[test]
+    fn a_model_call_reaches_no_client_and_a_response_carries_its_run_state() {
+        let request = envelope(Event::ModelCallRequested(ModelCallRequested {
+            request_hash: "sha256:aa".into(),
+            new_messages: vec![serde_json::json!({"role": "user", "content": "a secret plan"})],
+        }));
+        assert!(event_lines(&request).is_empty());
+        let done = envelope(Event::TurnCompleted(TurnCompleted {
+            turn_id: spool_journal::TurnId::new("t1").unwrap(),
+            response: Some("hi".into()),
+            usage: None,
+        }));
+        let lines = event_lines(&done);
+        let kinds: Vec<_> = lines.iter().map(|l| l.kind.clone()).collect();
+        assert_eq!(
+            kinds,
+            [StreamEventType::RunResponse, StreamEventType::RunState]
+        );
+        assert!(lines.iter().all(|l| l.state == Some(RunState::Completed)));
+    }
+}

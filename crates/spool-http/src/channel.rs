@@ -600,9 +600,11 @@ impl HttpChannel {
             Accepted::Started { run, turn } | Accepted::Steered { run, turn } => {
                 (run, turn.clone())
             }
-            Accepted::Queued { run } => {
-                let view = self.runtime.get(run).await?;
-                return Ok(body::json(StatusCode::ACCEPTED, &reply(&view)));
+            // As the seed's reference does: the reply is the queued turn's,
+            // once it has run.
+            Accepted::Queued { run, queued } => {
+                let view = self.runtime.wait_for_queued(run, *queued).await?;
+                return Ok(body::json(StatusCode::OK, &reply(&view)));
             }
             // The first request for the operation answers at its turn's
             // boundary; a replay racing it answers the same way.

@@ -932,3 +932,43 @@ async fn every_line_a_run_streams_is_a_known_type_with_run_state_on_each_transit
     assert_eq!(text.matches("deploy the secret plan").count(), 1, "{text}");
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_queued_behind_a_running_turn_is_answered_with_the_queued_turns_reply() {
+    let script = r#"{"text": "first answer", "delay_ms": 300}
+{"text": "second answer"}"#;
+    let server = Server::start(scripted_runtime(script)).await;
+    let ensured = server.post("/spool/v1/addresses/queue", "").await.json();
+    let run = ensured["run_id"].as_str().unwrap().to_owned();
+    let mut stream = Stream::open(&server.addr, &format!("/spool/v1/runs/{run}/stream")).await;
+    let first = {
+        let addr = server.addr.clone();
+        let path = format!("/spool/v1/runs/{run}");
+        tokio::spawn(async move {
+            request(&addr, "POST", &path, Some(br#"{"text": "one"}"#), &[]).await
+        })
+    };
+    // Queued once the first turn runs.
+    loop {
+        if stream.next().await.unwrap()["type"] == "run_turn" {
+            break;
+        }
+    }
+    let queued = server
+        .post(
+            &format!("/spool/v1/runs/{run}"),
+            r#"{"text": "two", "turn_policy": "queue"}"#,
+        )
+        .await;
+    assert_eq!(queued.status, 200, "{:?}", queued.json());
+    let queued = queued.json();
+    let first = first.await.unwrap().json();
+    assert_eq!(first["response"], "first answer");
+    assert_eq!(queued["state"], "completed");
+    assert_eq!(queued["response"], "second answer");
+    assert_ne!(
+        queued["turn_id"], first["turn_id"],
+        "the reply is the queued turn's"
+    );
+    server.stop().await;
+}

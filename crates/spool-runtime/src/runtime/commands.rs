@@ -140,7 +140,11 @@ impl Runtime {
                     input: message.text,
                     context: message.context,
                 })],
-                Accepted::Queued { run: run.clone() },
+                // Appended at the head, under this lock.
+                Accepted::Queued {
+                    run: run.clone(),
+                    queued: locked.cached().next(),
+                },
             ),
             (Status::Running, Some(turn), _) => (
                 vec![Event::InputSteered(InputSteered {

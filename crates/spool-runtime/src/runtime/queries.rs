@@ -198,6 +198,56 @@ impl Runtime {
         }
     }
 
+    /// Waits until the input queued at `queued` has become a turn and that
+    /// turn reaches a boundary, and returns the run then: the reply a
+    /// caller that queued a message waits for. When the queued input is
+    /// dropped before it starts (the run was reset), returns the run as it
+    /// is.
+    ///
+    /// # Errors
+    ///
+    /// As [`Runtime::wait_for`].
+    pub async fn wait_for_queued(
+        &self,
+        run: &RunId,
+        queued: spool_journal::Seq,
+    ) -> Result<RunView, RuntimeError> {
+        let mut positions = self.inner.journal.subscribe(run).await?;
+        loop {
+            // Looked at before the log is read: an input no longer queued
+            // then either started a turn the read below finds, or was
+            // dropped.
+            let still_queued = {
+                let locked = self.inner.lock(run).await?;
+                locked.state().queued.iter().any(|(seq, _)| *seq == queued)
+            };
+            // The turn it became names it; only the log after it is read.
+            let started = self
+                .inner
+                .journal
+                .read(run, queued)
+                .await?
+                .into_iter()
+                .find_map(|envelope| match envelope.event {
+                    spool_journal::Event::TurnStarted(started)
+                        if started.from_queue == Some(queued) =>
+                    {
+                        Some(started.turn_id)
+                    }
+                    _ => None,
+                });
+            if let Some(turn) = started {
+                return self.wait_for(run, &turn).await;
+            }
+            if !still_queued {
+                return self.get(run).await;
+            }
+            if positions.changed().await.is_err() {
+                return Err(RuntimeError::Journal(JournalError::Closed));
+            }
+        }
+    }
+
     /// Whether the journal can write, as the runtime last saw it: a write
     /// that failed on storage makes it [`JournalHealth::Unavailable`]
     /// until a probe or another write succeeds. What a readiness check

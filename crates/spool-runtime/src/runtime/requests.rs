@@ -66,10 +66,13 @@ pub enum Accepted {
         /// The running turn.
         turn: TurnId,
     },
-    /// Queued to run after the running turn.
+    /// Queued to run after the running turn; see
+    /// [`Runtime::wait_for_queued`](crate::Runtime::wait_for_queued).
     Queued {
         /// The run.
         run: RunId,
+        /// Where the input was recorded: the turn it becomes names it.
+        queued: spool_journal::Seq,
     },
     /// An operation id's earlier run, returned without another turn. As
     /// the HTTP seed says, a retry's changed text does not change the
@@ -90,7 +93,7 @@ impl Accepted {
         match self {
             Self::Started { run, .. }
             | Self::Steered { run, .. }
-            | Self::Queued { run }
+            | Self::Queued { run, .. }
             | Self::Replayed { run, .. } => run,
         }
     }

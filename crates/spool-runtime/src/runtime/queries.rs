@@ -160,6 +160,8 @@ impl Runtime {
     pub async fn wait_for(&self, run: &RunId, turn: &TurnId) -> Result<RunView, RuntimeError> {
         let mut stalls = self.inner.storage.stalls();
         let mut positions = self.inner.journal.subscribe(run).await?;
+        // Where the turn's end can be: after the head seen while it ran.
+        let mut ends_after: Option<Seq> = None;
         loop {
             if self.inner.storage.is_stalled(run) {
                 let reason = match self.journal_health() {
@@ -182,9 +184,22 @@ impl Runtime {
                             | Status::Waiting(_)
                             | Status::Retired
                     );
+                if state.turn.as_ref() != Some(turn) {
+                    // Overtaken: a later turn started before this waiter
+                    // looked (a queued one, at once). The reply is still
+                    // this turn's own, read from where it ended.
+                    let title = state.title().map(str::to_owned);
+                    drop(locked);
+                    let from = ends_after.unwrap_or(Seq(0));
+                    if let Some(view) = self.turn_end(run, turn, from, title).await? {
+                        return Ok(view);
+                    }
+                    return self.get(run).await;
+                }
                 if over {
                     return Ok(RunView::of(&locked));
                 }
+                ends_after.get_or_insert(locked.cached().next());
             }
             // The appender folds into the cache before it lets the lock
             // go, so the state read after this wake-up holds the append.
@@ -196,6 +211,47 @@ impl Runtime {
                 _ = stalls.changed() => {}
             }
         }
+    }
+
+    /// The run as `turn` left it at its last boundary, read from the log
+    /// after `from`: for a waiter whose turn was overtaken before it looked.
+    async fn turn_end(
+        &self,
+        run: &RunId,
+        turn: &TurnId,
+        from: Seq,
+        title: Option<String>,
+    ) -> Result<Option<RunView>, RuntimeError> {
+        use spool_journal::Event;
+        let mut view = None;
+        for envelope in self.inner.journal.read(run, from).await? {
+            let (status, response, usage, suspend) = match envelope.event {
+                Event::TurnCompleted(done) if &done.turn_id == turn => {
+                    (Status::Completed, done.response, done.usage, None)
+                }
+                Event::TurnFailed(failed) if &failed.turn_id == turn => {
+                    (Status::Failed, None, None, None)
+                }
+                Event::TurnCancelled(cancelled) if &cancelled.turn_id == turn => {
+                    (Status::Cancelled, None, None, None)
+                }
+                Event::Suspended(suspended) if &suspended.turn_id == turn => {
+                    (Status::Waiting(suspended.kind), None, None, Some(suspended))
+                }
+                _ => continue,
+            };
+            view = Some(RunView {
+                run_id: run.clone(),
+                status,
+                turn_id: Some(turn.clone()),
+                cursor: Some(envelope.seq),
+                response,
+                suspend,
+                usage,
+                title: title.clone(),
+            });
+        }
+        Ok(view)
     }
 
     /// Waits until the input queued at `queued` has become a turn and that

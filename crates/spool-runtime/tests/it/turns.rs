@@ -318,19 +318,32 @@ async fn queued_input_runs_as_the_next_turn_after_the_running_one() {
     let runtime = runtime_with(Arc::clone(&journal), script, tools_with(vec![tool]));
     let (run, turn) = started(runtime.start(start("first")).await.unwrap());
     entered(&entered_tool).await;
-    assert_eq!(
-        runtime
-            .send(&run, message("second", TurnPolicy::Queue))
-            .await
-            .unwrap(),
-        Accepted::Queued { run: run.clone() }
-    );
+    let Accepted::Queued {
+        run: queued_in,
+        queued,
+    } = runtime
+        .send(&run, message("second", TurnPolicy::Queue))
+        .await
+        .unwrap()
+    else {
+        panic!("a message with the queue policy to a busy run is queued");
+    };
+    assert_eq!(queued_in, run);
     gate.notify_one();
     settle(&runtime, &run, &turn).await;
-    until(&runtime, &run, |view| {
-        view.status == Status::Completed && view.turn_id.as_ref() != Some(&turn)
-    })
-    .await;
+    let second = tokio::time::timeout(PATIENCE, runtime.wait_for_queued(&run, queued))
+        .await
+        .expect("the queued turn runs in time")
+        .unwrap();
+    assert_eq!(second.status, Status::Completed);
+    assert_ne!(second.turn_id.as_ref(), Some(&turn));
+    assert_eq!(second.response.as_deref(), Some("second done"));
+    // A waiter that looks only now, its turn overtaken by the queued one,
+    // still gets its own turn's reply.
+    let first = runtime.wait_for(&run, &turn).await.unwrap();
+    assert_eq!(first.turn_id.as_ref(), Some(&turn));
+    assert_eq!(first.response.as_deref(), Some("first done"));
+    assert_eq!(first.status, Status::Completed);
     let finished: Vec<String> = journal
         .read(&run, Seq(0))
         .await

@@ -777,7 +777,7 @@ impl HttpChannel {
                     Ok(reset) => reset,
                     Err(rejection) => return Ok(body::error(rejection.code, rejection.message)),
                 };
-                self.runtime.reset(run, reset.reason).await?;
+                self.runtime.reset_in(run, reset.reason, NAMESPACE).await?;
                 Ok(body::empty(StatusCode::NO_CONTENT))
             }
             "clear" => {

@@ -375,6 +375,7 @@ async fn addresses_bind_once_and_free_on_unbind_and_retire(journal: Arc<dyn Jour
             Seq(1),
             vec![Event::RunRetired(RunRetired {
                 reason: Some("reset".into()),
+                namespace: None,
             })],
         )
         .await
@@ -398,6 +399,35 @@ async fn addresses_bind_once_and_free_on_unbind_and_retire(journal: Arc<dyn Jour
         journal.find_address(&address).await.unwrap(),
         Some(a),
         "a freed address can be bound again"
+    );
+    // Retiring within one namespace frees that namespace's addresses only.
+    let (web, pod) = (Address::new("http", "desk"), Address::new("pod", "desk"));
+    let c = run("addr-c");
+    journal
+        .append(
+            &c,
+            Seq(0),
+            vec![
+                Event::RunCreated(RunCreated {
+                    address: Some(web.clone()),
+                    ..RunCreated::default()
+                }),
+                Event::AddressBound(AddressBinding {
+                    address: pod.clone(),
+                }),
+                Event::RunRetired(RunRetired {
+                    reason: None,
+                    namespace: Some("http".into()),
+                }),
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(journal.find_address(&web).await.unwrap(), None);
+    assert_eq!(
+        journal.find_address(&pod).await.unwrap(),
+        Some(c),
+        "an address in another namespace stays bound"
     );
 }
 

@@ -369,6 +369,11 @@ pub struct RunRetired {
     /// Why, for the log.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// The one namespace whose addresses retiring frees (the HTTP
+    /// channel's reset frees its own only); absent, every address of the
+    /// run is freed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
 }
 
 /// `tool_call_resolved`: an operator says a dangling call happened, with

@@ -314,7 +314,10 @@ impl State {
             Event::AddressUnbound(binding) => {
                 self.addresses.remove(&binding.address);
             }
-            Event::RunRetired(_) => self.addresses.clear(),
+            Event::RunRetired(retired) => match &retired.namespace {
+                None => self.addresses.clear(),
+                Some(namespace) => self.addresses.retain(|a| &a.namespace != namespace),
+            },
         }
     }
 

@@ -972,3 +972,24 @@ async fn a_message_queued_behind_a_running_turn_is_answered_with_the_queued_turn
     );
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_frees_the_runs_http_addresses_only() {
+    let runtime = echo_runtime();
+    let pod = runtime.channel("pod").unwrap();
+    let server = Server::start(runtime).await;
+    let ensured = server.post("/spool/v1/addresses/desk", "").await.json();
+    let run = spool_journal::RunId::new(ensured["run_id"].as_str().unwrap()).unwrap();
+    pod.attach("desk", &run).await.unwrap();
+    let reset = server
+        .post(&format!("/spool/v1/runs/{run}/reset"), "{}")
+        .await;
+    assert_eq!(reset.status, 204);
+    assert_eq!(server.get("/spool/v1/addresses/desk").await.status, 404);
+    assert_eq!(
+        pod.lookup("desk").await.unwrap().run_id,
+        run,
+        "the pod's address still leads to the run, for the pod to replace"
+    );
+    server.stop().await;
+}

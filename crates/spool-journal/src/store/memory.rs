@@ -134,6 +134,9 @@ impl MemoryJournal {
                     }
                 }
                 IndexChange::UnbindAll => inner.addresses.retain(|_, owner| owner != run),
+                IndexChange::UnbindNamespace(namespace) => inner
+                    .addresses
+                    .retain(|address, owner| owner != run || address.namespace != namespace),
                 IndexChange::Operation {
                     scope,
                     operation_id,

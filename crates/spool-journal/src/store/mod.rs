@@ -288,6 +288,7 @@ pub(crate) enum IndexChange {
     Bind(Address),
     Unbind(Address),
     UnbindAll,
+    UnbindNamespace(String),
     Operation {
         scope: String,
         operation_id: String,
@@ -402,7 +403,10 @@ fn index_changes(event: &Event, seq: Seq) -> Vec<IndexChange> {
         }
         Event::AddressBound(binding) => vec![IndexChange::Bind(binding.address.clone())],
         Event::AddressUnbound(binding) => vec![IndexChange::Unbind(binding.address.clone())],
-        Event::RunRetired(_) => vec![IndexChange::UnbindAll],
+        Event::RunRetired(retired) => match &retired.namespace {
+            None => vec![IndexChange::UnbindAll],
+            Some(namespace) => vec![IndexChange::UnbindNamespace(namespace.clone())],
+        },
         Event::ToolCallCompleted(done) => vec![IndexChange::Settle {
             call_id: done.call_id.clone(),
             output: done.output.clone(),

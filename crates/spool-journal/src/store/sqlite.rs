@@ -831,6 +831,11 @@ fn write_plan(conn: &Connection, run: &RunId, plan: &super::Plan) -> Result<(), 
                 params![address.namespace, address.name, run.as_str()],
             ),
             IndexChange::UnbindAll => exec(conn, "DELETE FROM addresses WHERE run_id = ?1", params![run.as_str()]),
+            IndexChange::UnbindNamespace(namespace) => exec(
+                conn,
+                "DELETE FROM addresses WHERE run_id = ?1 AND namespace = ?2",
+                params![run.as_str(), namespace],
+            ),
             IndexChange::Operation { scope, operation_id } => exec(
                 conn,
                 "INSERT OR IGNORE INTO operations (scope, operation_id, run_id) VALUES (?1, ?2, ?3)",

@@ -297,14 +297,39 @@ impl Runtime {
         Ok(CancelOutcome::Requested(current))
     }
 
-    /// Retires a run for good and frees its addresses in `namespace` (all
-    /// of them, since a retired run holds none). A running turn is
-    /// cancelled first.
+    /// Retires a run for good and frees every address it holds. A running
+    /// turn is cancelled first.
     ///
     /// # Errors
     ///
     /// `RunNotFound`; `RunRetired` when it already is.
     pub async fn reset(&self, run: &RunId, reason: Option<String>) -> Result<(), RuntimeError> {
+        self.retire(run, reason, None).await
+    }
+
+    /// [`Runtime::reset`], freeing only the run's addresses in `namespace`
+    /// (the HTTP seed: reset "frees bindings in the HTTP namespace only");
+    /// its addresses elsewhere stay bound to the retired run, for their
+    /// transport to replace.
+    ///
+    /// # Errors
+    ///
+    /// As [`Runtime::reset`].
+    pub async fn reset_in(
+        &self,
+        run: &RunId,
+        reason: Option<String>,
+        namespace: &str,
+    ) -> Result<(), RuntimeError> {
+        self.retire(run, reason, Some(namespace)).await
+    }
+
+    async fn retire(
+        &self,
+        run: &RunId,
+        reason: Option<String>,
+        namespace: Option<&str>,
+    ) -> Result<(), RuntimeError> {
         self.inner.cancel_turn(run);
         let mut locked = self.inner.lock(run).await?;
         let state = locked.state();
@@ -314,9 +339,13 @@ impl Runtime {
         let mut events: Vec<Event> = state
             .addresses
             .iter()
+            .filter(|a| namespace.is_none_or(|ns| a.namespace == ns))
             .map(|a| Event::AddressUnbound(AddressBinding { address: a.clone() }))
             .collect();
-        events.push(Event::RunRetired(RunRetired { reason }));
+        events.push(Event::RunRetired(RunRetired {
+            reason,
+            namespace: namespace.map(str::to_owned),
+        }));
         locked.append(&*self.inner.journal, events).await
     }
 

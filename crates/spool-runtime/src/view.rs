@@ -1,11 +1,12 @@
 //! What the runtime tells callers about a run: its state and latest
 //! boundary result, and the conversation for display.
 
-use serde_json::Value;
+use serde_json::{Value, json};
 use spool_journal::event::{Suspended, Usage};
-use spool_journal::fold::{ItemContent, State, Status};
-use spool_journal::{RunId, Seq, TurnId};
+use spool_journal::fold::{State, Status};
+use spool_journal::{Envelope, Event, RunId, Seq, TurnId};
 use spool_wire::run::SuspendKind;
+use spool_wire::sentinel::{self, Sentinel};
 
 use crate::runs::Locked;
 
@@ -35,8 +36,8 @@ pub struct RunView {
 pub struct Snapshot {
     /// The state.
     pub view: RunView,
-    /// The conversation for display: `{"role", "content"}` objects, with
-    /// tool calls and results.
+    /// The conversation for display: `{"role", "content": [parts]}`
+    /// messages (see `display_messages`), compactions aside.
     pub messages: Vec<Value>,
 }
 
@@ -59,37 +60,144 @@ impl RunView {
 }
 
 impl Snapshot {
-    pub(crate) fn of(locked: &Locked) -> Self {
-        let messages = locked
-            .state()
-            .conversation
-            .iter()
-            .map(|item| match &item.content {
-                ItemContent::User(text) => serde_json::json!({"role": "user", "content": text}),
-                ItemContent::Assistant(message) => {
-                    let text = message.get("text").cloned().unwrap_or(Value::String(String::new()));
-                    let mut shown = serde_json::json!({"role": "assistant", "content": text});
-                    if let Some(calls) = message.get("tool_calls") {
-                        shown["tool_calls"] = calls.clone();
-                    }
-                    shown
-                }
-                ItemContent::ToolResult { call_id, output } => {
-                    serde_json::json!({"role": "tool", "call_id": call_id, "content": output})
-                }
-                ItemContent::Answers(answers) => serde_json::json!({
-                    "role": "user",
-                    "content": answers.iter().map(|a| a.text.as_str()).collect::<Vec<_>>().join("\n"),
-                    "answers": serde_json::to_value(answers).unwrap_or_default(),
-                }),
-                ItemContent::Summary(summary) => serde_json::json!({"role": "summary", "content": summary}),
-            })
-            .collect();
+    /// The run as `locked` holds it, with its display history built from
+    /// `log` (the run's events up to the same position).
+    pub(crate) fn of(locked: &Locked, log: &[Envelope]) -> Self {
         Self {
             view: RunView::of(locked),
-            messages,
+            messages: display_messages(log),
         }
     }
+}
+
+/// A message part: `{"type": "text", "text"}`.
+fn text_part(text: &str) -> Value {
+    json!({"type": "text", "text": text})
+}
+
+/// The conversation for display, from a run's log, as the HTTP seed asks:
+/// complete messages with content parts (`text`, `thinking`, `tool_call`,
+/// `tool_result`), in the order things happened. It is not the model's
+/// context: a compaction summarizes the model's context and removes
+/// nothing from here; a clear starts it over. Recorded sentinels never
+/// appear: a tool's result is what the model was shown, a suspension's
+/// answer is the person's message.
+pub(crate) fn display_messages(log: &[Envelope]) -> Vec<Value> {
+    let mut messages = Vec::new();
+    // Input steered in while a model call was under way reached the model
+    // after it: shown after its answer.
+    let mut model_call_open = false;
+    let mut steered_later: Vec<Value> = Vec::new();
+    let mut suspended_call: Option<String> = None;
+    let mut sleeping: Vec<(String, time::OffsetDateTime)> = Vec::new();
+    let user = |text: &str| json!({"role": "user", "content": [text_part(text)]});
+    let tool_result = |call_id: &str, content: String, is_error: bool| {
+        let mut part = json!({"type": "tool_result", "tool_call_id": call_id, "content": content});
+        if is_error {
+            part["is_error"] = true.into();
+        }
+        json!({"role": "tool", "content": [part]})
+    };
+    for envelope in log {
+        match &envelope.event {
+            Event::TurnStarted(started) => messages.push(user(&started.input)),
+            Event::InputSteered(steered) if model_call_open => {
+                steered_later.push(user(&steered.input));
+            }
+            Event::InputSteered(steered) => messages.push(user(&steered.input)),
+            Event::ModelCallRequested(_) => model_call_open = true,
+            Event::ModelCallCompleted(done) => {
+                model_call_open = false;
+                let mut parts = Vec::new();
+                if let Some(thinking) = done.message.get("thinking").and_then(Value::as_str) {
+                    parts.push(json!({"type": "thinking", "thinking": thinking}));
+                }
+                if let Some(text) = done.message.get("text").and_then(Value::as_str)
+                    && !text.is_empty()
+                {
+                    parts.push(text_part(text));
+                }
+                for call in done
+                    .message
+                    .get("tool_calls")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                {
+                    parts.push(json!({
+                        "type": "tool_call",
+                        "id": call.get("id"),
+                        "name": call.get("name"),
+                        "arguments": call.get("arguments"),
+                    }));
+                }
+                messages.push(json!({"role": "assistant", "content": parts}));
+                messages.append(&mut steered_later);
+            }
+            Event::ToolCallCompleted(done) => match Sentinel::decode(&done.output) {
+                Ok(None) => messages.push(tool_result(
+                    &done.call_id,
+                    sentinel::content_string(&done.output),
+                    false,
+                )),
+                Ok(Some(Sentinel::Failure(failure))) => messages.push(tool_result(
+                    &done.call_id,
+                    format!("error: {}", failure.message),
+                    true,
+                )),
+                // A suspension's answer and a sleep's end come later.
+                Ok(Some(_)) | Err(_) => {}
+            },
+            Event::Suspended(suspended) => suspended_call.clone_from(&suspended.call_id),
+            Event::Resumed(resumed) => {
+                let text = resumed
+                    .answers
+                    .iter()
+                    .map(|a| a.text.as_str())
+                    .collect::<Vec<_>>()
+                    .join("\n");
+                let mut message = user(&text);
+                message["answers"] = serde_json::to_value(&resumed.answers).unwrap_or_default();
+                if let Some(call) = suspended_call.take() {
+                    message["tool_call_id"] = call.into();
+                }
+                messages.push(message);
+            }
+            Event::SleepStarted(sleep) => sleeping.push((sleep.call_id.clone(), sleep.wake_at)),
+            Event::SleepCompleted(woke) => {
+                if let Some(at) = sleeping.iter().position(|(call, _)| *call == woke.call_id) {
+                    let (call, wake_at) = sleeping.swap_remove(at);
+                    messages.push(tool_result(
+                        &call,
+                        sentinel::content_string(&sentinel::slept_output(wake_at)),
+                        false,
+                    ));
+                }
+            }
+            Event::ToolCallResolved(resolved) => messages.push(tool_result(
+                &resolved.call_id,
+                sentinel::content_string(&resolved.output),
+                false,
+            )),
+            Event::ToolCallAbandoned(abandoned) => messages.push(tool_result(
+                &abandoned.call_id,
+                "abandoned by an operator".into(),
+                true,
+            )),
+            Event::ContextCleared(_) => {
+                messages.clear();
+                steered_later.clear();
+            }
+            // Ended without an answer: what was steered in stays shown.
+            Event::TurnFailed(_) | Event::TurnCancelled(_) => {
+                model_call_open = false;
+                messages.append(&mut steered_later);
+            }
+            _ => {}
+        }
+    }
+    messages.append(&mut steered_later);
+    messages
 }
 
 /// A used-up budget, shown the way every other wait is: what is used up,

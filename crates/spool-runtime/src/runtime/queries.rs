@@ -31,7 +31,11 @@ impl Runtime {
     /// `RunNotFound`.
     pub async fn snapshot(&self, run: &RunId) -> Result<Snapshot, RuntimeError> {
         let locked = self.inner.lock(run).await?;
-        Ok(Snapshot::of(&locked))
+        // One replay, under the run's lock: the messages, the state and
+        // the cursor are all as of the same position.
+        let mut log = self.inner.journal.read(run, Seq(0)).await?;
+        log.truncate(usize::try_from(locked.cached().next().0).unwrap_or(usize::MAX));
+        Ok(Snapshot::of(&locked, &log))
     }
 
     /// The run an address is bound to, without creating one.

@@ -28,7 +28,6 @@ async fn no_command_reads_a_cached_runs_log_from_the_start() {
             Some(format!("echo: hello {n}").as_str())
         );
         runtime.get(&run).await.unwrap();
-        runtime.snapshot(&run).await.unwrap();
     }
     runtime.clear(&run).await.unwrap();
     let view = next_turn(&runtime, &run, "after the clear").await;

@@ -770,18 +770,25 @@ impl spool_runtime::Engine for Compacting {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn compaction_replaces_older_context_with_the_engines_summary_for_the_model() {
+async fn compaction_replaces_older_context_with_the_engines_summary_for_the_model_not_the_display_history()
+ {
     let journal: Arc<dyn Journal> = Arc::new(MemoryJournal::new());
     let runtime = Runtime::builder(Arc::clone(&journal))
         .engine(Arc::new(Compacting))
         .build();
     let (run, turn) = started(runtime.start(start("one")).await.unwrap());
     settle(&runtime, &run, &turn).await;
+    let before = runtime.snapshot(&run).await.unwrap().messages;
     runtime.compact(&run).await.unwrap();
-    let snapshot = runtime.snapshot(&run).await.unwrap();
+    // The seed: compaction does not remove older messages from display
+    // history.
+    assert_eq!(runtime.snapshot(&run).await.unwrap().messages, before);
     assert_eq!(
-        snapshot.messages,
-        [json!({"role": "summary", "content": "2 messages so far"})]
+        before,
+        [
+            json!({"role": "user", "content": [{"type": "text", "text": "one"}]}),
+            json!({"role": "assistant", "content": [{"type": "text", "text": "echo: one"}]}),
+        ]
     );
     let (_, next) = started(
         runtime
@@ -1014,5 +1021,79 @@ async fn cancelling_mid_stream_stops_the_model_at_once_and_records_no_answer() {
     assert!(
         !kinds.contains(&"model_call_completed"),
         "the interrupted answer is not recorded: {kinds:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_snapshot_shows_steered_input_after_the_answer_it_came_too_late_for() {
+    let (engine, gate) = crate::support::Held::new();
+    let runtime = Runtime::builder(Arc::new(MemoryJournal::new()))
+        .engine(engine)
+        .build();
+    let (run, turn) = started(runtime.start(start("hello")).await.unwrap());
+    gate.entered().await;
+    // Steered in while the first model call is under way: the model sees
+    // it in the next call, after its first answer.
+    assert!(matches!(
+        runtime
+            .send(&run, message("also this", TurnPolicy::Steer))
+            .await
+            .unwrap(),
+        Accepted::Steered { .. }
+    ));
+    gate.open();
+    settle(&runtime, &run, &turn).await;
+    let messages = runtime.snapshot(&run).await.unwrap().messages;
+    let shown: Vec<(&str, &str)> = messages
+        .iter()
+        .map(|m| {
+            (
+                m["role"].as_str().unwrap(),
+                m["content"][0]["text"].as_str().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            ("user", "hello"),
+            ("assistant", "echo: hello"),
+            ("user", "also this"),
+            ("assistant", "echo: also this"),
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_snapshot_shows_a_question_and_its_answer_without_the_recorded_sentinel() {
+    let script = r#"{"tool_calls": [{"id": "c1", "name": "ask_human", "arguments": {"prompt": "Which region?"}}]}
+{"text": "deploying to eu-west-1"}"#;
+    let runtime = scripted(script);
+    let (run, turn) = started(runtime.start(start("deploy")).await.unwrap());
+    settle(&runtime, &run, &turn).await;
+    runtime
+        .respond(
+            &run,
+            Some(&turn),
+            vec![Answer {
+                text: "eu-west-1".into(),
+                approved: None,
+            }],
+        )
+        .await
+        .unwrap();
+    settle(&runtime, &run, &turn).await;
+    let messages = runtime.snapshot(&run).await.unwrap().messages;
+    let text = serde_json::to_string(&messages).unwrap();
+    assert!(!text.contains("__spool"), "{text}");
+    assert_eq!(messages[1]["content"][0]["type"], "tool_call", "{text}");
+    assert_eq!(messages[2]["role"], "user", "{text}");
+    assert_eq!(messages[2]["tool_call_id"], "c1", "{text}");
+    assert_eq!(messages[2]["content"][0]["text"], "eu-west-1", "{text}");
+    assert_eq!(messages[3]["content"][0]["text"], "deploying to eu-west-1");
+    runtime.clear(&run).await.unwrap();
+    assert!(
+        runtime.snapshot(&run).await.unwrap().messages.is_empty(),
+        "a clear starts the display history over"
     );
 }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use clap::{Args, Subcommand};
 use spool_http::{HttpChannel, Listener, TokenFile};
 use spool_journal::JournalError;
@@ -123,11 +123,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 .addr
                 .parse()
                 .with_context(|| format!("`{}` is not an address", args.addr))?;
-            if !addr.ip().is_loopback() && tokens.is_none() {
-                bail!(
-                    "refusing to listen on {addr} without an authenticator: pass --token-file, or bind to loopback"
-                );
-            }
+            // Checked before anything is opened; the channel checks again.
+            spool_http::server::check_exposure(addr, tokens.is_some())?;
             Listener::tcp(&args.addr)
                 .await
                 .with_context(|| format!("binding {}", args.addr))?
@@ -166,7 +163,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         say("spool: shutting down; runs stay durable in the journal");
         stop.send_replace(true);
     };
-    spool_http::serve(listener, channel.handler(), shutdown).await?;
+    channel.serve(listener, shutdown).await?;
     Ok(ExitCode::SUCCESS)
 }
 

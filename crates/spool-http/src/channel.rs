@@ -145,8 +145,27 @@ impl HttpChannel {
         self
     }
 
-    /// Requires every route but `/health` to pass `authenticator`; body
-    /// `auth` is then ignored.
+    /// Serves this channel on `listener` until `shutdown` completes, then
+    /// shuts down gracefully, as [`crate::serve`] does.
+    ///
+    /// # Errors
+    ///
+    /// [`crate::server::Exposed`] (as an `io::Error` of kind
+    /// `PermissionDenied`) for a TCP listener other machines can reach
+    /// when the channel has no authenticator; errors of the listener.
+    pub async fn serve(
+        self,
+        listener: crate::Listener,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) -> std::io::Result<()> {
+        listener
+            .check_exposure(self.authenticator.is_some())
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::PermissionDenied, e))?;
+        crate::serve(listener, self.handler(), shutdown).await
+    }
+
+    /// Requires every route but `/health` and `/ready` to pass
+    /// `authenticator`; body `auth` is then ignored.
     #[must_use]
     pub fn with_authenticator(mut self, authenticator: Arc<dyn Authenticator>) -> Self {
         self.authenticator = Some(authenticator);
@@ -321,7 +340,10 @@ impl HttpChannel {
                 &Info {
                     agent: self.agent.clone(),
                     version: env!("CARGO_PKG_VERSION").to_owned(),
-                    channels: vec![NAMESPACE.into()],
+                    // This channel, and the host's own mounted beside it.
+                    channels: std::iter::once(NAMESPACE.to_owned())
+                        .chain(self.mounted.iter().map(|(prefix, _)| prefix.clone()))
+                        .collect(),
                 },
             )),
             (Route::Runs, Method::GET) => self.list(query.as_deref(), &caller).await,
@@ -967,14 +989,24 @@ fn segment(raw: &str, what: &str) -> Result<String, String> {
 }
 
 /// The value of `name` in a query string, when it is there.
-fn query_value<'q>(query: Option<&'q str>, name: &str) -> Option<&'q str> {
-    query?
-        .split('&')
-        .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))
+/// The query parameter `name`, percent-decoded. Given twice it is
+/// refused: two cursors (or limits) cannot both be meant.
+fn query_value(query: Option<&str>, name: &str) -> Result<Option<String>, String> {
+    let mut found = None;
+    for pair in query.into_iter().flat_map(|q| q.split('&')) {
+        let Some(raw) = pair.strip_prefix(name).and_then(|v| v.strip_prefix('=')) else {
+            continue;
+        };
+        if found.is_some() {
+            return Err(format!("`{name}` is given more than once"));
+        }
+        found = Some(segment(raw, name)?);
+    }
+    Ok(found)
 }
 
 fn cursor(query: Option<&str>) -> Result<Option<Seq>, String> {
-    query_value(query, "cursor")
+    query_value(query, "cursor")?
         .map(|value| {
             value
                 .parse::<u64>()
@@ -997,7 +1029,7 @@ impl Page {
     const MAX: usize = 1000;
 
     fn parse(query: Option<&str>) -> Result<Self, String> {
-        let limit = match query_value(query, "limit") {
+        let limit = match query_value(query, "limit")? {
             None => Self::DEFAULT,
             Some(value) => value
                 .parse::<usize>()
@@ -1010,10 +1042,9 @@ impl Page {
                     )
                 })?,
         };
-        let after = query_value(query, "after")
+        let after = query_value(query, "after")?
             .map(|value| {
-                let decoded = percent_encoding::percent_decode_str(value).decode_utf8_lossy();
-                decoded
+                value
                     .split_once('.')
                     .and_then(|(at, id)| Some((at.parse::<i128>().ok()?, id.to_owned())))
                     .ok_or_else(|| {

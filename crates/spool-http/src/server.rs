@@ -87,8 +87,56 @@ impl Listener {
     }
 }
 
+/// A listener other machines can reach, without an authenticator: anyone
+/// who can connect could drive every run.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "refusing to listen on {0} without an authenticator: pass a token file (or set an authenticator), or bind to loopback"
+)]
+pub struct Exposed(pub String);
+
+/// Refuses a TCP address that is not loopback when nothing authenticates
+/// callers. A Unix socket is private to its owner (created 0600), and
+/// loopback to this machine's users; anything else needs an
+/// authenticator. [`crate::HttpChannel::serve`] checks this; a host that
+/// binds before building its channel can check first.
+///
+/// # Errors
+///
+/// [`Exposed`] for a non-loopback address without an authenticator.
+pub fn check_exposure(addr: std::net::SocketAddr, authenticated: bool) -> Result<(), Exposed> {
+    if addr.ip().is_loopback() || authenticated {
+        Ok(())
+    } else {
+        Err(Exposed(addr.to_string()))
+    }
+}
+
+impl Listener {
+    /// [`check_exposure`] for this listener.
+    ///
+    /// # Errors
+    ///
+    /// [`Exposed`] for a non-loopback TCP listener without an
+    /// authenticator.
+    pub fn check_exposure(&self, authenticated: bool) -> Result<(), Exposed> {
+        match self {
+            Self::Tcp(listener) => match listener.local_addr() {
+                Ok(addr) => check_exposure(addr, authenticated),
+                // An address that cannot be read is not assumed private.
+                Err(_) if authenticated => Ok(()),
+                Err(_) => Err(Exposed("a TCP socket".into())),
+            },
+            Self::Unix(..) => Ok(()),
+        }
+    }
+}
+
 /// Serves `handler` on `listener` until `shutdown` completes, then shuts
-/// down gracefully.
+/// down gracefully. The low-level path: it does not know whether
+/// `handler` authenticates, so it checks nothing; serving a channel with
+/// [`crate::HttpChannel::serve`] refuses an exposed listener without an
+/// authenticator.
 ///
 /// # Errors
 ///

@@ -993,3 +993,30 @@ async fn reset_frees_the_runs_http_addresses_only() {
     );
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_query_parameter_is_percent_decoded_and_refused_when_given_twice() {
+    let server = Server::start(echo_runtime()).await;
+    let run = server.new_run(r#"{"text": "x"}"#).await;
+    let twice = server
+        .get(&format!("/spool/v1/runs/{run}/stream?cursor=0&cursor=3"))
+        .await;
+    assert_eq!(twice.status, 400);
+    assert_eq!(twice.json()["code"], "bad_request");
+    let mut encoded = Stream::open(
+        &server.addr,
+        &format!("/spool/v1/runs/{run}/stream?cursor=%30"),
+    )
+    .await;
+    assert_eq!(encoded.status, 200);
+    let first = encoded.next().await.unwrap();
+    assert!(
+        first["seq"].as_u64().unwrap() >= 1,
+        "after cursor 0: {first}"
+    );
+    assert_eq!(
+        server.get("/spool/v1/runs?limit=1&limit=2").await.status,
+        400
+    );
+    server.stop().await;
+}

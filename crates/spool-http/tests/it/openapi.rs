@@ -133,6 +133,19 @@ async fn a_host_mounts_its_own_routes_beside_spools_and_the_authenticator_covers
     )
     .await;
     assert_eq!(elsewhere.status, 404, "a prefix matches whole segments");
+    let info = request(
+        &server.addr,
+        "GET",
+        "/spool/v1/info",
+        None,
+        &[("Authorization", &bearer)],
+    )
+    .await;
+    assert_eq!(
+        info.json()["channels"],
+        serde_json::json!(["http", "/slack"]),
+        "/info names the mounted channels"
+    );
     server.stop().await;
 }
 

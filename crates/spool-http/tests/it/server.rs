@@ -379,3 +379,19 @@ async fn requests_hyper_refuses_before_routing_get_the_json_error_body() {
     assert_eq!(server.get("/spool/v1/health").await.status, 200);
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_channel_without_an_authenticator_refuses_to_serve_where_other_machines_can_reach_it() {
+    // Any non-loopback address of this machine: 0.0.0.0 is every one.
+    let listener = spool_http::Listener::tcp("0.0.0.0:0").await.unwrap();
+    let (_stop, closing) = tokio::sync::watch::channel(false);
+    let channel = spool_http::HttpChannel::new(echo_runtime(), closing);
+    let refused = channel.serve(listener, async {}).await.unwrap_err();
+    assert_eq!(refused.kind(), std::io::ErrorKind::PermissionDenied);
+    assert!(
+        refused.to_string().contains("without an authenticator"),
+        "{refused}"
+    );
+    assert!(spool_http::server::check_exposure("127.0.0.1:8080".parse().unwrap(), false).is_ok());
+    assert!(spool_http::server::check_exposure("10.0.0.1:8080".parse().unwrap(), true).is_ok());
+}

@@ -15,14 +15,16 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, anyhow};
 use clap::Args;
-use serde_json::{Value, json};
+use serde_json::Value;
 use spool_http::channel::NAMESPACE;
 use spool_http::{Client, client::Lines};
 use spool_journal::store::sqlite::Owner;
 use spool_journal::{Address, RunId, Seq, TurnId};
 use spool_runtime::hub::{StreamItem, Subscription};
 use spool_runtime::{MessageRequest, Runtime};
-use spool_wire::http::{AddressReply, Answer, RunState, StreamEvent, StreamEventType};
+use spool_wire::http::{
+    Answer, Cancel, MessageRun, Respond, RunState, StreamEvent, StreamEventType,
+};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
@@ -192,13 +194,7 @@ impl Backend {
                 Ok((view.run_id.to_string(), view.cursor.map(|s| s.0)))
             }
             Self::Remote(client) => {
-                let segment = percent_encoding::utf8_percent_encode(
-                    address,
-                    percent_encoding::NON_ALPHANUMERIC,
-                );
-                let reply: AddressReply = client
-                    .post(&format!("/addresses/{segment}"), &json!({}))
-                    .await?;
+                let reply = client.ensure(address).await?;
                 Ok((reply.run_id, reply.cursor))
             }
         }
@@ -232,9 +228,11 @@ impl Backend {
                 runtime.send(&RunId::new(run)?, message).await?;
             }
             Self::Remote(client) => {
-                let _: Value = client
-                    .post(&format!("/runs/{run}"), &json!({ "text": text }))
-                    .await?;
+                let message = MessageRun {
+                    text,
+                    ..MessageRun::default()
+                };
+                client.message(&run, &message).await?;
             }
         }
         Ok(())
@@ -262,12 +260,10 @@ impl Backend {
                     turn_id: turn,
                     ..answer
                 };
-                let _: Value = client
-                    .post(
-                        &format!("/runs/{run}/respond"),
-                        &json!({ "responses": [answer] }),
-                    )
-                    .await?;
+                let respond = Respond {
+                    responses: vec![answer],
+                };
+                client.respond(&run, &respond).await?;
             }
         }
         Ok(())
@@ -279,9 +275,7 @@ impl Backend {
                 runtime.cancel(&RunId::new(run)?, None).await?;
             }
             Self::Remote(client) => {
-                let _: Value = client
-                    .post(&format!("/runs/{run}/cancel"), &json!({}))
-                    .await?;
+                client.cancel(&run, &Cancel::default()).await?;
             }
         }
         Ok(())
@@ -290,11 +284,7 @@ impl Backend {
     async fn clear(&self, run: &str) -> anyhow::Result<()> {
         match self {
             Self::Local { runtime, .. } => runtime.clear(&RunId::new(run)?).await?,
-            Self::Remote(client) => {
-                let _: Value = client
-                    .post(&format!("/runs/{run}/clear"), &json!({}))
-                    .await?;
-            }
+            Self::Remote(client) => client.clear(run).await?,
         }
         Ok(())
     }

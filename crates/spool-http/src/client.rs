@@ -15,7 +15,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use spool_wire::http::{ErrorBody, StreamEvent};
+use spool_wire::http::{self as wire, ErrorBody, StreamEvent};
 use spool_wire::line::{DEFAULT_MAX_LINE_BYTES, LineCodec};
 
 use spool_wire::http::BASE_PATH;
@@ -124,15 +124,132 @@ impl Client {
         decode(response).await
     }
 
+    /// `POST /runs`: a new run, or a message through an address; the reply
+    /// at the turn's boundary.
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::post`].
+    pub async fn start(&self, start: &wire::StartRun) -> Result<wire::RunReply, ClientError> {
+        self.post("/runs", start).await
+    }
+
+    /// `POST /runs/{run}`: a message to an existing run.
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::post`].
+    pub async fn message(
+        &self,
+        run: &str,
+        message: &wire::MessageRun,
+    ) -> Result<wire::RunReply, ClientError> {
+        self.post(&format!("/runs/{}", segment(run)), message).await
+    }
+
+    /// `POST /runs/{run}/respond`: answers a waiting run.
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::post`].
+    pub async fn respond(
+        &self,
+        run: &str,
+        respond: &wire::Respond,
+    ) -> Result<wire::RunReply, ClientError> {
+        self.post(&format!("/runs/{}/respond", segment(run)), respond)
+            .await
+    }
+
+    /// `POST /runs/{run}/cancel`.
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::post`].
+    pub async fn cancel(
+        &self,
+        run: &str,
+        cancel: &wire::Cancel,
+    ) -> Result<wire::CancelReply, ClientError> {
+        self.post(&format!("/runs/{}/cancel", segment(run)), cancel)
+            .await
+    }
+
+    /// `POST /runs/{run}/reset`: retires the run.
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::post`].
+    pub async fn reset(&self, run: &str, reset: &wire::Reset) -> Result<(), ClientError> {
+        let _: Option<serde_json::Value> = self
+            .post(&format!("/runs/{}/reset", segment(run)), reset)
+            .await?;
+        Ok(())
+    }
+
+    /// `POST /runs/{run}/clear`: drops the model's context.
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::post`].
+    pub async fn clear(&self, run: &str) -> Result<(), ClientError> {
+        let _: Option<serde_json::Value> = self
+            .post(
+                &format!("/runs/{}/clear", segment(run)),
+                &serde_json::json!({}),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// `GET /runs/{run}`: the run's state and latest boundary result.
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::post`].
+    pub async fn run(&self, run: &str) -> Result<wire::RunReply, ClientError> {
+        self.get(&format!("/runs/{}", segment(run))).await
+    }
+
+    /// `GET /runs/{run}/snapshot`.
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::post`].
+    pub async fn snapshot(&self, run: &str) -> Result<wire::SnapshotReply, ClientError> {
+        self.get(&format!("/runs/{}/snapshot", segment(run))).await
+    }
+
+    /// `POST /addresses/{address}`: the address's run, made (pending, no
+    /// turn) on first use.
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::post`].
+    pub async fn ensure(&self, address: &str) -> Result<wire::AddressReply, ClientError> {
+        self.post(
+            &format!("/addresses/{}", segment(address)),
+            &serde_json::json!({}),
+        )
+        .await
+    }
+
+    /// `GET /addresses/{address}`: the address's run, without making one.
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::post`]; `run_not_found` when no run holds it.
+    pub async fn lookup(&self, address: &str) -> Result<wire::AddressReply, ClientError> {
+        self.get(&format!("/addresses/{}", segment(address))).await
+    }
+
     /// Opens a run's NDJSON stream after `cursor`.
     ///
     /// # Errors
     ///
     /// As [`Client::post`].
     pub async fn stream(&self, run: &str, cursor: Option<u64>) -> Result<Lines, ClientError> {
-        // One path segment whatever the caller passed; the server judges
-        // whether it is a run id.
-        let run = percent_encoding::utf8_percent_encode(run, percent_encoding::NON_ALPHANUMERIC);
+        let run = segment(run);
         let path = match cursor {
             Some(cursor) => format!("/runs/{run}/stream?cursor={cursor}"),
             None => format!("/runs/{run}/stream"),
@@ -270,4 +387,10 @@ impl Lines {
             }
         }
     }
+}
+
+/// One path segment whatever the caller passed (a `/` in an address
+/// included); the server judges whether it is a valid run id or address.
+fn segment(value: &str) -> percent_encoding::PercentEncode<'_> {
+    percent_encoding::utf8_percent_encode(value, percent_encoding::NON_ALPHANUMERIC)
 }

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use spool_http::{Client, ClientError, TokenFile};
 use spool_wire::http::{AddressReply, StreamEventType};
 
-use crate::client::{PATIENCE, Server, echo_runtime};
+use crate::client::{PATIENCE, Server, echo_runtime, scripted_runtime};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_client_streams_a_run_subscribed_before_its_first_turn() {
@@ -116,4 +116,65 @@ fn a_url_that_is_not_http_or_unix_is_refused() {
             "{url} is accepted"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_clients_typed_methods_drive_a_run_through_an_address_with_a_slash() {
+    use spool_wire::http::{Answer, Cancel, MessageRun, Respond};
+    let script = r#"{"tool_calls": [{"id": "c1", "name": "ask_human", "arguments": {"prompt": "Which region?"}}]}
+{"text": "deploying to eu-west-1"}"#;
+    let server = Server::start(scripted_runtime(script)).await;
+    let client = spool_http::Client::new(&format!("http://{}", server.addr)).unwrap();
+    let ensured = client.ensure("browser/42").await.unwrap();
+    assert_eq!(client.lookup("browser/42").await.unwrap(), ensured);
+    let waiting = client
+        .message(
+            &ensured.run_id,
+            &MessageRun {
+                text: "deploy".into(),
+                ..MessageRun::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(waiting.state, spool_wire::http::RunState::Waiting);
+    let done = client
+        .respond(
+            &ensured.run_id,
+            &Respond {
+                responses: vec![Answer {
+                    text: "eu-west-1".into(),
+                    turn_id: waiting.turn_id.clone(),
+                    approved: None,
+                }],
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(done.response.as_deref(), Some("deploying to eu-west-1"));
+    assert_eq!(client.run(&ensured.run_id).await.unwrap(), done);
+    assert!(
+        !client
+            .snapshot(&ensured.run_id)
+            .await
+            .unwrap()
+            .messages
+            .is_empty()
+    );
+    let cancel = client
+        .cancel(&ensured.run_id, &Cancel::default())
+        .await
+        .unwrap();
+    assert_eq!(cancel.status, spool_wire::http::CancelStatus::NotActive);
+    client.clear(&ensured.run_id).await.unwrap();
+    client
+        .reset(&ensured.run_id, &spool_wire::http::Reset::default())
+        .await
+        .unwrap();
+    let gone = client.lookup("browser/42").await.unwrap_err();
+    assert!(
+        matches!(gone, spool_http::ClientError::Reply { status: 404, .. }),
+        "{gone:?}"
+    );
+    server.stop().await;
 }

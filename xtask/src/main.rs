@@ -10,13 +10,17 @@ use std::process::{Command, ExitCode};
 use anyhow::{Context, Result, bail};
 
 mod e2e_llm;
+mod openapi;
 mod tidy;
 
 const USAGE: &str = "usage: cargo xtask <command>
 
 commands:
-  ci                   fmt check, clippy, nextest, doctests, rustdoc, tidy (what CI runs)
+  ci                   fmt check, clippy, nextest, doctests, rustdoc, tidy,
+                       openapi, bench --quick (what CI runs)
   tidy                 check the crate layering and file conventions
+  openapi              check docs/openapi.json against spool serve with
+                       schemathesis (installed by pip under target/)
   bench [--quick] [--only NAME]
                        build in release mode and run the benchmarks; prints a
                        table and writes target/bench/report.json
@@ -30,6 +34,7 @@ fn main() -> ExitCode {
     let outcome = match args.first().map(String::as_str) {
         Some("ci") => ci(),
         Some("tidy") => tidy::run(&root()),
+        Some("openapi") => openapi::run(&root()),
         Some("bench") => bench(&args[1..]),
         Some("fuzz") => fuzz(&args[1..]),
         Some("e2e-llm") => e2e_llm::run(&args[1..]),
@@ -103,6 +108,7 @@ fn ci() -> Result<()> {
     }
     section("tidy");
     tidy::run(&root)?;
+    openapi::run(&root)?;
     // The benchmarks must keep working; their figures are not judged here.
     bench(&["--quick".to_owned()])?;
     say("xtask ci: all checks passed");
@@ -202,15 +208,15 @@ fn root() -> PathBuf {
 }
 
 /// The cargo that is running us, so the pinned toolchain is used throughout.
-fn cargo() -> Command {
+pub(crate) fn cargo() -> Command {
     Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
 }
 
-fn section(name: &str) {
+pub(crate) fn section(name: &str) {
     say(&format!("\n==> {name}"));
 }
 
 #[allow(clippy::print_stderr, reason = "xtask's output is its progress report")]
-fn say(text: &str) {
+pub(crate) fn say(text: &str) {
     eprintln!("{text}");
 }

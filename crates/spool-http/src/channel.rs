@@ -307,17 +307,22 @@ impl HttpChannel {
         }
         let query = request.uri().query().map(str::to_owned);
         // Runs take JSON; a form upload is a file the channel cannot keep.
+        // A multipart type without its boundary is not an upload at all,
+        // just a malformed header.
+        let content_type = request
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(|v| v.trim_start().to_ascii_lowercase());
         if method == Method::POST
-            && request
-                .headers()
-                .get(header::CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .is_some_and(|v| {
-                    v.trim_start()
-                        .to_ascii_lowercase()
-                        .starts_with("multipart/")
-                })
+            && let Some(content_type) = content_type.filter(|v| v.starts_with("multipart/"))
         {
+            if !content_type.contains("boundary=") {
+                return body::error(
+                    ErrorCode::BadRequest,
+                    "a multipart content type needs its boundary; runs take a JSON body",
+                );
+            }
             return body::error(
                 ErrorCode::FilesUnsupported,
                 "file uploads are not supported: send a JSON body",

@@ -1,0 +1,145 @@
+//! `cargo xtask openapi`: `docs/openapi.json` checked against the real
+//! server by a tool nobody here wrote. Schemathesis (from PyPI, installed
+//! by pip into `target/schemathesis`) generates requests from the document
+//! and checks every reply against it: schema-valid requests accepted,
+//! schema-violating ones refused, replies as documented. The stream route
+//! is left out (its reads end only by timeout), and so is `compact`, whose
+//! 501 on the echo engine the seed mandates and the document declares.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use anyhow::{Context, Result, bail};
+
+use crate::{cargo, say, section};
+
+/// The schemathesis release the check is pinned to.
+const SCHEMATHESIS: &str = "schemathesis==4.32.5";
+/// Examples per operation: enough to find a disagreement, bounded so the
+/// check takes seconds.
+const EXAMPLES: &str = "10";
+/// A fixed seed: the same requests on every run, so a failure reproduces.
+const SEED: &str = "1";
+
+pub(crate) fn run(root: &Path) -> Result<()> {
+    section("openapi: schemathesis against spool serve");
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| root.join("target"), std::path::PathBuf::from);
+    let st = install(&target.join("schemathesis"))?;
+    let status = cargo()
+        .args(["build", "--locked", "-p", "spool-cli"])
+        .current_dir(root)
+        .status()?;
+    if !status.success() {
+        bail!("building spool failed ({status})");
+    }
+    let spool = target.join("debug").join("spool");
+    let work = tempfile_dir(&target)?;
+    let tokens = work.join("tokens");
+    let issued = Command::new(&spool)
+        .args(["token", "new", "schemathesis", "--token-file"])
+        .arg(&tokens)
+        .output()
+        .context("starting spool token new")?;
+    if !issued.status.success() {
+        bail!(
+            "spool token new failed: {}",
+            String::from_utf8_lossy(&issued.stderr)
+        );
+    }
+    let token = String::from_utf8(issued.stdout)?.trim().to_owned();
+    let mut server = Command::new(&spool)
+        .args(["serve", "--addr", "127.0.0.1:0", "--journal"])
+        .arg(work.join("journal"))
+        .arg("--token-file")
+        .arg(&tokens)
+        .current_dir(&work)
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting spool serve")?;
+    let addr = listening_address(&mut server)?;
+    let outcome = Command::new(&st)
+        .arg("--config-file")
+        .arg(root.join("xtask").join("schemathesis.toml"))
+        .arg("run")
+        .arg(root.join("docs").join("openapi.json"))
+        .args(["--url", &format!("http://{addr}/spool/v1")])
+        .args(["--checks", "all", "-n", EXAMPLES, "--seed", SEED])
+        .args(["--exclude-path-regex", "/stream$"])
+        .args(["--exclude-operation-id", "compact"])
+        .args(["--request-timeout", "10"])
+        .args(["-H", &format!("Authorization: Bearer {token}")])
+        .current_dir(&work)
+        .status()
+        .context("starting schemathesis");
+    let _ = server.kill();
+    let _ = server.wait();
+    let _ = std::fs::remove_dir_all(&work);
+    let status = outcome?;
+    if !status.success() {
+        bail!("schemathesis found the server and docs/openapi.json disagreeing ({status})");
+    }
+    Ok(())
+}
+
+/// The `st` command of a virtual environment under `dir`, made and filled
+/// by pip the first time.
+fn install(dir: &Path) -> Result<std::path::PathBuf> {
+    let st = dir.join("bin").join("st");
+    let marker = dir.join(SCHEMATHESIS);
+    if st.exists() && marker.exists() {
+        return Ok(st);
+    }
+    say(&format!("installing {SCHEMATHESIS} into {}", dir.display()));
+    let status = Command::new("python3")
+        .args(["-m", "venv"])
+        .arg(dir)
+        .status()
+        .context("starting python3 -m venv")?;
+    if !status.success() {
+        bail!("python3 -m venv failed ({status})");
+    }
+    let status = Command::new(dir.join("bin").join("pip"))
+        .args([
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            SCHEMATHESIS,
+        ])
+        .status()
+        .context("starting pip")?;
+    if !status.success() {
+        bail!("pip install {SCHEMATHESIS} failed ({status})");
+    }
+    std::fs::write(&marker, b"")?;
+    Ok(st)
+}
+
+/// A fresh directory under the target directory for the server's journal
+/// and tokens.
+fn tempfile_dir(target: &Path) -> Result<std::path::PathBuf> {
+    let dir = target
+        .join("openapi-check")
+        .join(std::process::id().to_string());
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+/// Reads the server's stderr until it says where it listens, then keeps
+/// draining it so the server never blocks on a full pipe.
+fn listening_address(server: &mut std::process::Child) -> Result<String> {
+    let stderr = server.stderr.take().context("the server's stderr")?;
+    let mut lines = BufReader::new(stderr).lines();
+    let mut addr = None;
+    for line in lines.by_ref().take(10) {
+        let line = line?;
+        if let Some(rest) = line.strip_prefix("spool: listening on ") {
+            addr = rest.split(' ').next().map(str::to_owned);
+            break;
+        }
+    }
+    std::thread::spawn(move || for _ in lines {});
+    addr.context("spool serve did not say where it listens")
+}

@@ -77,6 +77,9 @@ pub(crate) struct Storage {
     /// The runtime, for the probing task to resume runs with. Weak: a
     /// runtime dropped while its journal is full is not kept alive by it.
     runtime: std::sync::OnceLock<Weak<Inner>>,
+    /// When stalled runs were last resumed, and the pause the next resume
+    /// waits for after it.
+    resumes: Mutex<(Option<tokio::time::Instant>, Duration)>,
 }
 
 impl Default for Storage {
@@ -90,6 +93,7 @@ impl Default for Storage {
             probing: AtomicBool::new(false),
             wrote: tokio::sync::Notify::new(),
             runtime: std::sync::OnceLock::new(),
+            resumes: Mutex::new((None, Duration::ZERO)),
         }
     }
 }
@@ -183,6 +187,34 @@ impl Storage {
         self.stalled_count.store(stalled.len(), Ordering::Relaxed);
     }
 
+    /// How long to wait before resuming runs again: nothing the first time
+    /// or after a calm spell (twice [`RESUME_MAX`] without a resume); else
+    /// what is left of a pause that doubles from [`PROBE_MAX`] to
+    /// [`RESUME_MAX`] with each resume.
+    fn resume_wait(&self) -> Duration {
+        let resumes = self.resumes.lock().unwrap_or_else(PoisonError::into_inner);
+        match resumes.0 {
+            Some(last) if last.elapsed() < RESUME_MAX * 2 => {
+                resumes.1.saturating_sub(last.elapsed())
+            }
+            _ => Duration::ZERO,
+        }
+    }
+
+    /// Notes a resume now, for [`Storage::resume_wait`].
+    fn resumed_now(&self) {
+        let mut resumes = self.resumes.lock().unwrap_or_else(PoisonError::into_inner);
+        let recent = resumes
+            .0
+            .is_some_and(|last| last.elapsed() < RESUME_MAX * 2);
+        resumes.1 = if recent {
+            (resumes.1 * 2).clamp(PROBE_MAX, RESUME_MAX)
+        } else {
+            Duration::ZERO
+        };
+        resumes.0 = Some(tokio::time::Instant::now());
+    }
+
     /// A probe succeeded: the stalled runs, taken off the set before the
     /// health says writable, so a waiter that sees the journal back finds
     /// its run being driven, not stalled.
@@ -201,32 +233,40 @@ impl Storage {
 /// succeeds, then resumes every stalled run as a restart would. Ends when
 /// the journal writes and no run stalled meanwhile, when the probe fails
 /// other than on storage (a closed or read-only journal: a restart
-/// resumes the runs), or when the runtime is gone.
+/// resumes the runs), or when the runtime is gone. Resumes close together
+/// back off across tasks (see [`Storage::resume_wait`]).
 async fn probe(runtime: Weak<Inner>) {
     let mut pause = PROBE_FIRST;
-    // Zero until resumed runs stall again; then the pause before the next
-    // resume, doubling to RESUME_MAX.
-    let mut resume_pause = Duration::ZERO;
     loop {
         let Some(storage) = runtime.upgrade().map(|inner| Arc::clone(&inner.storage)) else {
             return;
         };
-        // A write that succeeds meanwhile (a command's) cuts the pause,
-        // unless resuming has already failed: then only time does.
-        if resume_pause.is_zero() {
-            tokio::select! {
-                () = tokio::time::sleep(pause) => {}
-                () = storage.wrote.notified() => {}
-            }
-        } else {
-            tokio::time::sleep(pause).await;
+        // A write that succeeds meanwhile (a command's) cuts the pause.
+        tokio::select! {
+            () = tokio::time::sleep(pause) => {}
+            () = storage.wrote.notified() => {}
         }
         let Some(inner) = runtime.upgrade() else {
             return;
         };
         match inner.journal.probe().await {
             Ok(()) => {
+                let wait = storage.resume_wait();
+                if !wait.is_zero() {
+                    // Runs resumed a moment ago stalled again: a nearly
+                    // full disk takes the probe, not a turn. Each resume
+                    // may call a model again, so wait, then probe again.
+                    tracing::warn!(
+                        retry_in_ms = wait.as_millis(),
+                        "resumed runs met a journal that still cannot write"
+                    );
+                    drop(inner);
+                    tokio::time::sleep(wait).await;
+                    pause = Duration::ZERO;
+                    continue;
+                }
                 let runs = storage.recovered();
+                storage.resumed_now();
                 tracing::info!(
                     runs = runs.len(),
                     "the journal writes again; stalled runs resume"
@@ -238,27 +278,20 @@ async fn probe(runtime: Weak<Inner>) {
                         tracing::error!(run_id = %run, %error, "a stalled run cannot be resumed");
                     }
                 }
-                if storage.writable.load(Ordering::Relaxed) {
-                    storage.probing.store(false, Ordering::Release);
-                    // A failure between the load and the store found the
-                    // task still running and left the probing to it.
-                    if storage.writable.load(Ordering::Relaxed)
-                        || storage.probing.swap(true, Ordering::AcqRel)
-                    {
-                        return;
-                    }
+                storage.probing.store(false, Ordering::Release);
+                // A run that stalled between the drain and the store found
+                // the task still running and left the probing to it.
+                if storage.stalled_count.load(Ordering::Relaxed) == 0
+                    || storage.probing.swap(true, Ordering::AcqRel)
+                {
+                    return;
                 }
-                resume_pause = (resume_pause * 2).clamp(PROBE_MAX, RESUME_MAX);
-                pause = resume_pause;
-                tracing::warn!(
-                    retry_in_ms = pause.as_millis(),
-                    "resumed runs met a journal that still cannot write"
-                );
+                pause = PROBE_FIRST;
             }
             Err(JournalError::Storage(reason)) => {
                 storage.unavailable(&reason);
                 tracing::warn!(%reason, retry_in_ms = pause.as_millis(), "the journal still cannot write");
-                pause = (pause * 2).min(PROBE_MAX.max(resume_pause));
+                pause = (pause * 2).clamp(PROBE_FIRST, PROBE_MAX);
             }
             Err(error) => {
                 tracing::error!(%error, "the journal cannot be probed; stalled runs wait for a restart");

@@ -21,6 +21,9 @@ pub const FULL: &str = "nothing was recorded: database or disk is full";
 pub struct Faulty<J> {
     inner: J,
     full: AtomicBool,
+    /// Writes refused but probes taken: a disk with room for a small
+    /// commit and not for a run's events.
+    nearly_full: AtomicBool,
     refused: AtomicUsize,
 }
 
@@ -30,6 +33,7 @@ impl<J: Journal> Faulty<J> {
         Self {
             inner,
             full: AtomicBool::new(false),
+            nearly_full: AtomicBool::new(false),
             refused: AtomicUsize::new(0),
         }
     }
@@ -44,13 +48,19 @@ impl<J: Journal> Faulty<J> {
         self.full.store(full, Ordering::SeqCst);
     }
 
+    /// Makes appends and claims fail while probes pass (`true`), as on a
+    /// disk with room for a one-row commit only; `false` ends it.
+    pub fn set_nearly_full(&self, nearly_full: bool) {
+        self.nearly_full.store(nearly_full, Ordering::SeqCst);
+    }
+
     /// How many writes were refused so far.
     pub fn refused_writes(&self) -> usize {
         self.refused.load(Ordering::SeqCst)
     }
 
     fn writable(&self) -> Result<(), JournalError> {
-        if self.full.load(Ordering::SeqCst) {
+        if self.full.load(Ordering::SeqCst) || self.nearly_full.load(Ordering::SeqCst) {
             self.refused.fetch_add(1, Ordering::SeqCst);
             return Err(JournalError::Storage(FULL.into()));
         }
@@ -117,9 +127,10 @@ impl<J: Journal> Journal for Faulty<J> {
     }
 
     fn probe(&self) -> BoxFuture<'_, Result<(), JournalError>> {
-        match self.writable() {
-            Ok(()) => self.inner.probe(),
-            Err(full) => Box::pin(async move { Err(full) }),
+        if self.full.load(Ordering::SeqCst) {
+            self.refused.fetch_add(1, Ordering::SeqCst);
+            return Box::pin(async { Err(JournalError::Storage(FULL.into())) });
         }
+        self.inner.probe()
     }
 }

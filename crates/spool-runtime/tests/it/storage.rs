@@ -144,3 +144,39 @@ async fn journal_kinds(journal: &Instrumented, run: &RunId) -> Vec<&'static str>
         .map(|e| e.event.kind())
         .collect()
 }
+
+// Paused time: the runtime's clock jumps ahead whenever every task waits,
+// so a minute of probing passes without the test waiting a minute.
+#[tokio::test(start_paused = true)]
+async fn runs_that_stall_again_right_after_resuming_are_resumed_less_and_less_often() {
+    let journal = Arc::new(Instrumented::default());
+    let runtime = Runtime::builder(Arc::clone(&journal) as Arc<dyn Journal>).build();
+    let (run, turn) = begin(&runtime, "hello").await;
+    // Room for the probe's one-row commit, not for the turn's events.
+    journal.inner.set_nearly_full(true);
+    let waited = tokio::time::timeout(PATIENCE, runtime.wait_for(&run, &turn))
+        .await
+        .expect("a waiter is answered while the journal cannot write");
+    assert_eq!(waited.unwrap_err().kind(), ErrorKind::Storage);
+    let before = journal.inner.refused_writes();
+    tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+    let resumes = journal.inner.refused_writes() - before;
+    // Every 100 ms would be about 600; backing off from 5 s to 60 s, a
+    // handful.
+    assert!(
+        (1..=8).contains(&resumes),
+        "{resumes} resumes in a minute of a nearly full disk"
+    );
+    journal.inner.set_nearly_full(false);
+    // The next resume, at most RESUME_MAX away, finds room.
+    tokio::time::timeout(std::time::Duration::from_secs(180), async {
+        let mut stream = runtime.subscribe(&run, None).await.unwrap();
+        while runtime.get(&run).await.unwrap().status != Status::Completed {
+            stream.next().await.expect("the run's stream stays open");
+        }
+    })
+    .await
+    .expect("the run completes once the disk has room");
+    let view = runtime.get(&run).await.unwrap();
+    assert_eq!(view.status, Status::Completed);
+}

@@ -19,8 +19,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
-use spool_journal::store::{BoxFuture, CallRef, Claim, ClaimKey, RunSummary};
-use spool_journal::{Address, Envelope, Event, Journal, JournalError, Principal, RunId, Seq};
+use spool_journal::store::{BoxFuture, CallRef, Claim, ClaimKey};
+use spool_journal::{Envelope, Event, Journal, JournalError, RunId, Seq};
 use tokio::sync::watch;
 
 use crate::runtime::Inner;
@@ -323,33 +323,6 @@ impl Journal for Watched {
         })
     }
 
-    fn read<'a>(
-        &'a self,
-        run: &'a RunId,
-        from: Seq,
-    ) -> BoxFuture<'a, Result<Vec<Envelope>, JournalError>> {
-        self.journal.read(run, from)
-    }
-
-    fn runs(&self) -> BoxFuture<'_, Result<Vec<RunSummary>, JournalError>> {
-        self.journal.runs()
-    }
-
-    fn find_address<'a>(
-        &'a self,
-        address: &'a Address,
-    ) -> BoxFuture<'a, Result<Option<RunId>, JournalError>> {
-        self.journal.find_address(address)
-    }
-
-    fn find_operation<'a>(
-        &'a self,
-        principal: &'a Principal,
-        operation_id: &'a str,
-    ) -> BoxFuture<'a, Result<Option<RunId>, JournalError>> {
-        self.journal.find_operation(principal, operation_id)
-    }
-
     fn claim<'a>(
         &'a self,
         key: &'a ClaimKey,
@@ -362,12 +335,7 @@ impl Journal for Watched {
         })
     }
 
-    fn subscribe<'a>(
-        &'a self,
-        run: &'a RunId,
-    ) -> BoxFuture<'a, Result<watch::Receiver<Seq>, JournalError>> {
-        self.journal.subscribe(run)
-    }
+    spool_journal::forward_journal_reads!(journal);
 
     fn probe(&self) -> BoxFuture<'_, Result<(), JournalError>> {
         self.journal.probe()

@@ -4,11 +4,9 @@
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use tokio::sync::watch;
-
-use super::{BoxFuture, CallRef, Claim, ClaimKey, Journal, JournalError, RunSummary};
+use super::{BoxFuture, CallRef, Claim, ClaimKey, Journal, JournalError};
 use crate::event::{Envelope, Event};
-use crate::id::{Address, Principal, RunId, Seq};
+use crate::id::{RunId, Seq};
 
 /// The error a write meets while the journal is full: SQLite's own text
 /// for `SQLITE_FULL`, as the SQLite store reports it.
@@ -81,33 +79,6 @@ impl<J: Journal> Journal for Faulty<J> {
         }
     }
 
-    fn read<'a>(
-        &'a self,
-        run: &'a RunId,
-        from: Seq,
-    ) -> BoxFuture<'a, Result<Vec<Envelope>, JournalError>> {
-        self.inner.read(run, from)
-    }
-
-    fn runs(&self) -> BoxFuture<'_, Result<Vec<RunSummary>, JournalError>> {
-        self.inner.runs()
-    }
-
-    fn find_address<'a>(
-        &'a self,
-        address: &'a Address,
-    ) -> BoxFuture<'a, Result<Option<RunId>, JournalError>> {
-        self.inner.find_address(address)
-    }
-
-    fn find_operation<'a>(
-        &'a self,
-        principal: &'a Principal,
-        operation_id: &'a str,
-    ) -> BoxFuture<'a, Result<Option<RunId>, JournalError>> {
-        self.inner.find_operation(principal, operation_id)
-    }
-
     fn claim<'a>(
         &'a self,
         key: &'a ClaimKey,
@@ -119,12 +90,7 @@ impl<J: Journal> Journal for Faulty<J> {
         }
     }
 
-    fn subscribe<'a>(
-        &'a self,
-        run: &'a RunId,
-    ) -> BoxFuture<'a, Result<watch::Receiver<Seq>, JournalError>> {
-        self.inner.subscribe(run)
-    }
+    crate::forward_journal_reads!(inner);
 
     fn probe(&self) -> BoxFuture<'_, Result<(), JournalError>> {
         if self.full.load(Ordering::SeqCst) {

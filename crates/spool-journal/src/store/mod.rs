@@ -103,6 +103,91 @@ pub trait Journal: Send + Sync + 'static {
     }
 }
 
+/// Inside an `impl Journal for Wrapper`, forwards the methods that only
+/// read (`read`, `runs`, `find_address`, `find_operation`, `subscribe`) to
+/// the journal in field `$inner`: a wrapper that watches or fails writes
+/// writes only `append`, `claim` and, when it cares, `probe`.
+///
+/// ```
+/// use spool_journal::store::memory::MemoryJournal;
+/// use spool_journal::store::{BoxFuture, CallRef, Claim, ClaimKey};
+/// use spool_journal::{Envelope, Event, Journal, JournalError, RunId, Seq};
+///
+/// /// Counts appends.
+/// struct Counted {
+///     inner: MemoryJournal,
+///     appends: std::sync::atomic::AtomicUsize,
+/// }
+///
+/// impl Journal for Counted {
+///     fn append<'a>(
+///         &'a self,
+///         run: &'a RunId,
+///         expected: Seq,
+///         events: Vec<Event>,
+///     ) -> BoxFuture<'a, Result<Vec<Envelope>, JournalError>> {
+///         self.appends.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+///         self.inner.append(run, expected, events)
+///     }
+///
+///     fn claim<'a>(
+///         &'a self,
+///         key: &'a ClaimKey,
+///         holder: &'a CallRef,
+///     ) -> BoxFuture<'a, Result<Claim, JournalError>> {
+///         self.inner.claim(key, holder)
+///     }
+///
+///     spool_journal::forward_journal_reads!(inner);
+/// }
+/// ```
+#[macro_export]
+macro_rules! forward_journal_reads {
+    ($inner:ident) => {
+        fn read<'a>(
+            &'a self,
+            run: &'a $crate::RunId,
+            from: $crate::Seq,
+        ) -> $crate::store::BoxFuture<'a, Result<Vec<$crate::Envelope>, $crate::JournalError>> {
+            self.$inner.read(run, from)
+        }
+
+        fn runs(
+            &self,
+        ) -> $crate::store::BoxFuture<
+            '_,
+            Result<Vec<$crate::store::RunSummary>, $crate::JournalError>,
+        > {
+            self.$inner.runs()
+        }
+
+        fn find_address<'a>(
+            &'a self,
+            address: &'a $crate::Address,
+        ) -> $crate::store::BoxFuture<'a, Result<Option<$crate::RunId>, $crate::JournalError>> {
+            self.$inner.find_address(address)
+        }
+
+        fn find_operation<'a>(
+            &'a self,
+            principal: &'a $crate::Principal,
+            operation_id: &'a str,
+        ) -> $crate::store::BoxFuture<'a, Result<Option<$crate::RunId>, $crate::JournalError>> {
+            self.$inner.find_operation(principal, operation_id)
+        }
+
+        fn subscribe<'a>(
+            &'a self,
+            run: &'a $crate::RunId,
+        ) -> $crate::store::BoxFuture<'a, Result<$crate::store::SeqWatch, $crate::JournalError>> {
+            self.$inner.subscribe(run)
+        }
+    };
+}
+
+/// What [`Journal::subscribe`] gives: a run's next position as it moves.
+pub type SeqWatch = watch::Receiver<Seq>;
+
 /// One run in a listing.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RunSummary {

@@ -16,13 +16,12 @@ use serde_json::{Value, json};
 use spool_journal::event::Answer;
 use spool_journal::fold::Status;
 use spool_journal::store::sqlite::{Options, SqliteJournal};
-use spool_journal::store::{BoxFuture, CallRef, Claim, ClaimKey, RunSummary};
-use spool_journal::{Address, Envelope, Event, Journal, JournalError, Principal, RunId, Seq};
+use spool_journal::store::{BoxFuture, CallRef, Claim, ClaimKey};
+use spool_journal::{Address, Envelope, Event, Journal, JournalError, RunId, Seq};
 use spool_runtime::agent::AgentDefinition;
 use spool_runtime::engines::ScriptedEngine;
 use spool_runtime::{MessageRequest, Runtime, RuntimeError, SequentialIds, StartRequest};
 use spool_wire::run::SuspendKind;
-use tokio::sync::watch;
 
 /// The turns' inputs.
 const INPUTS: [&str; 3] = ["one", "two", "three"];
@@ -102,29 +101,6 @@ impl Journal for KillAfter {
         }
         self.inner.append(run, expected, events)
     }
-    fn read<'a>(
-        &'a self,
-        run: &'a RunId,
-        from: Seq,
-    ) -> BoxFuture<'a, Result<Vec<Envelope>, JournalError>> {
-        self.inner.read(run, from)
-    }
-    fn runs(&self) -> BoxFuture<'_, Result<Vec<RunSummary>, JournalError>> {
-        self.inner.runs()
-    }
-    fn find_address<'a>(
-        &'a self,
-        address: &'a Address,
-    ) -> BoxFuture<'a, Result<Option<RunId>, JournalError>> {
-        self.inner.find_address(address)
-    }
-    fn find_operation<'a>(
-        &'a self,
-        principal: &'a Principal,
-        operation_id: &'a str,
-    ) -> BoxFuture<'a, Result<Option<RunId>, JournalError>> {
-        self.inner.find_operation(principal, operation_id)
-    }
     fn claim<'a>(
         &'a self,
         key: &'a ClaimKey,
@@ -132,12 +108,7 @@ impl Journal for KillAfter {
     ) -> BoxFuture<'a, Result<Claim, JournalError>> {
         self.inner.claim(key, holder)
     }
-    fn subscribe<'a>(
-        &'a self,
-        run: &'a RunId,
-    ) -> BoxFuture<'a, Result<watch::Receiver<Seq>, JournalError>> {
-        self.inner.subscribe(run)
-    }
+    spool_journal::forward_journal_reads!(inner);
 }
 
 fn main() -> ExitCode {

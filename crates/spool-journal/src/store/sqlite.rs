@@ -1217,10 +1217,13 @@ impl ReadPool {
 fn check_wal(path: &Path) -> Result<(), JournalError> {
     let index = path.with_file_name(format!("{FILE_NAME}-shm"));
     let wal = path.with_file_name(format!("{FILE_NAME}-wal"));
-    let Ok(header) = std::fs::read(&index).map(|bytes| bytes.get(..96).map(<[u8]>::to_vec)) else {
+    // The two header copies only: the index itself grows with the log.
+    let mut header = [0_u8; 96];
+    let read = std::fs::File::open(&index)
+        .and_then(|mut file| std::io::Read::read_exact(&mut file, &mut header));
+    if read.is_err() {
         return Ok(());
-    };
-    let Some(header) = header else { return Ok(()) };
+    }
     // Two copies of a 48-byte header; a writer between its two writes
     // leaves them different, and then nothing can be concluded.
     if header[..48] != header[48..96] {

@@ -273,6 +273,9 @@ impl Runtime {
         queued: spool_journal::Seq,
     ) -> Result<RunView, RuntimeError> {
         let mut positions = self.inner.journal.subscribe(run).await?;
+        // Where the next read starts: the events before it were looked
+        // at already, so a wake-up reads only what is new.
+        let mut from = queued;
         loop {
             // Looked at before the log is read: an input no longer queued
             // then either started a turn the read below finds, or was
@@ -282,20 +285,18 @@ impl Runtime {
                 locked.state().queued.iter().any(|(seq, _)| *seq == queued)
             };
             // The turn it became names it; only the log after it is read.
-            let started = self
-                .inner
-                .journal
-                .read(run, queued)
-                .await?
-                .into_iter()
-                .find_map(|envelope| match envelope.event {
-                    spool_journal::Event::TurnStarted(started)
-                        if started.from_queue == Some(queued) =>
-                    {
-                        Some(started.turn_id)
-                    }
-                    _ => None,
-                });
+            let read = self.inner.journal.read(run, from).await?;
+            if let Some(last) = read.last() {
+                from = last.seq.next();
+            }
+            let started = read.into_iter().find_map(|envelope| match envelope.event {
+                spool_journal::Event::TurnStarted(started)
+                    if started.from_queue == Some(queued) =>
+                {
+                    Some(started.turn_id)
+                }
+                _ => None,
+            });
             if let Some(turn) = started {
                 return self.wait_for(run, &turn).await;
             }

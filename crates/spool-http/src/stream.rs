@@ -132,6 +132,10 @@ fn event_lines(envelope: &Envelope) -> Vec<StreamEvent> {
         // whole conversation, and its answer reaches clients as deltas and
         // as the turn's response.
         Event::ModelCallRequested(_) | Event::ModelCallCompleted(_) => None,
+        // A schedule's record run is not the channel's to stream (it is
+        // never reachable through it); its firings show in the schedule
+        // routes.
+        Event::ScheduleFired(_) | Event::ScheduleDelivered(_) => None,
         Event::ToolCallRequested(call) => {
             let mut line = line(StreamEventType::ToolCall, None, None);
             line.data = Some(json!({

@@ -88,6 +88,11 @@ pub enum Event {
     ToolCallResolved(ToolCallResolved),
     /// An operator gave a dangling tool call up.
     ToolCallAbandoned(ToolCallAbandoned),
+    /// A schedule fired: recorded in the schedule's own record run before
+    /// its message is delivered, so a restart never delivers it twice.
+    ScheduleFired(ScheduleFired),
+    /// What became of a firing's message.
+    ScheduleDelivered(ScheduleDelivered),
 }
 
 /// Token usage.
@@ -403,6 +408,96 @@ pub struct ToolCallAbandoned {
     pub operator: Option<String>,
 }
 
+/// `schedule_fired`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ScheduleFired {
+    /// The firing's id, unique within its schedule: `cron:<instant>` for a
+    /// firing of the cron expression (or its catch-up), `manual:<uuid>`,
+    /// `external:<caller's id>`.
+    pub fire_id: String,
+    /// The instant it was due (a manual firing: when it was asked for).
+    #[serde(with = "time::serde::rfc3339")]
+    pub scheduled_at: OffsetDateTime,
+    /// What fired it.
+    pub kind: FireKind,
+    /// The run bound to the schedule's address when the firing was
+    /// recorded (absent for a fresh run per firing, or an address not yet
+    /// bound)...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_run: Option<RunId>,
+    /// ...and that run's next position then: after a crash, its log from
+    /// there says whether the message was delivered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_seq: Option<Seq>,
+}
+
+/// What fired a schedule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FireKind {
+    /// Its cron expression came due.
+    Cron,
+    /// An occurrence missed while the server was down, run once at start.
+    CatchUp,
+    /// A caller asked for a firing now.
+    Manual,
+    /// A caller's scheduler fired it, under its own id.
+    External,
+}
+
+impl FireKind {
+    /// The wire name.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Cron => "cron",
+            Self::CatchUp => "catch_up",
+            Self::Manual => "manual",
+            Self::External => "external",
+        }
+    }
+}
+
+/// `schedule_delivered`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ScheduleDelivered {
+    /// The firing.
+    pub fire_id: String,
+    /// What became of its message.
+    pub outcome: Delivery,
+}
+
+/// What became of a firing's message.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum Delivery {
+    /// A turn started with it.
+    Started {
+        /// The run.
+        run_id: RunId,
+        /// The turn, when known (a delivery found after a crash knows only
+        /// its run).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        turn_id: Option<TurnId>,
+    },
+    /// Queued behind the run's running turn.
+    Queued {
+        /// The run.
+        run_id: RunId,
+    },
+    /// Not delivered, by the schedule's policy (the run was busy or
+    /// waiting for an answer).
+    Skipped {
+        /// Why.
+        reason: String,
+    },
+    /// Not delivered: the runtime refused it.
+    Failed {
+        /// Why.
+        error: String,
+    },
+}
+
 impl Event {
     /// The wire name of the kind (`turn_started`, …).
     #[must_use]
@@ -432,6 +527,8 @@ impl Event {
             Self::RunRetired(_) => "run_retired",
             Self::ToolCallResolved(_) => "tool_call_resolved",
             Self::ToolCallAbandoned(_) => "tool_call_abandoned",
+            Self::ScheduleFired(_) => "schedule_fired",
+            Self::ScheduleDelivered(_) => "schedule_delivered",
         }
     }
 

@@ -318,6 +318,9 @@ impl State {
                 None => self.addresses.clear(),
                 Some(namespace) => self.addresses.retain(|a| &a.namespace != namespace),
             },
+            // A schedule's record run holds its firings; they change no
+            // conversation and no state.
+            Event::ScheduleFired(_) | Event::ScheduleDelivered(_) => {}
         }
     }
 

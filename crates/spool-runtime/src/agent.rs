@@ -26,6 +26,15 @@
 //! input_per_million = 3.0
 //! output_per_million = 15.0
 //!
+//! [[schedule]]                         # a message sent on a cron expression
+//! name = "standup"
+//! cron = "0 9 * * MON-FRI"             # five fields, or six with seconds first
+//! time_zone = "Europe/Paris"           # IANA name; UTC by default
+//! text = "Summarize yesterday's deployments."
+//! address = "standup"                  # the HTTP address's run; absent, a fresh run per firing
+//! overlap = "skip"                     # skip | queue, while the last firing's turn runs
+//! catch_up = "latest"                  # latest | skip, for occurrences missed while down
+//!
 //! [provider]                           # for `openai/…`, `anthropic/…`, `command:…` engines
 //! base_url = "http://127.0.0.1:8080"   # else OPENAI_BASE_URL / ANTHROPIC_BASE_URL, else the vendor's
 //! api_key_env = "MY_KEY"               # else OPENAI_API_KEY / ANTHROPIC_API_KEY
@@ -71,6 +80,9 @@ pub struct AgentDefinition {
     /// How a provider engine reaches its model.
     #[serde(default)]
     pub provider: ProviderSection,
+    /// Messages sent on a cron expression (`[[schedule]]`).
+    #[serde(default, rename = "schedule")]
+    pub schedules: Vec<crate::schedule::ScheduleDefinition>,
 }
 
 /// `[provider]`: where and how a provider engine (`openai/…`,
@@ -302,6 +314,7 @@ impl AgentDefinition {
     }
 
     fn check(&self) -> Result<(), String> {
+        crate::schedule::check(&self.schedules)?;
         if let Some(cost) = self.budgets.cost_usd {
             if !(cost.is_finite() && cost > 0.0) {
                 return Err("`budgets.cost_usd` must be a positive number".into());

@@ -34,6 +34,11 @@ impl IdSource for UniqueIds {
 }
 
 fn unique(prefix: &str) -> String {
+    format!("{prefix}_{}", unique_suffix())
+}
+
+/// The unique part of a generated id: time-ordered hex, as above.
+pub(crate) fn unique_suffix() -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     static SALT: OnceLock<u64> = OnceLock::new();
     // RandomState is seeded from the OS's randomness once per process:
@@ -45,11 +50,7 @@ fn unique(prefix: &str) -> String {
     });
     let millis = time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000;
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    format!(
-        "{prefix}_{millis:012x}{:06x}{:08x}",
-        n & 0xff_ffff,
-        salt as u32
-    )
+    format!("{millis:012x}{:06x}{:08x}", n & 0xff_ffff, salt as u32)
 }
 
 /// `run-1`, `run-2`, … in the order runs are made in this process, and

@@ -25,6 +25,7 @@ pub mod hub;
 pub mod ids;
 mod runs;
 mod runtime;
+pub mod schedule;
 mod storage;
 pub mod tool;
 pub mod tools;
@@ -39,6 +40,7 @@ pub use runtime::{
     Accepted, CancelOutcome, MAX_ANSWERS, MessageRequest, Recovery, Runtime, RuntimeBuilder,
     StartRequest,
 };
+pub use schedule::{ScheduleDefinition, Scheduler};
 pub use spool_journal::store::BoxFuture;
 pub use storage::{JournalHealth, PROBE_FIRST, PROBE_MAX, RESUME_MAX};
 pub use tool::{Tool, ToolOutcome, Tools};

@@ -61,6 +61,8 @@ fn the_pinned_log_covers_every_event_kind() {
         "run_retired",
         "tool_call_resolved",
         "tool_call_abandoned",
+        "schedule_fired",
+        "schedule_delivered",
     ];
     for kind in all {
         assert!(kinds.contains(kind), "no pinned envelope for {kind}");

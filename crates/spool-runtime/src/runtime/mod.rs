@@ -133,9 +133,21 @@ impl Inner {
     ///
     /// # Errors
     ///
-    /// `RunNotFound`; a journal error when its log must be read and cannot.
+    /// `RunNotFound`, also for a schedule's record run: its log is the
+    /// scheduler's alone, and no caller reaches it (nor appends a turn to
+    /// it); a journal error when its log must be read and cannot.
     pub(crate) async fn lock(&self, run: &RunId) -> Result<Locked, RuntimeError> {
-        Locked::existing(&self.runs, &*self.journal, run).await
+        let locked = Locked::existing(&self.runs, &*self.journal, run).await?;
+        let reserved = locked
+            .state()
+            .created
+            .as_ref()
+            .and_then(|created| created.address.as_ref())
+            .is_some_and(|address| address.namespace == crate::schedule::RECORD_NAMESPACE);
+        if reserved {
+            return Err(RuntimeError::RunNotFound(run.clone()));
+        }
+        Ok(locked)
     }
 
     /// Appends at the run's head, under the run's lock.

@@ -14,6 +14,7 @@ mod gate;
 mod hub;
 mod incremental;
 mod recovery;
+mod schedules;
 mod steering;
 mod storage;
 mod supervision;

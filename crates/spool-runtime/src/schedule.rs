@@ -1,0 +1,939 @@
+//! Schedules: a message sent on a cron expression, to a run bound to an
+//! address or to a fresh run per firing, with every firing journaled
+//! before its message is delivered.
+//!
+//! Each schedule keeps a record run of its own (bound to the address
+//! `spool.schedule/NAME`, reachable through no channel) whose log holds
+//! its firings: `schedule_fired` before the message goes out,
+//! `schedule_delivered` after. A crash between the two leaves a firing in
+//! doubt, and the next start settles it from the target's own log: the
+//! message carries a context line naming the firing, and a fresh run per
+//! firing is created under the firing's id as an operation id. So a
+//! restart never delivers a firing twice, and an occurrence missed while
+//! the server was down is run once at start (`catch_up = "latest"`), never
+//! once per missed minute.
+
+use std::collections::{HashMap, VecDeque};
+use std::str::FromStr as _;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use croner::Cron;
+use jiff::Timestamp;
+use jiff::tz::TimeZone;
+use serde::Deserialize;
+use spool_journal::event::{Delivery, FireKind, RunCreated, ScheduleDelivered, ScheduleFired};
+use spool_journal::{Address, Envelope, Event, Principal, RunId, Seq};
+use spool_wire::run::TurnPolicy;
+use time::OffsetDateTime;
+use tokio::sync::watch;
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+use crate::{Accepted, Runtime, RuntimeError, StartRequest};
+
+/// The namespace of schedules' record runs: no channel reaches it.
+pub const RECORD_NAMESPACE: &str = "spool.schedule";
+
+/// The namespace a schedule's `address` names a run in: the HTTP channel's,
+/// so a client can look the run up and stream it.
+pub const TARGET_NAMESPACE: &str = "http";
+
+/// The firings kept per schedule for [`Scheduler::get`]'s history.
+pub const HISTORY: usize = 32;
+
+/// How many recent external firings an external id is recognized among:
+/// a retry comes minutes after its first try, not thousands of firings.
+pub const EXTERNAL_WINDOW: usize = 1024;
+
+/// How much of a record run's log a start reads: enough for the history,
+/// the external-id window and a firing in doubt, however long the
+/// schedule has run.
+const RECORD_TAIL: u64 = 2 * EXTERNAL_WINDOW as u64 + 2 * HISTORY as u64;
+
+/// `[[schedule]]` in `spool.toml`.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleDefinition {
+    /// Its name: letters, digits, `-`, `_` and `.`, up to 64.
+    pub name: String,
+    /// A cron expression: five fields, or six with seconds first
+    /// (`0 9 * * MON-FRI`, `*/30 * * * * *`).
+    pub cron: String,
+    /// The IANA time zone the expression is read in (`UTC` by default).
+    #[serde(default = "utc")]
+    pub time_zone: String,
+    /// The message each firing sends.
+    pub text: String,
+    /// The HTTP address whose run each firing messages (created on first
+    /// use); absent, each firing starts a fresh run.
+    #[serde(default)]
+    pub address: Option<String>,
+    /// One-turn context sent with each firing's message.
+    #[serde(default)]
+    pub context: Vec<String>,
+    /// What a firing does while the previous one's turn is in progress.
+    #[serde(default)]
+    pub overlap: Overlap,
+    /// What a start does about occurrences missed while the server was
+    /// down.
+    #[serde(default)]
+    pub catch_up: CatchUp,
+}
+
+fn utc() -> String {
+    "UTC".into()
+}
+
+/// What a firing does while the target's turn is in progress.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Overlap {
+    /// Nothing: the firing is recorded as skipped (the default).
+    #[default]
+    Skip,
+    /// To an address: the message is queued behind the running turn. For
+    /// a fresh run per firing: the firing starts its own run anyway.
+    Queue,
+}
+
+/// What a start does about occurrences missed while the server was down.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CatchUp {
+    /// Fire once, for the latest missed occurrence (the default).
+    #[default]
+    Latest,
+    /// Fire none of them.
+    Skip,
+}
+
+impl Overlap {
+    /// The configuration name.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Skip => "skip",
+            Self::Queue => "queue",
+        }
+    }
+}
+
+impl CatchUp {
+    /// The configuration name.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Latest => "latest",
+            Self::Skip => "skip",
+        }
+    }
+}
+
+/// A definition, checked: its expression parsed, its zone found.
+#[derive(Clone, Debug)]
+struct Parsed {
+    definition: ScheduleDefinition,
+    cron: Cron,
+    zone: TimeZone,
+}
+
+impl ScheduleDefinition {
+    fn parse(&self) -> Result<Parsed, String> {
+        let name = &self.name;
+        let valid_name = !name.is_empty()
+            && name.len() <= 64
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+        if !valid_name {
+            return Err(format!(
+                "schedule name `{name}`: use 1 to 64 letters, digits, `-`, `_` or `.`"
+            ));
+        }
+        let cron = Cron::from_str(&self.cron)
+            .map_err(|e| format!("schedule `{name}`: cron expression `{}`: {e}", self.cron))?;
+        let zone = TimeZone::get(&self.time_zone)
+            .map_err(|e| format!("schedule `{name}`: time zone `{}`: {e}", self.time_zone))?;
+        if self.text.trim().is_empty() {
+            return Err(format!("schedule `{name}`: `text` is empty"));
+        }
+        if self.address.as_deref().is_some_and(str::is_empty) {
+            return Err(format!(
+                "schedule `{name}`: `address` is empty (leave it out for a fresh run per firing)"
+            ));
+        }
+        Ok(Parsed {
+            definition: self.clone(),
+            cron,
+            zone,
+        })
+    }
+}
+
+/// Checks a configuration's schedules: each parses, and no two share a
+/// name.
+///
+/// # Errors
+///
+/// A message naming the schedule and what is wrong.
+pub fn check(definitions: &[ScheduleDefinition]) -> Result<(), String> {
+    let mut names = std::collections::HashSet::new();
+    for definition in definitions {
+        definition.parse()?;
+        if !names.insert(&definition.name) {
+            return Err(format!("two schedules are named `{}`", definition.name));
+        }
+    }
+    Ok(())
+}
+
+/// Where a scheduler's time comes from.
+#[derive(Clone, Copy, Debug)]
+pub struct Clock {
+    /// `None`: the system's wall clock. `Some`: a wall time anchored to a
+    /// tokio instant, advancing with tokio's time (paused in tests).
+    anchor: Option<(Timestamp, tokio::time::Instant)>,
+}
+
+impl Clock {
+    /// The system's wall clock.
+    #[must_use]
+    pub fn system() -> Self {
+        Self { anchor: None }
+    }
+
+    /// `wall` now, advancing with tokio's clock from here on: under paused
+    /// time a test sees firings at exact instants.
+    #[must_use]
+    pub fn starting_at(wall: Timestamp) -> Self {
+        Self {
+            anchor: Some((wall, tokio::time::Instant::now())),
+        }
+    }
+
+    /// The wall time now.
+    #[must_use]
+    pub fn now(&self) -> Timestamp {
+        match self.anchor {
+            None => Timestamp::now(),
+            Some((wall, at)) => {
+                let elapsed = at.elapsed().as_nanos();
+                Timestamp::from_nanosecond(wall.as_nanosecond() + elapsed as i128)
+                    .unwrap_or(Timestamp::MAX)
+            }
+        }
+    }
+
+    /// Sleeps until the wall time `at`.
+    async fn sleep_until(&self, at: Timestamp) {
+        let now = self.now();
+        let nanos = (at.as_nanosecond() - now.as_nanosecond()).max(0);
+        let wait = std::time::Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX));
+        tokio::time::sleep(wait).await;
+    }
+}
+
+/// One firing, as the schedule routes show it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Firing {
+    /// Its id within the schedule.
+    pub fire_id: String,
+    /// What fired it.
+    pub kind: FireKind,
+    /// When it was due.
+    pub scheduled_at: OffsetDateTime,
+    /// When it was recorded.
+    pub fired_at: OffsetDateTime,
+    /// What became of its message; `None` while in doubt.
+    pub delivery: Option<Delivery>,
+}
+
+/// A schedule as the routes show it.
+#[derive(Clone, Debug)]
+pub struct ScheduleView {
+    /// Its definition.
+    pub definition: ScheduleDefinition,
+    /// Its next firing by the cron expression.
+    pub next_fire_at: Option<OffsetDateTime>,
+    /// Its recent firings, oldest first (up to [`HISTORY`]).
+    pub history: Vec<Firing>,
+}
+
+/// A firing asked for by a caller.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Trigger {
+    /// Fire now.
+    Manual,
+    /// A caller's own scheduler fired: `id` is stable across its retries,
+    /// which get the first firing back.
+    External {
+        /// The caller's id for the firing.
+        id: String,
+        /// When the caller's scheduler had it due.
+        scheduled_at: OffsetDateTime,
+    },
+}
+
+/// What a trigger did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Triggered {
+    /// The firing.
+    pub firing: Firing,
+    /// Whether it is an earlier firing under the same external id,
+    /// returned without firing again.
+    pub replayed: bool,
+}
+
+/// Why a schedule operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ScheduleError {
+    /// No schedule has the name.
+    #[error("no schedule named `{0}`")]
+    NotFound(String),
+    /// The journal or the runtime failed.
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+}
+
+/// The running schedules of one runtime. Cheap to clone; when the last
+/// clone goes, the schedules stop.
+#[derive(Clone)]
+pub struct Scheduler {
+    inner: Arc<SchedulerInner>,
+}
+
+impl std::fmt::Debug for Scheduler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scheduler")
+            .field("schedules", &self.inner.schedules.keys())
+            .finish_non_exhaustive()
+    }
+}
+
+struct SchedulerInner {
+    schedules: std::collections::BTreeMap<String, Arc<Schedule>>,
+    /// Counts firings recorded (delivered or not): what a watcher waits on.
+    fired: watch::Sender<u64>,
+    _stop: DropGuard,
+}
+
+struct Schedule {
+    parsed: Parsed,
+    runtime: Runtime,
+    clock: Clock,
+    /// Whom a fresh run per firing is created by: its operation ids live
+    /// under this principal.
+    principal: Principal,
+    /// Held for a whole firing: firings of one schedule (its cron's, a
+    /// trigger's) happen one at a time.
+    state: tokio::sync::Mutex<State>,
+    next: Mutex<Option<Timestamp>>,
+}
+
+struct State {
+    /// The record run and its next position; this schedule is its only
+    /// writer.
+    record: RunId,
+    next: Seq,
+    history: VecDeque<Firing>,
+    /// Recent external firings by the caller's id, and their order.
+    externals: HashMap<String, Firing>,
+    external_order: VecDeque<String>,
+    /// The latest occurrence of the cron expression fired.
+    last_cron: Option<Timestamp>,
+    /// The run the last fresh-run firing started: what `overlap = "skip"`
+    /// looks at.
+    last_run: Option<RunId>,
+}
+
+impl Scheduler {
+    /// Starts `definitions` on `runtime`, after [`Runtime::recover`]:
+    /// settles a firing left in doubt by a crash, fires a missed occurrence
+    /// once (per `catch_up`), and runs each schedule in a task of its own.
+    ///
+    /// # Errors
+    ///
+    /// `BadRequest` for a definition that does not parse (see [`check`]);
+    /// a journal error when a record run cannot be read or written.
+    pub async fn start(
+        runtime: &Runtime,
+        definitions: &[ScheduleDefinition],
+        clock: Clock,
+    ) -> Result<Self, RuntimeError> {
+        check(definitions).map_err(RuntimeError::BadRequest)?;
+        let stop = CancellationToken::new();
+        let (fired, _) = watch::channel(0);
+        let mut schedules = std::collections::BTreeMap::new();
+        for definition in definitions {
+            let parsed = definition.parse().map_err(RuntimeError::BadRequest)?;
+            let state = State::open(runtime, &definition.name).await?;
+            let schedule = Arc::new(Schedule {
+                principal: Principal {
+                    authenticator: "spool".into(),
+                    kind: "schedule".into(),
+                    id: definition.name.clone(),
+                    attributes: std::collections::BTreeMap::new(),
+                },
+                parsed,
+                runtime: runtime.clone(),
+                clock,
+                state: tokio::sync::Mutex::new(state),
+                next: Mutex::new(None),
+            });
+            schedule.settle_in_doubt(&fired).await?;
+            schedule.catch_up(&fired).await?;
+            schedules.insert(definition.name.clone(), schedule);
+        }
+        for schedule in schedules.values() {
+            let (schedule, stop, fired) = (schedule.clone(), stop.clone(), fired.clone());
+            tokio::spawn(async move {
+                tokio::select! {
+                    () = stop.cancelled() => {}
+                    () = schedule.run(&fired) => {}
+                }
+            });
+        }
+        Ok(Self {
+            inner: Arc::new(SchedulerInner {
+                schedules,
+                fired,
+                _stop: stop.drop_guard(),
+            }),
+        })
+    }
+
+    /// The schedules' names, in order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.inner.schedules.keys().map(String::as_str)
+    }
+
+    /// Every schedule, by name, with its next firing and history.
+    pub async fn list(&self) -> Vec<ScheduleView> {
+        let mut views = Vec::with_capacity(self.inner.schedules.len());
+        for schedule in self.inner.schedules.values() {
+            views.push(schedule.view().await);
+        }
+        views
+    }
+
+    /// One schedule.
+    ///
+    /// # Errors
+    ///
+    /// [`ScheduleError::NotFound`].
+    pub async fn get(&self, name: &str) -> Result<ScheduleView, ScheduleError> {
+        Ok(self.schedule(name)?.view().await)
+    }
+
+    /// Fires `name` now, for a caller (a manual or an external trigger).
+    /// An external id seen among the last [`EXTERNAL_WINDOW`] external
+    /// firings returns that firing instead.
+    ///
+    /// # Errors
+    ///
+    /// [`ScheduleError::NotFound`]; a journal error when the firing could
+    /// not be recorded (then it did not happen).
+    pub async fn trigger(&self, name: &str, trigger: Trigger) -> Result<Triggered, ScheduleError> {
+        let schedule = self.schedule(name)?;
+        let (kind, fire_id, scheduled_at) = match trigger {
+            Trigger::Manual => (
+                FireKind::Manual,
+                format!("manual:{}", crate::ids::unique_suffix()),
+                schedule.clock.now(),
+            ),
+            Trigger::External { id, scheduled_at } => (
+                FireKind::External,
+                format!("external:{id}"),
+                timestamp(scheduled_at),
+            ),
+        };
+        Ok(schedule
+            .fire(kind, fire_id, scheduled_at, &self.inner.fired)
+            .await?)
+    }
+
+    /// A receiver of the number of firings recorded since start: wait on
+    /// it rather than polling the history.
+    #[must_use]
+    pub fn watch_firings(&self) -> watch::Receiver<u64> {
+        self.inner.fired.subscribe()
+    }
+
+    fn schedule(&self, name: &str) -> Result<&Arc<Schedule>, ScheduleError> {
+        self.inner
+            .schedules
+            .get(name)
+            .ok_or_else(|| ScheduleError::NotFound(name.to_owned()))
+    }
+}
+
+impl State {
+    /// Opens (or creates) `name`'s record run and reads its recent firings.
+    async fn open(runtime: &Runtime, name: &str) -> Result<Self, RuntimeError> {
+        let journal = &runtime.inner.journal;
+        let address = Address::new(RECORD_NAMESPACE, name);
+        let (record, envelopes) = match journal.find_address(&address).await? {
+            Some(record) => {
+                let next = *journal.subscribe(&record).await?.borrow();
+                let from = Seq(next.0.saturating_sub(RECORD_TAIL));
+                let envelopes = journal.read(&record, from).await?;
+                (record, envelopes)
+            }
+            None => {
+                let record = runtime.inner.ids.run_id();
+                let created = Event::RunCreated(RunCreated {
+                    address: Some(address),
+                    title: Some(format!("schedule {name}: its firings")),
+                    kind: Some("schedule".into()),
+                    ..RunCreated::default()
+                });
+                let envelopes = journal.append(&record, Seq(0), vec![created]).await?;
+                (record, envelopes)
+            }
+        };
+        let next = envelopes.last().map_or(Seq(0), |e| e.seq.next());
+        let mut state = Self {
+            record,
+            next,
+            history: VecDeque::new(),
+            externals: HashMap::new(),
+            external_order: VecDeque::new(),
+            last_cron: None,
+            last_run: None,
+        };
+        for envelope in envelopes {
+            state.replay(&envelope);
+        }
+        Ok(state)
+    }
+
+    /// Takes one record-run event into the in-memory view.
+    fn replay(&mut self, envelope: &Envelope) {
+        match &envelope.event {
+            Event::ScheduleFired(fired) => self.remember(Firing {
+                fire_id: fired.fire_id.clone(),
+                kind: fired.kind,
+                scheduled_at: fired.scheduled_at,
+                fired_at: envelope.recorded_at,
+                delivery: None,
+            }),
+            Event::ScheduleDelivered(delivered) => {
+                self.settle(&delivered.fire_id, &delivered.outcome);
+            }
+            _ => {}
+        }
+    }
+
+    fn remember(&mut self, firing: Firing) {
+        if matches!(firing.kind, FireKind::Cron | FireKind::CatchUp) {
+            let at = timestamp(firing.scheduled_at);
+            self.last_cron = Some(self.last_cron.map_or(at, |last| last.max(at)));
+        }
+        if firing.kind == FireKind::External {
+            if self.external_order.len() == EXTERNAL_WINDOW
+                && let Some(oldest) = self.external_order.pop_front()
+            {
+                self.externals.remove(&oldest);
+            }
+            self.external_order.push_back(firing.fire_id.clone());
+            self.externals
+                .insert(firing.fire_id.clone(), firing.clone());
+        }
+        if self.history.len() == HISTORY {
+            self.history.pop_front();
+        }
+        self.history.push_back(firing);
+    }
+
+    fn settle(&mut self, fire_id: &str, delivery: &Delivery) {
+        if let Delivery::Started { run_id, .. } = delivery {
+            self.last_run = Some(run_id.clone());
+        }
+        for firing in self
+            .history
+            .iter_mut()
+            .chain(self.externals.get_mut(fire_id))
+            .filter(|f| f.fire_id == fire_id)
+        {
+            firing.delivery = Some(delivery.clone());
+        }
+    }
+
+    /// Appends to the record run.
+    async fn record(&mut self, runtime: &Runtime, event: Event) -> Result<(), RuntimeError> {
+        let envelopes = runtime
+            .inner
+            .journal
+            .append(&self.record, self.next, vec![event])
+            .await?;
+        if let Some(last) = envelopes.last() {
+            self.next = last.seq.next();
+        }
+        Ok(())
+    }
+}
+
+impl Schedule {
+    fn name(&self) -> &str {
+        &self.parsed.definition.name
+    }
+
+    async fn view(&self) -> ScheduleView {
+        let history = self.state.lock().await.history.iter().cloned().collect();
+        let next = *self.next.lock().unwrap_or_else(PoisonError::into_inner);
+        ScheduleView {
+            definition: self.parsed.definition.clone(),
+            next_fire_at: next.map(offset),
+            history,
+        }
+    }
+
+    /// The cron expression's next occurrence after `after`.
+    fn next_after(&self, after: Timestamp) -> Option<Timestamp> {
+        let zoned = after.to_zoned(self.parsed.zone.clone());
+        self.parsed
+            .cron
+            .find_next_occurrence(&zoned, false)
+            .ok()
+            .map(|z| z.timestamp())
+    }
+
+    /// Fires each occurrence of the cron expression, one after another.
+    async fn run(&self, fired: &watch::Sender<u64>) {
+        loop {
+            let now = self.clock.now();
+            let last = self.state.lock().await.last_cron;
+            let after = last.map_or(now, |last| last.max(now));
+            let Some(due) = self.next_after(after) else {
+                tracing::warn!(
+                    schedule = self.name(),
+                    "the cron expression has no next occurrence"
+                );
+                return;
+            };
+            *self.next.lock().unwrap_or_else(PoisonError::into_inner) = Some(due);
+            self.clock.sleep_until(due).await;
+            if let Err(error) = self.fire(FireKind::Cron, cron_id(due), due, fired).await {
+                // Not recorded, so not fired: the occurrence is lost, as one
+                // missed while the server was down would be.
+                tracing::warn!(schedule = self.name(), %error, "a firing could not be recorded");
+            }
+        }
+    }
+
+    /// At start: an occurrence missed since the last one fired is fired
+    /// once, the latest, unless `catch_up = "skip"`.
+    async fn catch_up(&self, fired: &watch::Sender<u64>) -> Result<(), RuntimeError> {
+        let Some(last) = self.state.lock().await.last_cron else {
+            // Never fired: nothing was missed.
+            return Ok(());
+        };
+        let now = self.clock.now();
+        let missed = self.next_after(last).is_some_and(|due| due <= now);
+        if !missed || self.parsed.definition.catch_up == CatchUp::Skip {
+            return Ok(());
+        }
+        let zoned = now.to_zoned(self.parsed.zone.clone());
+        let Ok(latest) = self.parsed.cron.find_previous_occurrence(&zoned, true) else {
+            return Ok(());
+        };
+        let latest = latest.timestamp();
+        self.fire(FireKind::CatchUp, cron_id(latest), latest, fired)
+            .await
+            .map(drop)
+    }
+
+    /// Records a firing, delivers its message, records what became of it.
+    async fn fire(
+        &self,
+        kind: FireKind,
+        fire_id: String,
+        scheduled_at: Timestamp,
+        fired: &watch::Sender<u64>,
+    ) -> Result<Triggered, RuntimeError> {
+        let mut state = self.state.lock().await;
+        if let Some(firing) = state.externals.get(&fire_id) {
+            return Ok(Triggered {
+                firing: firing.clone(),
+                replayed: true,
+            });
+        }
+        let (target_run, target_seq) = match self.target_address() {
+            Some(address) => match self.runtime.inner.journal.find_address(&address).await? {
+                Some(run) => {
+                    let next = *self.runtime.inner.journal.subscribe(&run).await?.borrow();
+                    (Some(run), Some(next))
+                }
+                None => (None, None),
+            },
+            None => (None, None),
+        };
+        let record = ScheduleFired {
+            fire_id: fire_id.clone(),
+            scheduled_at: offset(scheduled_at),
+            kind,
+            target_run,
+            target_seq,
+        };
+        state
+            .record(&self.runtime, Event::ScheduleFired(record.clone()))
+            .await?;
+        state.remember(Firing {
+            fire_id: fire_id.clone(),
+            kind,
+            scheduled_at: record.scheduled_at,
+            fired_at: offset(self.clock.now()),
+            delivery: None,
+        });
+        let delivery = self.deliver(&record, state.last_run.as_ref()).await?;
+        self.settle(&mut state, &fire_id, delivery).await?;
+        fired.send_modify(|n| *n += 1);
+        let firing = state
+            .history
+            .iter()
+            .rev()
+            .find(|f| f.fire_id == fire_id)
+            .cloned()
+            .expect("the firing was just remembered");
+        Ok(Triggered {
+            firing,
+            replayed: false,
+        })
+    }
+
+    async fn settle(
+        &self,
+        state: &mut State,
+        fire_id: &str,
+        delivery: Delivery,
+    ) -> Result<(), RuntimeError> {
+        match &delivery {
+            Delivery::Skipped { reason } => {
+                tracing::info!(schedule = self.name(), fire_id, reason, "firing skipped");
+            }
+            Delivery::Failed { error } => {
+                tracing::warn!(
+                    schedule = self.name(),
+                    fire_id,
+                    error,
+                    "firing not delivered"
+                );
+            }
+            _ => {}
+        }
+        state
+            .record(
+                &self.runtime,
+                Event::ScheduleDelivered(ScheduleDelivered {
+                    fire_id: fire_id.to_owned(),
+                    outcome: delivery.clone(),
+                }),
+            )
+            .await?;
+        state.settle(fire_id, &delivery);
+        Ok(())
+    }
+
+    fn target_address(&self) -> Option<Address> {
+        self.parsed
+            .definition
+            .address
+            .as_ref()
+            .map(|name| Address::new(TARGET_NAMESPACE, name.clone()))
+    }
+
+    /// The context line a firing's message carries: it tells the model
+    /// where the message came from, and a restart where it went.
+    fn context_line(&self, record: &ScheduleFired) -> String {
+        let scheduled_at = timestamp(record.scheduled_at);
+        format!(
+            "Sent by schedule `{}` for {scheduled_at} (firing {}).",
+            self.name(),
+            record.fire_id
+        )
+    }
+
+    /// Delivers a recorded firing's message. A journal that cannot write
+    /// is an error (nothing was delivered, the firing stays in doubt); any
+    /// other refusal is the firing's outcome.
+    async fn deliver(
+        &self,
+        record: &ScheduleFired,
+        last_run: Option<&RunId>,
+    ) -> Result<Delivery, RuntimeError> {
+        let definition = &self.parsed.definition;
+        let mut context = vec![self.context_line(record)];
+        context.extend(definition.context.iter().cloned());
+        let request = match self.target_address() {
+            Some(address) => StartRequest {
+                text: definition.text.clone(),
+                address: Some(address),
+                context,
+                policy: Some(match definition.overlap {
+                    Overlap::Skip => TurnPolicy::IfIdle,
+                    Overlap::Queue => TurnPolicy::Queue,
+                }),
+                ..StartRequest::default()
+            },
+            None => {
+                if definition.overlap == Overlap::Skip
+                    && let Some(run) = last_run
+                    && self
+                        .runtime
+                        .get(run)
+                        .await
+                        .is_ok_and(|v| v.status.is_active())
+                {
+                    return Ok(Delivery::Skipped {
+                        reason: format!("the previous firing's run {run} is still in progress"),
+                    });
+                }
+                StartRequest {
+                    text: definition.text.clone(),
+                    operation_id: Some(record.fire_id.clone()),
+                    principal: Some(self.principal.clone()),
+                    title: Some(format!(
+                        "{} {}",
+                        self.name(),
+                        timestamp(record.scheduled_at)
+                    )),
+                    kind: Some("schedule".into()),
+                    context,
+                    ..StartRequest::default()
+                }
+            }
+        };
+        Ok(match self.runtime.start(request).await {
+            Ok(Accepted::Started { run, turn } | Accepted::Steered { run, turn }) => {
+                Delivery::Started {
+                    run_id: run,
+                    turn_id: Some(turn),
+                }
+            }
+            Ok(Accepted::Queued { run, .. }) => Delivery::Queued { run_id: run },
+            Ok(Accepted::Replayed { run, .. }) => Delivery::Started {
+                run_id: run,
+                turn_id: None,
+            },
+            Err(RuntimeError::TurnInProgress { run, .. }) => Delivery::Skipped {
+                reason: format!("run {run} has a turn in progress"),
+            },
+            Err(RuntimeError::RunWaiting(run)) => Delivery::Skipped {
+                reason: format!("run {run} is waiting for an answer"),
+            },
+            Err(error) if error.kind() == crate::ErrorKind::Storage => return Err(error),
+            Err(error) => Delivery::Failed {
+                error: error.to_string(),
+            },
+        })
+    }
+
+    /// At start: a firing recorded but not settled (the process died in
+    /// between) is looked for where its message would have gone, and
+    /// delivered only if it is not there.
+    async fn settle_in_doubt(&self, fired: &watch::Sender<u64>) -> Result<(), RuntimeError> {
+        let mut state = self.state.lock().await;
+        let in_doubt: Vec<Firing> = state
+            .history
+            .iter()
+            .filter(|f| f.delivery.is_none())
+            .cloned()
+            .collect();
+        if in_doubt.is_empty() {
+            return Ok(());
+        }
+        let records = self.records_of(&state, &in_doubt).await?;
+        for record in records {
+            let delivery = match self.find_delivery(&record).await? {
+                Some(delivery) => delivery,
+                None => {
+                    tracing::info!(
+                        schedule = self.name(),
+                        fire_id = record.fire_id,
+                        "a firing recorded before a crash was not delivered: delivering it now"
+                    );
+                    self.deliver(&record, state.last_run.as_ref()).await?
+                }
+            };
+            self.settle(&mut state, &record.fire_id, delivery).await?;
+            fired.send_modify(|n| *n += 1);
+        }
+        Ok(())
+    }
+
+    /// The `schedule_fired` records of `firings`, read back.
+    async fn records_of(
+        &self,
+        state: &State,
+        firings: &[Firing],
+    ) -> Result<Vec<ScheduleFired>, RuntimeError> {
+        let from = Seq(state.next.0.saturating_sub(RECORD_TAIL));
+        let envelopes = self.runtime.inner.journal.read(&state.record, from).await?;
+        Ok(envelopes
+            .into_iter()
+            .filter_map(|e| match e.event {
+                Event::ScheduleFired(fired)
+                    if firings.iter().any(|f| f.fire_id == fired.fire_id) =>
+                {
+                    Some(fired)
+                }
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// Where a firing's message went, if it went anywhere.
+    async fn find_delivery(
+        &self,
+        record: &ScheduleFired,
+    ) -> Result<Option<Delivery>, RuntimeError> {
+        let journal = &self.runtime.inner.journal;
+        let Some(address) = self.target_address() else {
+            return Ok(journal
+                .find_operation(&self.principal, &record.fire_id)
+                .await?
+                .map(|run| Delivery::Started {
+                    run_id: run,
+                    turn_id: None,
+                }));
+        };
+        let run = match &record.target_run {
+            Some(run) => run.clone(),
+            None => match journal.find_address(&address).await? {
+                Some(run) => run,
+                None => return Ok(None),
+            },
+        };
+        let line = self.context_line(record);
+        let from = record.target_seq.unwrap_or(Seq(0));
+        for envelope in journal.read(&run, from).await? {
+            match &envelope.event {
+                Event::TurnStarted(started) if started.context.contains(&line) => {
+                    return Ok(Some(Delivery::Started {
+                        run_id: run,
+                        turn_id: Some(started.turn_id.clone()),
+                    }));
+                }
+                Event::InputQueued(queued) if queued.context.contains(&line) => {
+                    return Ok(Some(Delivery::Queued { run_id: run }));
+                }
+                _ => {}
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// A cron firing's id: the instant it was due, so a catch-up and the
+/// firing it stands for are one firing.
+fn cron_id(at: Timestamp) -> String {
+    format!("cron:{at}")
+}
+
+fn offset(at: Timestamp) -> OffsetDateTime {
+    OffsetDateTime::from_unix_timestamp_nanos(at.as_nanosecond())
+        .unwrap_or(OffsetDateTime::UNIX_EPOCH)
+}
+
+fn timestamp(at: OffsetDateTime) -> Timestamp {
+    Timestamp::from_nanosecond(at.unix_timestamp_nanos()).unwrap_or(Timestamp::UNIX_EPOCH)
+}

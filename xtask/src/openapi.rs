@@ -38,7 +38,7 @@ pub(crate) fn run(root: &Path) -> Result<()> {
     let work = tempfile_dir(&target)?;
     let tokens = work.join("tokens");
     let issued = Command::new(&spool)
-        .args(["token", "new", "schemathesis", "--token-file"])
+        .args(["token", "new", "schemathesis", "--trigger", "--token-file"])
         .arg(&tokens)
         .output()
         .context("starting spool token new")?;
@@ -49,6 +49,12 @@ pub(crate) fn run(root: &Path) -> Result<()> {
         );
     }
     let token = String::from_utf8(issued.stdout)?.trim().to_owned();
+    // One schedule, named as the document's example, so the trigger route
+    // is exercised past its lookup; it fires only when triggered.
+    std::fs::write(
+        work.join("spool.toml"),
+        "[[schedule]]\nname = \"nightly\"\ncron = \"0 3 1 1 *\"\ntext = \"Run the nightly checks.\"\naddress = \"nightly\"\noverlap = \"queue\"\n",
+    )?;
     let mut server = Command::new(&spool)
         .args(["serve", "--addr", "127.0.0.1:0", "--journal"])
         .arg(work.join("journal"))

@@ -68,6 +68,10 @@ pub(crate) enum TokenCommand {
         /// `spool serve --run-access owner`.
         #[arg(long)]
         admin: bool,
+        /// A token that may trigger schedules (`POST
+        /// /spool/v1/schedules/NAME/trigger`).
+        #[arg(long)]
+        trigger: bool,
         /// The token file.
         #[arg(long, default_value = ".spool/tokens")]
         token_file: PathBuf,
@@ -78,16 +82,20 @@ pub(crate) fn token(command: TokenCommand) -> anyhow::Result<ExitCode> {
     let TokenCommand::New {
         name,
         admin,
+        trigger,
         token_file,
     } = command;
     if let Some(dir) = token_file.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
-    let token = if admin {
-        TokenFile::issue_admin(&token_file, &name)?
-    } else {
-        TokenFile::issue(&token_file, &name)?
-    };
+    let scopes: Vec<&str> = [
+        (admin, spool_http::token::ADMIN_ATTRIBUTE),
+        (trigger, spool_http::token::TRIGGER_ATTRIBUTE),
+    ]
+    .into_iter()
+    .filter_map(|(on, scope)| on.then_some(scope))
+    .collect();
+    let token = TokenFile::issue_scoped(&token_file, &name, &scopes)?;
     writeln!(std::io::stdout(), "{token}")?;
     Ok(ExitCode::SUCCESS)
 }
@@ -133,11 +141,30 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let cached_runs = usize::try_from(args.cached_runs).unwrap_or(usize::MAX);
     let (runtime, _owner) = open_runtime(&args.journal, &agent, Some(cached_runs))?;
     let resumed = recover(&runtime).await?;
+    // After recovery: a firing in doubt is settled against runs as the
+    // crash left them.
+    let schedules = &agent.loaded.definition.schedules;
+    let scheduler = spool_runtime::Scheduler::start(
+        &runtime,
+        schedules,
+        spool_runtime::schedule::Clock::system(),
+    )
+    .await
+    .context("starting the schedules")?;
     let (stop, closing) = tokio::sync::watch::channel(false);
-    let mut channel =
-        HttpChannel::new(runtime, closing).with_agent(agent.loaded.definition.agent.name.clone());
+    let mut channel = HttpChannel::new(runtime, closing)
+        .with_agent(agent.loaded.definition.agent.name.clone())
+        .with_schedules(scheduler);
     if let Some(tokens) = tokens {
-        channel = channel.with_authenticator(tokens);
+        // Triggers need a proven caller: tokens with the `trigger` scope
+        // (or an administrator's).
+        channel = channel
+            .with_authenticator(tokens)
+            .with_trigger_authorizer(spool_http::token::trigger_authorizer());
+    }
+    if !schedules.is_empty() {
+        let names: Vec<&str> = schedules.iter().map(|s| s.name.as_str()).collect();
+        say(&format!("spool: schedules: {}", names.join(", ")));
     }
     if matches!(args.run_access, RunAccessArg::Owner) {
         channel = channel.with_run_access(spool_http::channel::RunAccess::Owner);

@@ -42,6 +42,10 @@ pub struct HttpChannel {
     streams: Arc<watch::Sender<usize>>,
     /// Who may reach a run.
     access: RunAccess,
+    /// The runtime's schedules, for the schedule routes.
+    schedules: Option<spool_runtime::Scheduler>,
+    /// Who may trigger a schedule; without one the route is refused.
+    trigger: Option<crate::schedules::TriggerAuthorizer>,
 }
 
 /// Who may read or drive a run through the channel.
@@ -77,6 +81,9 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/runs/{id}/reset"),
     ("POST", "/runs/{id}/clear"),
     ("POST", "/runs/{id}/compact"),
+    ("GET", "/schedules"),
+    ("GET", "/schedules/{name}"),
+    ("POST", "/schedules/{name}/trigger"),
 ];
 
 /// A host route that cannot be mounted.
@@ -115,7 +122,29 @@ impl HttpChannel {
             lines: Arc::default(),
             streams: Arc::new(watch::channel(0).0),
             access: RunAccess::Any,
+            schedules: None,
+            trigger: None,
         }
+    }
+
+    /// Serves `scheduler`'s schedules under `/schedules`.
+    #[must_use]
+    pub fn with_schedules(mut self, scheduler: spool_runtime::Scheduler) -> Self {
+        self.schedules = Some(scheduler);
+        self
+    }
+
+    /// Accepts `POST /schedules/{name}/trigger` from the callers
+    /// `authorizer` admits (given the principal the authenticator proved);
+    /// without one the route answers 404, as the seed mounts it only with
+    /// a trigger authorizer.
+    #[must_use]
+    pub fn with_trigger_authorizer(
+        mut self,
+        authorizer: crate::schedules::TriggerAuthorizer,
+    ) -> Self {
+        self.trigger = Some(authorizer);
+        self
     }
 
     /// Who may reach a run ([`RunAccess::Any`] by default). With
@@ -279,6 +308,13 @@ impl HttpChannel {
                     Route::RunAction((*id).to_owned(), (*action).to_owned()),
                 )
             }
+            ["schedules"] => (&[Method::GET], Route::Schedules),
+            ["schedules", name] if !name.is_empty() => {
+                (&[Method::GET], Route::Schedule((*name).to_owned()))
+            }
+            ["schedules", name, "trigger"] if !name.is_empty() => {
+                (&[Method::POST], Route::Trigger((*name).to_owned()))
+            }
             _ => return body::error(ErrorCode::RunNotFound, format!("no route {path}")),
         };
         let (allowed, route) = route;
@@ -351,6 +387,22 @@ impl HttpChannel {
                         .collect(),
                 },
             )),
+            (Route::Schedules, _) => {
+                return crate::schedules::list(self.schedules.as_ref()).await;
+            }
+            (Route::Schedule(name), _) => {
+                return crate::schedules::get(self.schedules.as_ref(), &name).await;
+            }
+            (Route::Trigger(name), _) => {
+                return crate::schedules::trigger(
+                    self.schedules.as_ref(),
+                    self.trigger.as_ref(),
+                    caller.principal.as_ref().filter(|_| caller.verified),
+                    &name,
+                    &text,
+                )
+                .await;
+            }
             (Route::Runs, Method::GET) => self.list(query.as_deref(), &caller).await,
             (Route::Runs, _) => self.start(&text, caller).await,
             (Route::Address(address), Method::GET) => self.address(&address, false, &caller).await,
@@ -961,6 +1013,9 @@ enum Route {
     Address(String),
     Run(String),
     RunAction(String, String),
+    Schedules,
+    Schedule(String),
+    Trigger(String),
 }
 
 /// A run id from its path segment, percent-decoded as any segment is (a
@@ -1134,7 +1189,7 @@ pub fn error_code(kind: ErrorKind) -> ErrorCode {
 /// cannot write: about the runtime's longest pause between probes.
 const JOURNAL_RETRY_AFTER_SECONDS: u64 = spool_runtime::PROBE_MAX.as_secs();
 
-fn runtime_error(error: &RuntimeError) -> Response<Body> {
+pub(crate) fn runtime_error(error: &RuntimeError) -> Response<Body> {
     let code = error_code(error.kind());
     match code {
         // Details go to the server's log, never the reply.

@@ -11,6 +11,7 @@ pub mod channel;
 pub mod client;
 mod lines;
 mod refusals;
+pub mod schedules;
 pub mod server;
 pub mod stream;
 pub mod token;

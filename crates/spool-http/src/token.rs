@@ -1,8 +1,9 @@
 //! The built-in authenticator: a file of named bearer tokens, stored as
 //! SHA-256 hashes, one `name sha256:<hex>` per line, optionally followed by
-//! `admin` (the principal then carries the attribute `admin = "true"`,
-//! which lets it reach every run when runs belong to their creators). The
-//! file must not be readable by others. A presented token is hashed and compared with every
+//! scopes: `admin` (the principal then carries the attribute `admin =
+//! "true"`, which lets it reach every run when runs belong to their
+//! creators) and `trigger` (`trigger = "true"`: it may trigger schedules).
+//! The file must not be readable by others. A presented token is hashed and compared with every
 //! entry in constant time, so neither timing nor the file reveals a token.
 //!
 //! `spool token new NAME` prints a fresh token once and appends its hash.
@@ -21,12 +22,12 @@ pub struct TokenFile {
     entries: Vec<Entry>,
 }
 
-/// One token: its name, its hash, and whether it is an administrator's.
+/// One token: its name, its hash, and its scopes (of [`SCOPES`]).
 #[derive(Clone)]
 struct Entry {
     name: String,
     hash: [u8; 32],
-    admin: bool,
+    scopes: Vec<&'static str>,
 }
 
 impl std::fmt::Debug for TokenFile {
@@ -68,7 +69,7 @@ pub enum TokenFileError {
     Empty(PathBuf),
     /// A line is not `name sha256:<64 hex>`, optionally with `admin`.
     #[error(
-        "token file {path}, line {line}: expected `name sha256:<64 hex digits>`, optionally followed by `admin`"
+        "token file {path}, line {line}: expected `name sha256:<64 hex digits>`, optionally followed by scopes (`admin`, `trigger`), each once"
     )]
     Malformed {
         /// The file.
@@ -137,15 +138,21 @@ impl TokenFile {
                 return Err(malformed());
             };
             let hex = hash.strip_prefix("sha256:").ok_or_else(malformed)?;
-            let admin = match (words.next(), words.next()) {
-                (None, _) => false,
-                (Some("admin"), None) => true,
-                _ => return Err(malformed()),
-            };
+            let mut scopes = Vec::new();
+            for word in words {
+                let scope = SCOPES
+                    .iter()
+                    .find(|scope| **scope == word)
+                    .ok_or_else(malformed)?;
+                if scopes.contains(scope) {
+                    return Err(malformed());
+                }
+                scopes.push(*scope);
+            }
             entries.push(Entry {
                 name: name.to_owned(),
                 hash: parse_hex(hex).ok_or_else(malformed)?,
-                admin,
+                scopes,
             });
         }
         Ok(entries)
@@ -159,7 +166,7 @@ impl TokenFile {
     ///
     /// When the name is taken or invalid, or the file cannot be written.
     pub fn issue(path: &Path, name: &str) -> Result<String, TokenFileError> {
-        Self::issue_as(path, name, false)
+        Self::issue_scoped(path, name, &[])
     }
 
     /// [`TokenFile::issue`], for an administrator: the token's principal
@@ -169,10 +176,26 @@ impl TokenFile {
     ///
     /// As [`TokenFile::issue`].
     pub fn issue_admin(path: &Path, name: &str) -> Result<String, TokenFileError> {
-        Self::issue_as(path, name, true)
+        Self::issue_scoped(path, name, &[ADMIN_ATTRIBUTE])
     }
 
-    fn issue_as(path: &Path, name: &str, admin: bool) -> Result<String, TokenFileError> {
+    /// [`TokenFile::issue`] with `scopes` (of [`SCOPES`]) written after
+    /// the hash.
+    ///
+    /// # Errors
+    ///
+    /// As [`TokenFile::issue`]; [`TokenFileError::BadName`] also for an
+    /// unknown scope.
+    pub fn issue_scoped(
+        path: &Path,
+        name: &str,
+        scopes: &[&str],
+    ) -> Result<String, TokenFileError> {
+        if let Some(unknown) = scopes.iter().find(|s| !SCOPES.contains(s)) {
+            return Err(TokenFileError::BadName(format!(
+                "{name} (scope `{unknown}`)"
+            )));
+        }
         use std::io::Write;
         use std::os::unix::fs::OpenOptionsExt;
         let valid = !name.is_empty()
@@ -200,11 +223,11 @@ impl TokenFile {
                 path: path.to_owned(),
                 source,
             })?;
+        let scopes: String = scopes.iter().map(|scope| format!(" {scope}")).collect();
         writeln!(
             file,
-            "{name} sha256:{}{}",
+            "{name} sha256:{}{scopes}",
             to_hex(&Sha256::digest(token.as_bytes()).into()),
-            if admin { " admin" } else { "" }
         )
         .map_err(|source| TokenFileError::Io {
             path: path.to_owned(),
@@ -242,10 +265,8 @@ impl Authenticator for TokenFile {
                 id: entry.name.clone(),
                 ..Principal::default()
             };
-            if entry.admin {
-                principal
-                    .attributes
-                    .insert(ADMIN_ATTRIBUTE.into(), "true".into());
+            for scope in &entry.scopes {
+                principal.attributes.insert((*scope).into(), "true".into());
             }
             Ok(Some(principal))
         })
@@ -254,6 +275,27 @@ impl Authenticator for TokenFile {
 
 /// The attribute that marks an administrator's principal: `admin = "true"`.
 pub const ADMIN_ATTRIBUTE: &str = "admin";
+
+/// The attribute that lets a principal trigger schedules: `trigger =
+/// "true"`.
+pub const TRIGGER_ATTRIBUTE: &str = "trigger";
+
+/// The scopes a token file line may name after its hash; each becomes an
+/// attribute `SCOPE = "true"` of the token's principal.
+pub const SCOPES: &[&str] = &[ADMIN_ATTRIBUTE, TRIGGER_ATTRIBUTE];
+
+/// The trigger authorizer `spool serve` uses with a token file: a token
+/// with the `trigger` scope, or an administrator's.
+#[must_use]
+pub fn trigger_authorizer() -> crate::schedules::TriggerAuthorizer {
+    std::sync::Arc::new(|principal| {
+        principal.is_some_and(|p| {
+            [TRIGGER_ATTRIBUTE, ADMIN_ATTRIBUTE]
+                .iter()
+                .any(|scope| p.attributes.get(*scope).is_some_and(|v| v == "true"))
+        })
+    })
+}
 
 fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0

@@ -425,6 +425,139 @@ pub struct Readiness {
     pub stalled_runs: Option<u64>,
 }
 
+/// `GET /schedules`: every configured schedule (none: an empty list).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScheduleList {
+    /// The schedules, by name.
+    pub schedules: Vec<ScheduleReply>,
+}
+
+/// A schedule: its definition, next firing and recent firings (`GET
+/// /schedules/{name}`, and each item of the list).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScheduleReply {
+    /// Its name.
+    pub name: String,
+    /// Its cron expression (five fields, or six with seconds first).
+    pub cron: String,
+    /// The IANA time zone the expression is read in.
+    pub time_zone: String,
+    /// The message each firing sends.
+    pub text: String,
+    /// The HTTP address whose run each firing messages; absent, each
+    /// firing starts a fresh run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    /// One-turn context sent with each firing.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub context: Vec<String>,
+    /// `skip` or `queue`: a firing while the last one's turn runs.
+    pub overlap: String,
+    /// `latest` or `skip`: occurrences missed while the server was down.
+    pub catch_up: String,
+    /// The next firing by the cron expression.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "time::serde::rfc3339::option"
+    )]
+    pub next_fire_at: Option<OffsetDateTime>,
+    /// Recent firings, oldest first.
+    pub history: Vec<FiringReply>,
+}
+
+/// One firing of a schedule, and the reply to a trigger.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FiringReply {
+    /// Its id within the schedule: `cron:<instant>`, `manual:<id>` or
+    /// `external:<caller's id>`.
+    pub fire_id: String,
+    /// `cron`, `catch_up`, `manual` or `external`.
+    pub kind: String,
+    /// When it was due.
+    #[serde(with = "time::serde::rfc3339")]
+    pub scheduled_at: OffsetDateTime,
+    /// When it was recorded.
+    #[serde(with = "time::serde::rfc3339")]
+    pub fired_at: OffsetDateTime,
+    /// `started`, `queued`, `skipped`, `failed`, or `in_doubt` (recorded;
+    /// the next start settles it).
+    pub status: String,
+    /// The run its message went to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<String>,
+    /// The turn it started, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_id: Option<String>,
+    /// Why it was skipped or failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// `POST /schedules/{name}/trigger`: `{}` for a manual firing, or `{id,
+/// scheduled_at, kind: "external"}` for one fired by the caller's own
+/// scheduler (retried with the same id, it fires once). Decoded strictly:
+/// an unknown field or a trailing value is a 400.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TriggerRequest {
+    /// The caller's stable id for the firing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// When the caller's scheduler had it due (RFC 3339).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "time::serde::rfc3339::option"
+    )]
+    pub scheduled_at: Option<OffsetDateTime>,
+    /// `external`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+}
+
+/// The longest external trigger id, in characters.
+pub const MAX_TRIGGER_ID: usize = 256;
+
+/// A trigger, checked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TriggerKind {
+    /// `{}`.
+    Manual,
+    /// `{id, scheduled_at, kind: "external"}`.
+    External {
+        /// The caller's id.
+        id: String,
+        /// When it was due.
+        scheduled_at: OffsetDateTime,
+    },
+}
+
+impl TriggerRequest {
+    /// Which trigger this is.
+    ///
+    /// # Errors
+    ///
+    /// `bad_request` for a partial external trigger, a kind other than
+    /// `external`, or an empty or over-long id.
+    pub fn check(self) -> Result<TriggerKind, HttpRejection> {
+        let bad = |message: &str| HttpRejection::new(ErrorCode::BadRequest, message);
+        match (self.id, self.scheduled_at, self.kind.as_deref()) {
+            (None, None, None) => Ok(TriggerKind::Manual),
+            (Some(id), Some(scheduled_at), Some("external")) => {
+                if id.is_empty() || id.chars().count() > MAX_TRIGGER_ID {
+                    return Err(bad("`id` must be 1 to 256 characters"));
+                }
+                Ok(TriggerKind::External { id, scheduled_at })
+            }
+            (_, _, Some(kind)) if kind != "external" => Err(bad("`kind` must be `external`")),
+            _ => Err(bad(
+                "an external trigger needs `id`, `scheduled_at` and `kind: \"external\"` together; a manual one sends `{}`",
+            )),
+        }
+    }
+}
+
 /// `GET /info`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Info {
@@ -459,6 +592,10 @@ string_enum! {
         Unauthenticated = "unauthenticated",
         /// No such run (or route).
         RunNotFound = "run_not_found",
+        /// No schedule has the name.
+        ScheduleNotFound = "schedule_not_found",
+        /// The caller is known but may not do this (trigger a schedule).
+        Forbidden = "forbidden",
         /// The route exists, not with this method.
         MethodNotAllowed = "method_not_allowed",
         /// The run waits for an answer; use `/respond`.
@@ -509,7 +646,8 @@ impl ErrorCode {
         Some(match self {
             Self::BadRequest | Self::InvalidRunId | Self::UnknownTurnPolicy => 400,
             Self::Unauthenticated => 401,
-            Self::RunNotFound => 404,
+            Self::Forbidden => 403,
+            Self::RunNotFound | Self::ScheduleNotFound => 404,
             Self::MethodNotAllowed => 405,
             Self::RunWaiting
             | Self::RunNotWaiting

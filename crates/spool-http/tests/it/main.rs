@@ -9,5 +9,6 @@ mod channel;
 mod client;
 mod openapi;
 mod remote;
+mod schedules;
 mod server;
 mod token;

@@ -15,6 +15,8 @@ fn each_error_code_has_its_string_and_status() {
         ("unknown_turn_policy", ErrorCode::UnknownTurnPolicy, 400),
         ("unauthenticated", ErrorCode::Unauthenticated, 401),
         ("run_not_found", ErrorCode::RunNotFound, 404),
+        ("schedule_not_found", ErrorCode::ScheduleNotFound, 404),
+        ("forbidden", ErrorCode::Forbidden, 403),
         ("method_not_allowed", ErrorCode::MethodNotAllowed, 405),
         ("run_waiting", ErrorCode::RunWaiting, 409),
         ("run_not_waiting", ErrorCode::RunNotWaiting, 409),

@@ -268,3 +268,36 @@ fn a_run_whose_journal_was_altered_is_409_conversation_corrupt_and_the_server_st
     assert_eq!(status, 200, "{reply}");
     assert!(terminate(again).success());
 }
+
+#[test]
+fn a_schedule_in_spool_toml_fires_under_serve_and_its_turn_streams_on_its_address() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("spool.toml"),
+        "[[schedule]]\nname = \"tick\"\ncron = \"* * * * * *\"\ntext = \"tick\"\naddress = \"ticker\"\n",
+    )
+    .unwrap();
+    let running = serve(dir.path(), &[]);
+    // Ensure the address (the schedule may have bound it already), then
+    // follow its run from the start.
+    let (status, reply) = post(&running.addr, "/spool/v1/addresses/ticker", "", None);
+    assert_eq!(status, 200, "{reply}");
+    let body = reply.split("\r\n\r\n").nth(1).unwrap();
+    let run: serde_json::Value = serde_json::from_str(body.trim()).unwrap();
+    let run = run["run_id"].as_str().unwrap().to_owned();
+    let lines = stream_lines(&running.addr, &format!("/spool/v1/runs/{run}/stream"));
+    let mut fired = false;
+    while let Ok(line) = lines.recv_timeout(Duration::from_secs(20)) {
+        if line["type"] == "run_turn" {
+            let context = line["data"]["context"][0].as_str().unwrap_or_default();
+            assert!(context.starts_with("Sent by schedule `tick`"), "{line}");
+            assert_eq!(line["text"], "tick");
+        }
+        if line["type"] == "run_response" {
+            fired = true;
+            break;
+        }
+    }
+    assert!(fired, "a firing's turn answered within 20 s");
+    assert!(terminate(running).success());
+}

@@ -11,11 +11,12 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use serde_json::json;
+
 use spool_journal::fold::{Status, transition};
 use spool_journal::{Envelope, Event, RunId, Seq};
 use spool_runtime::engine::Delta;
 use spool_runtime::hub::{StreamItem, Subscription};
+use spool_wire::http::data::{self, to_data};
 use spool_wire::http::{RunState, StreamEvent, StreamEventType};
 use spool_wire::sentinel::{self, Sentinel};
 use tokio::sync::{mpsc, watch};
@@ -76,27 +77,16 @@ fn event_lines(envelope: &Envelope) -> Vec<StreamEvent> {
         state: None,
         data: None,
     };
-    let payload = || {
-        serde_json::to_value(event)
-            .ok()
-            .and_then(|v| v.get("payload").cloned())
-    };
     let mut primary = match event {
         Event::RunCreated(created) => {
             // Who made it stays out: a principal is not the stream's to show.
-            let mut data = json!({});
-            if let Some(title) = &created.title {
-                data["title"] = title.clone().into();
-            }
-            if let Some(kind) = &created.kind {
-                data["kind"] = kind.clone().into();
-            }
-            if let Some(address) = &created.address {
-                data["address"] = address.to_string().into();
-            }
             let mut line = line(StreamEventType::RunCreated, None, None);
             line.state = Some(RunState::Pending);
-            line.data = Some(data);
+            line.data = Some(to_data(&data::RunCreatedData {
+                title: created.title.clone(),
+                kind: created.kind.clone(),
+                address: created.address.as_ref().map(ToString::to_string),
+            }));
             Some(line)
         }
         Event::TurnStarted(started) => {
@@ -107,11 +97,10 @@ fn event_lines(envelope: &Envelope) -> Vec<StreamEvent> {
             );
             // The input is the line's text; the rest of the record is
             // the turn's policy and its one-turn context.
-            let mut data = json!({"policy": started.policy.as_str()});
-            if !started.context.is_empty() {
-                data["context"] = json!(started.context);
-            }
-            line.data = Some(data);
+            line.data = Some(to_data(&data::RunTurnData {
+                policy: started.policy.as_str().to_owned(),
+                context: started.context.clone(),
+            }));
             Some(line)
         }
         Event::InputSteered(steered) => {
@@ -120,12 +109,16 @@ fn event_lines(envelope: &Envelope) -> Vec<StreamEvent> {
                 Some(steered.turn_id.to_string()),
                 Some(steered.input.clone()),
             );
-            line.data = Some(json!({"policy": "steer"}));
+            line.data = Some(to_data(&data::RunInputData {
+                policy: "steer".into(),
+            }));
             Some(line)
         }
         Event::InputQueued(queued) => {
             let mut line = line(StreamEventType::RunInput, None, Some(queued.input.clone()));
-            line.data = Some(json!({"policy": "queue"}));
+            line.data = Some(to_data(&data::RunInputData {
+                policy: "queue".into(),
+            }));
             Some(line)
         }
         // The runtime's own records: a model call's request carries the
@@ -138,11 +131,11 @@ fn event_lines(envelope: &Envelope) -> Vec<StreamEvent> {
         Event::ScheduleFired(_) | Event::ScheduleDelivered(_) => None,
         Event::ToolCallRequested(call) => {
             let mut line = line(StreamEventType::ToolCall, None, None);
-            line.data = Some(json!({
-                "call_id": call.call_id,
-                "name": call.tool,
-                "input": call.input,
-                "effect": call.effect,
+            line.data = Some(to_data(&data::ToolCallData {
+                call_id: call.call_id.clone(),
+                name: call.tool.clone(),
+                input: call.input.clone(),
+                effect: call.effect.as_str().to_owned(),
             }));
             Some(line)
         }
@@ -153,7 +146,10 @@ fn event_lines(envelope: &Envelope) -> Vec<StreamEvent> {
                     None,
                     Some(sentinel::content_string(&done.output)),
                 );
-                line.data = Some(json!({"call_id": done.call_id}));
+                line.data = Some(to_data(&data::ToolResultData {
+                    call_id: done.call_id.clone(),
+                    ..Default::default()
+                }));
                 Some(line)
             }
             Ok(Some(Sentinel::Failure(failure))) => {
@@ -162,7 +158,11 @@ fn event_lines(envelope: &Envelope) -> Vec<StreamEvent> {
                     None,
                     Some(format!("error: {}", failure.message)),
                 );
-                line.data = Some(json!({"call_id": done.call_id, "error": failure.message}));
+                line.data = Some(to_data(&data::ToolResultData {
+                    call_id: done.call_id.clone(),
+                    error: Some(failure.message.clone()),
+                    ..Default::default()
+                }));
                 Some(line)
             }
             // A suspension or a sleep: its own lines say so.
@@ -174,12 +174,20 @@ fn event_lines(envelope: &Envelope) -> Vec<StreamEvent> {
                 None,
                 Some(sentinel::content_string(&resolved.output)),
             );
-            line.data = Some(json!({"call_id": resolved.call_id, "resolved": true}));
+            line.data = Some(to_data(&data::ToolResultData {
+                call_id: resolved.call_id.clone(),
+                resolved: true,
+                ..Default::default()
+            }));
             Some(line)
         }
         Event::ToolCallAbandoned(abandoned) => {
             let mut line = line(StreamEventType::ToolResult, None, None);
-            line.data = Some(json!({"call_id": abandoned.call_id, "abandoned": true}));
+            line.data = Some(to_data(&data::ToolResultData {
+                call_id: abandoned.call_id.clone(),
+                abandoned: true,
+                ..Default::default()
+            }));
             Some(line)
         }
         Event::Suspended(suspended) => {
@@ -188,7 +196,16 @@ fn event_lines(envelope: &Envelope) -> Vec<StreamEvent> {
                 Some(suspended.turn_id.to_string()),
                 Some(suspended.prompt.clone()),
             );
-            line.data = payload();
+            line.data = Some(to_data(&data::RunSuspendData::Suspended(
+                data::SuspendData {
+                    turn_id: suspended.turn_id.to_string(),
+                    kind: spool_wire::http::SuspendKind::parse(suspended.kind.as_str()),
+                    prompt: suspended.prompt.clone(),
+                    call_id: suspended.call_id.clone(),
+                    input_schema: suspended.input_schema.as_deref().cloned(),
+                    options: suspended.options.clone(),
+                },
+            )));
             Some(line)
         }
         Event::BudgetExceeded(exceeded) => {
@@ -200,7 +217,11 @@ fn event_lines(envelope: &Envelope) -> Vec<StreamEvent> {
                     exceeded.budget, exceeded.used, exceeded.limit
                 )),
             );
-            line.data = payload();
+            line.data = Some(to_data(&data::RunSuspendData::Budget(data::BudgetData {
+                budget: exceeded.budget.as_str().to_owned(),
+                limit: exceeded.limit,
+                used: exceeded.used,
+            })));
             Some(line)
         }
         Event::Resumed(resumed) => {
@@ -209,7 +230,17 @@ fn event_lines(envelope: &Envelope) -> Vec<StreamEvent> {
                 Some(resumed.turn_id.to_string()),
                 None,
             );
-            line.data = payload();
+            line.data = Some(to_data(&data::RunResumeData {
+                turn_id: resumed.turn_id.to_string(),
+                answers: resumed
+                    .answers
+                    .iter()
+                    .map(|answer| data::AnswerData {
+                        text: answer.text.clone(),
+                        approved: answer.approved,
+                    })
+                    .collect(),
+            }));
             Some(line)
         }
         Event::CancelRequested(cancel) => Some(line(
@@ -223,7 +254,14 @@ fn event_lines(envelope: &Envelope) -> Vec<StreamEvent> {
                 Some(completed.turn_id.to_string()),
                 completed.response.clone(),
             );
-            line.data = payload();
+            line.data = Some(to_data(&data::RunResponseData {
+                turn_id: completed.turn_id.to_string(),
+                response: completed.response.clone(),
+                usage: completed.usage.map(|usage| spool_wire::http::Usage {
+                    input_tokens: usage.input_tokens,
+                    output_tokens: usage.output_tokens,
+                }),
+            }));
             Some(line)
         }
         Event::ContextCleared(_) | Event::Compacted(_) => {
@@ -233,14 +271,16 @@ fn event_lines(envelope: &Envelope) -> Vec<StreamEvent> {
                 "cleared"
             };
             let mut line = line(StreamEventType::RunContext, None, None);
-            line.data = Some(json!({"change": change}));
+            line.data = Some(to_data(&data::RunContextData {
+                change: change.into(),
+            }));
             Some(line)
         }
         Event::AddressBound(binding) | Event::AddressUnbound(binding) => {
             let mut line = line(StreamEventType::RunAddress, None, None);
-            line.data = Some(json!({
-                "address": binding.address.to_string(),
-                "bound": matches!(event, Event::AddressBound(_)),
+            line.data = Some(to_data(&data::RunAddressData {
+                address: binding.address.to_string(),
+                bound: matches!(event, Event::AddressBound(_)),
             }));
             Some(line)
         }
@@ -266,9 +306,23 @@ fn event_lines(envelope: &Envelope) -> Vec<StreamEvent> {
         let mut line = line(StreamEventType::RunState, turn, text);
         line.state = Some(state);
         line.data = match event {
-            Event::TurnFailed(_) | Event::SleepStarted(_) | Event::RunRetired(_) => payload(),
+            Event::TurnFailed(failed) => Some(data::RunStateData::Failed(data::FailedData {
+                turn_id: failed.turn_id.to_string(),
+                code: failed.code.as_str().to_owned(),
+                message: failed.message.clone(),
+            })),
+            Event::SleepStarted(sleep) => Some(data::RunStateData::Sleeping(data::SleepData {
+                call_id: sleep.call_id.clone(),
+                wake_at: sleep.wake_at,
+            })),
+            Event::RunRetired(retired) => Some(data::RunStateData::Retired(data::RetiredData {
+                reason: retired.reason.clone(),
+                namespace: retired.namespace.clone(),
+            })),
             _ => None,
-        };
+        }
+        .as_ref()
+        .map(to_data);
         line
     });
     if let (Some(primary), Some(state)) = (primary.as_mut(), &state) {
@@ -309,12 +363,18 @@ fn delta_line(
         Delta::ToolCallStart { id, name } => (
             StreamEventType::ToolCallStart,
             None,
-            Some(json!({"id": id, "name": name})),
+            Some(to_data(&data::ToolCallStartData {
+                id: id.clone(),
+                name: name.clone(),
+            })),
         ),
         Delta::ToolCallArguments { id, fragment } => (
             StreamEventType::ToolCallArgsDelta,
             None,
-            Some(json!({"id": id, "json": fragment})),
+            Some(to_data(&data::ToolCallArgsDeltaData {
+                id: id.clone(),
+                json: fragment.clone(),
+            })),
         ),
         Delta::ToolCallDone {
             id,
@@ -323,7 +383,11 @@ fn delta_line(
         } => (
             StreamEventType::ToolCallDone,
             None,
-            Some(json!({"id": id, "name": name, "arguments": arguments})),
+            Some(to_data(&data::ToolCallDoneData {
+                id: id.clone(),
+                name: name.clone(),
+                arguments: arguments.clone(),
+            })),
         ),
     };
     StreamEvent {

@@ -210,6 +210,18 @@ pub enum Effect {
     Write,
 }
 
+impl Effect {
+    /// The wire name.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Read => "read",
+            Self::Idempotent => "idempotent",
+            Self::Write => "write",
+        }
+    }
+}
+
 /// `tool_call_requested`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ToolCallRequested {

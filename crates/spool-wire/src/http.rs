@@ -27,6 +27,8 @@ use time::OffsetDateTime;
 
 use crate::code::{Rejection, serde_util, string_enum};
 
+pub mod data;
+
 /// Every route of the channel starts here.
 pub const BASE_PATH: &str = "/spool/v1";
 /// The largest JSON body a run route reads (1 MiB).

@@ -234,11 +234,21 @@ impl Stream {
         }
     }
 
-    /// The next NDJSON line, parsed; `None` at the end.
+    /// The next NDJSON line, parsed; `None` at the end. Every line read
+    /// here must also decode as the wire's typed line, its `data` into its
+    /// type's payload struct: every stream test checks the typed shapes.
     pub(crate) async fn next(&mut self) -> Option<Value> {
-        self.next_text()
-            .await
-            .map(|text| serde_json::from_str(&text).unwrap())
+        let text = self.next_text().await?;
+        let typed: spool_wire::http::StreamEvent = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("not a stream line: {e}: {text}"));
+        let payload = typed
+            .payload()
+            .unwrap_or_else(|e| panic!("a line's data does not fit its type: {e}: {text}"));
+        assert!(
+            !matches!(payload, spool_wire::http::data::LineData::Unknown(_)),
+            "a line of a type the wire does not know: {text}"
+        );
+        Some(serde_json::from_str(&text).unwrap())
     }
 
     /// How many lines the next frame carries (they stay readable).

@@ -12,5 +12,6 @@ mod props;
 mod rpc;
 mod sentinel;
 mod snapshots;
+mod stream_data;
 mod transcripts;
 mod vectors;

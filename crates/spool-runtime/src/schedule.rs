@@ -223,12 +223,21 @@ impl Clock {
         }
     }
 
-    /// Sleeps until the wall time `at`.
+    /// Sleeps until the wall time `at`, looking at the wall clock again at
+    /// least once a minute: a clock stepped by NTP (or an operator) moves
+    /// the firing with it instead of leaving it hours off.
     async fn sleep_until(&self, at: Timestamp) {
-        let now = self.now();
-        let nanos = (at.as_nanosecond() - now.as_nanosecond()).max(0);
-        let wait = std::time::Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX));
-        tokio::time::sleep(wait).await;
+        const LOOK_AGAIN: u64 = 60_000_000_000;
+        loop {
+            let left = at.as_nanosecond() - self.now().as_nanosecond();
+            let Ok(left) = u64::try_from(left) else {
+                return;
+            };
+            if left == 0 {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_nanos(left.min(LOOK_AGAIN))).await;
+        }
     }
 }
 
@@ -379,7 +388,9 @@ impl Scheduler {
                 state: tokio::sync::Mutex::new(state),
                 next: Mutex::new(None),
             });
-            schedule.settle_in_doubt(&fired).await?;
+            schedule
+                .settle_in_doubt(&mut *schedule.state.lock().await, &fired)
+                .await?;
             schedule.catch_up(&fired).await?;
             schedules.insert(definition.name.clone(), schedule);
         }
@@ -651,6 +662,9 @@ impl Schedule {
         fired: &watch::Sender<u64>,
     ) -> Result<Triggered, RuntimeError> {
         let mut state = self.state.lock().await;
+        // A firing left in doubt by a journal that stopped writing is
+        // settled before the next one, not only at the next start.
+        self.settle_in_doubt(&mut state, fired).await?;
         if let Some(firing) = state.externals.get(&fire_id) {
             return Ok(Triggered {
                 firing: firing.clone(),
@@ -830,8 +844,11 @@ impl Schedule {
     /// At start: a firing recorded but not settled (the process died in
     /// between) is looked for where its message would have gone, and
     /// delivered only if it is not there.
-    async fn settle_in_doubt(&self, fired: &watch::Sender<u64>) -> Result<(), RuntimeError> {
-        let mut state = self.state.lock().await;
+    async fn settle_in_doubt(
+        &self,
+        state: &mut State,
+        fired: &watch::Sender<u64>,
+    ) -> Result<(), RuntimeError> {
         let in_doubt: Vec<Firing> = state
             .history
             .iter()
@@ -841,7 +858,7 @@ impl Schedule {
         if in_doubt.is_empty() {
             return Ok(());
         }
-        let records = self.records_of(&state, &in_doubt).await?;
+        let records = self.records_of(state, &in_doubt).await?;
         for record in records {
             let delivery = match self.find_delivery(&record).await? {
                 Some(delivery) => delivery,
@@ -849,12 +866,12 @@ impl Schedule {
                     tracing::info!(
                         schedule = self.name(),
                         fire_id = record.fire_id,
-                        "a firing recorded before a crash was not delivered: delivering it now"
+                        "a firing recorded but never settled (a crash, a journal that stopped writing) was not delivered: delivering it now"
                     );
                     self.deliver(&record, state.last_run.as_ref()).await?
                 }
             };
-            self.settle(&mut state, &record.fire_id, delivery).await?;
+            self.settle(state, &record.fire_id, delivery).await?;
             fired.send_modify(|n| *n += 1);
         }
         Ok(())

@@ -216,6 +216,35 @@ async fn a_firing_delivered_before_a_crash_is_not_delivered_again_at_restart() {
 }
 
 #[tokio::test]
+async fn a_firing_the_journal_refused_to_deliver_is_delivered_before_the_next_one() {
+    let memory = Arc::new(MemoryJournal::new());
+    let crashing = Arc::new(Crashing::new(memory.clone(), |events| {
+        events.iter().any(|e| matches!(e, Event::TurnStarted(_)))
+    }));
+    let runtime = Runtime::builder(crashing).build();
+    let schedules = [definition("inbox", "0 0 1 1 *", Some("inbox"))];
+    let scheduler = Scheduler::start(&runtime, &schedules, Clock::system())
+        .await
+        .unwrap();
+    let refused = scheduler.trigger("inbox", Trigger::Manual).await;
+    assert!(refused.is_err());
+    let in_doubt = scheduler.get("inbox").await.unwrap().history;
+    assert_eq!(in_doubt.len(), 1);
+    assert!(in_doubt[0].delivery.is_none(), "in doubt until settled");
+    scheduler.trigger("inbox", Trigger::Manual).await.unwrap();
+    let history = scheduler.get("inbox").await.unwrap().history;
+    assert_eq!(history[0].fire_id, in_doubt[0].fire_id);
+    assert!(
+        matches!(history[0].delivery, Some(Delivery::Started { .. })),
+        "the refused firing was delivered first: {history:?}"
+    );
+    // The second met the first's turn (overlap = skip) or came after it.
+    assert!(history[1].delivery.is_some(), "{history:?}");
+    let run = run_at(&*memory, "inbox").await;
+    assert!(scheduled_turns(&*memory, &run).await >= 1);
+}
+
+#[tokio::test]
 async fn a_fresh_run_firing_in_doubt_is_found_by_its_operation_id() {
     let memory = Arc::new(MemoryJournal::new());
     let schedules = [definition("report", "0 0 1 1 *", None)];

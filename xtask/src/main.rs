@@ -10,6 +10,7 @@ use std::process::{Command, ExitCode};
 use anyhow::{Context, Result, bail};
 
 mod e2e_llm;
+mod examples;
 mod openapi;
 mod tidy;
 
@@ -17,7 +18,9 @@ const USAGE: &str = "usage: cargo xtask <command>
 
 commands:
   ci                   fmt check, clippy, nextest, doctests, rustdoc, tidy,
-                       openapi, bench --quick (what CI runs)
+                       examples, openapi, bench --quick (what CI runs)
+  examples             run the four examples under examples/ and check what
+                       they print
   tidy                 check the crate layering and file conventions
   openapi              check docs/openapi.json against spool serve with
                        schemathesis (installed by pip under target/)
@@ -35,6 +38,7 @@ fn main() -> ExitCode {
         Some("ci") => ci(),
         Some("tidy") => tidy::run(&root()),
         Some("openapi") => openapi::run(&root()),
+        Some("examples") => examples::run(&root()),
         Some("bench") => bench(&args[1..]),
         Some("fuzz") => fuzz(&args[1..]),
         Some("e2e-llm") => e2e_llm::run(&args[1..]),
@@ -108,6 +112,7 @@ fn ci() -> Result<()> {
     }
     section("tidy");
     tidy::run(&root)?;
+    examples::run(&root)?;
     openapi::run(&root)?;
     // The benchmarks must keep working; their figures are not judged here.
     bench(&["--quick".to_owned()])?;

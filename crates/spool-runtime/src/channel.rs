@@ -50,6 +50,49 @@ pub enum AuthError {
 }
 
 /// Proves who is calling. `Ok(None)` admits an unattributed caller.
+///
+/// Every transport calls the one it is given before any route (the HTTP
+/// channel's `with_authenticator`); the principal it proves is what
+/// operation ids, run ownership and schedule triggers are held to:
+///
+/// ```
+/// use spool_journal::Principal;
+/// use spool_runtime::{AuthError, Authenticator, BoxFuture, Credentials};
+///
+/// /// One shared secret, as a host with a single caller might have.
+/// struct Secret(String);
+///
+/// impl Authenticator for Secret {
+///     fn authenticate<'a>(
+///         &'a self,
+///         credentials: &'a Credentials,
+///     ) -> BoxFuture<'a, Result<Option<Principal>, AuthError>> {
+///         Box::pin(async move {
+///             // A real one compares in constant time (see spool_http::TokenFile).
+///             if credentials.bearer() != Some(self.0.as_str()) {
+///                 return Err(AuthError::Unauthenticated);
+///             }
+///             Ok(Some(Principal {
+///                 authenticator: "secret".into(),
+///                 kind: "app".into(),
+///                 id: "operations".into(),
+///                 ..Principal::default()
+///             }))
+///         })
+///     }
+/// }
+///
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// let secret = Secret("s3cret".into());
+/// let with = Credentials {
+///     headers: vec![("authorization".into(), "Bearer s3cret".into())],
+///     peer: None,
+/// };
+/// assert_eq!(secret.authenticate(&with).await.unwrap().unwrap().id, "operations");
+/// let without = Credentials::default();
+/// assert_eq!(secret.authenticate(&without).await, Err(AuthError::Unauthenticated));
+/// # });
+/// ```
 pub trait Authenticator: Send + Sync + 'static {
     /// Checks a request's credentials.
     fn authenticate<'a>(
@@ -58,7 +101,30 @@ pub trait Authenticator: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Option<Principal>, AuthError>>;
 }
 
-/// A host's channel: its namespace of addresses, mapped to runs.
+/// A host's channel: its namespace of addresses, mapped to runs. A chat
+/// user, a Slack thread or a web session is a name in it; its first
+/// message makes a run, later ones go to the same run
+/// (`examples/custom-channel` is a whole TCP chat around one):
+///
+/// ```
+/// use std::sync::Arc;
+///
+/// use spool_journal::store::memory::MemoryJournal;
+/// use spool_runtime::{MessageRequest, Runtime};
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// let runtime = Runtime::builder(Arc::new(MemoryJournal::new())).build();
+/// let chat = runtime.channel("chat").unwrap();
+/// let hello = |text: &str| MessageRequest { text: text.into(), ..Default::default() };
+/// let first = chat.from("alice", hello("Hi"), None).await.unwrap();
+/// let turn = runtime.get(first.run()).await.unwrap().turn_id.unwrap();
+/// runtime.wait_for(first.run(), &turn).await.unwrap();
+/// let second = chat.from("alice", hello("Again"), None).await.unwrap();
+/// assert_eq!(first.run(), second.run(), "one run per conversation");
+/// assert_eq!(&chat.lookup("alice").await.unwrap().run_id, first.run());
+/// assert!(chat.lookup("bob").await.is_err(), "a name with no messages has no run");
+/// # });
+/// ```
 #[derive(Clone, Debug)]
 pub struct Channel {
     runtime: Runtime,

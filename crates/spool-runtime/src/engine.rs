@@ -369,6 +369,47 @@ pub struct CallContext {
 }
 
 /// A model provider.
+///
+/// A provider Spool does not ship is an `Engine` of the host's, given to
+/// [`RuntimeBuilder::engine`](crate::RuntimeBuilder::engine); no Spool
+/// crate changes (`examples/custom-engine` streams its answer as deltas):
+///
+/// ```
+/// use std::sync::Arc;
+///
+/// use spool_journal::store::memory::MemoryJournal;
+/// use spool_runtime::engine::{CallContext, Deltas, EngineError};
+/// use spool_runtime::{BoxFuture, Engine, ModelRequest, ModelResponse, Runtime, StartRequest};
+/// use tokio_util::sync::CancellationToken;
+///
+/// /// Answers every call with the same words.
+/// struct Parrot(&'static str);
+///
+/// impl Engine for Parrot {
+///     fn call<'a>(
+///         &'a self,
+///         _context: &'a CallContext,
+///         _request: &'a ModelRequest,
+///         _deltas: Deltas<'a>,
+///         _cancel: &'a CancellationToken,
+///     ) -> BoxFuture<'a, Result<ModelResponse, EngineError>> {
+///         Box::pin(async move { Ok(ModelResponse { text: self.0.into(), ..Default::default() }) })
+///     }
+/// }
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// let runtime = Runtime::builder(Arc::new(MemoryJournal::new()))
+///     .engine(Arc::new(Parrot("Polly wants a cracker.")))
+///     .build();
+/// let accepted = runtime
+///     .start(StartRequest { text: "Hello?".into(), ..Default::default() })
+///     .await
+///     .unwrap();
+/// let turn = runtime.get(accepted.run()).await.unwrap().turn_id.unwrap();
+/// let done = runtime.wait_for(accepted.run(), &turn).await.unwrap();
+/// assert_eq!(done.response.as_deref(), Some("Polly wants a cracker."));
+/// # });
+/// ```
 pub trait Engine: Send + Sync + 'static {
     /// Makes one model call, streaming deltas as they come, and stops early
     /// (with [`EngineError::Cancelled`]) when `cancel` fires.

@@ -41,6 +41,53 @@ pub struct Suspension {
 }
 
 /// A tool the model may call.
+///
+/// A host adds its own next to the built-in ones; the runtime checks each
+/// call's input against `spec().input_schema` before `call` runs, and
+/// journals the call before and its output after (`examples/embed` is a
+/// whole host app around one):
+///
+/// ```
+/// use std::sync::Arc;
+///
+/// use serde_json::{Value, json};
+/// use spool_journal::event::Effect;
+/// use spool_runtime::engine::ToolSpec;
+/// use spool_runtime::{BoxFuture, Tool, ToolOutcome, Tools};
+/// use tokio_util::sync::CancellationToken;
+///
+/// /// Adds two numbers: no effect on the world, so safe to run again.
+/// struct Add;
+///
+/// impl Tool for Add {
+///     fn spec(&self) -> ToolSpec {
+///         ToolSpec {
+///             name: "add".into(),
+///             description: "Add two numbers.".into(),
+///             input_schema: json!({
+///                 "type": "object",
+///                 "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+///                 "required": ["a", "b"]
+///             }),
+///         }
+///     }
+///
+///     fn effect(&self) -> Effect {
+///         Effect::Read
+///     }
+///
+///     fn call<'a>(&'a self, input: Value, _cancel: &'a CancellationToken) -> BoxFuture<'a, ToolOutcome> {
+///         let sum = input["a"].as_f64().unwrap_or(0.0) + input["b"].as_f64().unwrap_or(0.0);
+///         Box::pin(async move { ToolOutcome::Output(json!(sum)) })
+///     }
+/// }
+///
+/// let mut tools = Tools::builtin();
+/// tools.add(Arc::new(Add)).unwrap();
+/// // A second tool of the same name is refused.
+/// assert!(tools.add(Arc::new(Add)).is_err());
+/// assert!(tools.get("add").is_some());
+/// ```
 pub trait Tool: Send + Sync + 'static {
     /// Its name, description and input schema.
     fn spec(&self) -> ToolSpec;

@@ -1,0 +1,147 @@
+//! A channel of the host's own: a line-based TCP chat. Each connection
+//! says its user name on its first line; the user's conversation is the
+//! address `chat/NAME`, so a user who reconnects finds the same run. Each
+//! later line is a message, or the answer when the run asked a question;
+//! the answer streams back as the model writes it.
+//!
+//! `example-custom-channel [ADDR]` (default `127.0.0.1:0`) prints where it
+//! listens; `nc 127.0.0.1 PORT` is a client.
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "an example prints what it shows"
+)]
+
+use std::sync::Arc;
+
+use spool_journal::event::Answer;
+use spool_journal::fold::Status;
+use spool_journal::store::memory::MemoryJournal;
+use spool_journal::{Event, RunId, Seq};
+use spool_runtime::engine::Delta;
+use spool_runtime::engines::ScriptedEngine;
+use spool_runtime::hub::StreamItem;
+use spool_runtime::{Channel, MessageRequest, Runtime};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+
+/// The model: asks which region, then answers (streamed word by word).
+const SCRIPT: &str = r#"{"tool_calls":[{"id":"q1","name":"ask_human","arguments":{"prompt":"Which region?"}}]}
+{"text":"Deploying to the region you chose.","delay_ms":1}"#;
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let addr = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "127.0.0.1:0".into());
+    let runtime = Runtime::builder(Arc::new(MemoryJournal::new()))
+        .engine(Arc::new(ScriptedEngine::from_jsonl(SCRIPT)?))
+        .build();
+    let chat = runtime.channel("chat")?;
+    let listener = TcpListener::bind(&addr).await?;
+    println!("listening on {}", listener.local_addr()?);
+    loop {
+        let (socket, _) = listener.accept().await?;
+        let (runtime, chat) = (runtime.clone(), chat.clone());
+        tokio::spawn(async move {
+            if let Err(error) = converse(&runtime, &chat, socket).await {
+                eprintln!("connection ended: {error}");
+            }
+        });
+    }
+}
+
+/// One connection: a user's lines in, the run's answers out.
+async fn converse(
+    runtime: &Runtime,
+    chat: &Channel,
+    socket: TcpStream,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let (read, mut write) = socket.into_split();
+    let mut lines = BufReader::new(read).lines();
+    let Some(user) = lines.next_line().await? else {
+        return Ok(());
+    };
+    write
+        .write_all(format!("hello {user}\n").as_bytes())
+        .await?;
+    while let Some(text) = lines.next_line().await? {
+        // Where the conversation stands: a question waits for this line.
+        let before = chat.lookup(&user).await.ok();
+        let run = match &before {
+            Some(view) if matches!(view.status, Status::Waiting(_)) => {
+                let answer = Answer {
+                    text,
+                    approved: None,
+                };
+                runtime
+                    .respond(&view.run_id, view.turn_id.as_ref(), vec![answer])
+                    .await?;
+                view.run_id.clone()
+            }
+            _ => {
+                let message = MessageRequest {
+                    text,
+                    ..Default::default()
+                };
+                chat.from(&user, message, None).await?.run().clone()
+            }
+        };
+        let cursor = before.and_then(|view| view.cursor);
+        follow(runtime, &run, cursor, &mut write).await?;
+    }
+    Ok(())
+}
+
+/// Writes the run's answer as it streams, until the turn ends or asks.
+async fn follow(
+    runtime: &Runtime,
+    run: &RunId,
+    cursor: Option<Seq>,
+    write: &mut tokio::net::tcp::OwnedWriteHalf,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let mut events = runtime.subscribe(run, cursor).await?;
+    let mut started = false;
+    while let Some(item) = events.next().await {
+        match item {
+            StreamItem::Delta(live) => {
+                if let Delta::Text(piece) = live.delta {
+                    if !started {
+                        write.write_all(b"bot> ").await?;
+                        started = true;
+                    }
+                    write.write_all(piece.as_bytes()).await?;
+                }
+            }
+            StreamItem::Event(envelope) => match &envelope.event {
+                Event::Suspended(question) => {
+                    write
+                        .write_all(format!("bot asks: {}\n", question.prompt).as_bytes())
+                        .await?;
+                    return Ok(());
+                }
+                Event::TurnCompleted(_) => {
+                    write.write_all(b"\n").await?;
+                    return Ok(());
+                }
+                Event::TurnFailed(failed) => {
+                    write
+                        .write_all(format!("bot failed: {}\n", failed.message).as_bytes())
+                        .await?;
+                    return Ok(());
+                }
+                _ => {}
+            },
+            // Fell behind the live deltas: the answer is in the run's view.
+            StreamItem::Lagged { .. } => {
+                let view = runtime.get(run).await?;
+                let answer = view.response.unwrap_or_default();
+                write
+                    .write_all(format!("bot> {answer}\n").as_bytes())
+                    .await?;
+                return Ok(());
+            }
+        }
+    }
+    Ok(())
+}

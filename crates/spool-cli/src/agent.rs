@@ -23,7 +23,7 @@ pub(crate) fn run(command: AgentCommand) -> anyhow::Result<ExitCode> {
     let AgentCommand::Check { path } = command;
     let loaded = AgentDefinition::load(path.as_deref())?;
     let definition = &loaded.definition;
-    let tools = definition.tools(&loaded.base).map_err(anyhow::Error::msg)?;
+    let tools = definition.tools(&loaded.base)?;
     // Building the engine checks what a first turn would otherwise find:
     // a missing key, a bad base URL, a script that does not load.
     spool_engines::build(definition, &loaded.base)

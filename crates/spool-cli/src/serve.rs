@@ -33,11 +33,8 @@ pub(crate) struct ServeArgs {
     /// Require bearer tokens from this file (see `spool token new`).
     #[arg(long)]
     token_file: Option<PathBuf>,
-    /// The engine, instead of the agent definition's: `echo`,
-    /// `scripted:<file>`, `openai/<model>`, `anthropic/<model>` or
-    /// `command:<argv>`.
-    #[arg(long)]
-    model: Option<String>,
+    #[arg(long, value_name = "SPEC", help = spool_engines::MODEL_HELP)]
+    model: Option<spool_engines::Spec>,
     /// How many runs the runtime keeps in memory between requests (a run
     /// out of it has its log read once when next touched).
     #[arg(long, env = "SPOOL_CACHED_RUNS", default_value_t = spool_runtime::DEFAULT_CACHED_RUNS as u64, value_parser = clap::value_parser!(u64).range(1..))]
@@ -117,7 +114,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         );
         return Ok(ExitCode::from(2));
     }
-    let agent = load_agent(args.agent.as_deref(), args.model.as_deref())?;
+    let agent = load_agent(args.agent.as_deref(), args.model.as_ref())?;
     let tokens = match &args.token_file {
         Some(path) => Some(Arc::new(TokenFile::load(path)?)),
         None => None,
@@ -202,17 +199,30 @@ pub(crate) struct Agent {
 
 /// The agent definition (`path`, `./spool.toml`, or the built-in echo
 /// agent) with `--model` in place of its engine, and that engine built:
-/// a missing key or a bad base URL is refused here, before any turn.
-pub(crate) fn load_agent(path: Option<&Path>, model: Option<&str>) -> anyhow::Result<Agent> {
+/// a missing key or a bad base URL is refused here, before any turn. The
+/// spec is parsed once, here, by `spool_engines`' own type.
+pub(crate) fn load_agent(
+    path: Option<&Path>,
+    model: Option<&spool_engines::Spec>,
+) -> anyhow::Result<Agent> {
     let mut loaded = AgentDefinition::load(path)?;
-    if let Some(model) = model {
-        model.clone_into(&mut loaded.definition.agent.engine);
-        // A script or program named on the command line is found from
-        // here, not from the definition's directory.
-        if model.starts_with("scripted:") || model.starts_with("command:") {
-            loaded.base = std::env::current_dir().context("reading the current directory")?;
+    let spec = match model {
+        Some(model) => {
+            loaded.definition.agent.engine = model.to_string();
+            // A script or program named on the command line is found from
+            // here, not from the definition's directory.
+            if model.reads_files() {
+                loaded.base = std::env::current_dir().context("reading the current directory")?;
+            }
+            model.clone()
         }
-    }
+        None => loaded
+            .definition
+            .agent
+            .engine
+            .parse()
+            .with_context(|| format!("engine `{}`", loaded.definition.agent.engine))?,
+    };
     if let Some(note) = &loaded.note {
         match model {
             // The note names the echo engine; `--model` replaced it.
@@ -223,8 +233,11 @@ pub(crate) fn load_agent(path: Option<&Path>, model: Option<&str>) -> anyhow::Re
             None => say(&format!("spool: {note}")),
         }
     }
-    let engine = spool_engines::build(&loaded.definition, &loaded.base)
-        .with_context(|| format!("engine `{}`", loaded.definition.agent.engine))?;
+    let engine =
+        spool_engines::build_spec(&spec, &loaded.definition.provider, &loaded.base, &|name| {
+            std::env::var(name).ok()
+        })
+        .with_context(|| format!("engine `{spec}`"))?;
     Ok(Agent { loaded, engine })
 }
 
@@ -245,8 +258,7 @@ pub(crate) fn open_runtime(
     let store = SqliteJournal::open(journal, Options::default())
         .with_context(|| format!("opening the journal in {}", journal.display()))?;
     let mut builder = Runtime::builder(Arc::new(store))
-        .agent(&agent.loaded)
-        .map_err(anyhow::Error::msg)?
+        .agent(&agent.loaded)?
         .engine(agent.engine.clone());
     if let Some(runs) = cached_runs {
         builder = builder.cached_runs(runs);

@@ -51,11 +51,9 @@ pub(crate) struct Target {
     /// built-in echo agent.
     #[arg(long)]
     agent: Option<PathBuf>,
-    /// The engine, instead of the agent definition's (without `--url`):
-    /// `echo`, `scripted:<file>`, `openai/<model>`, `anthropic/<model>`
-    /// or `command:<argv>`.
-    #[arg(long)]
-    model: Option<String>,
+    /// Without `--url` only.
+    #[arg(long, value_name = "SPEC", help = spool_engines::MODEL_HELP)]
+    model: Option<spool_engines::Spec>,
 }
 
 #[derive(Debug, Args)]
@@ -173,7 +171,7 @@ impl Backend {
             }
             return Ok(Self::Remote(client));
         }
-        let agent = load_agent(target.agent.as_deref(), target.model.as_deref())?;
+        let agent = load_agent(target.agent.as_deref(), target.model.as_ref())?;
         let (runtime, owner) = open_runtime(&target.journal, &agent, None)?;
         // The journal's promise: runs interrupted earlier finish now.
         let resumed = recover(&runtime).await?;

@@ -33,23 +33,29 @@ impl CommandEngine {
     /// relative program path with a `/` resolves against `base`, as command
     /// tools' do.
     ///
-    /// # Panics
+    /// # Errors
     ///
-    /// When `argv` is empty (specs are checked before they get here).
-    #[must_use]
-    pub fn new(argv: Vec<String>, base: &Path, timeout: Duration) -> Self {
+    /// [`SpecError::BadCommand`](crate::SpecError::BadCommand) when `argv`
+    /// is empty.
+    pub fn new(
+        argv: Vec<String>,
+        base: &Path,
+        timeout: Duration,
+    ) -> Result<Self, crate::SpecError> {
         let mut argv = argv.into_iter();
-        let first = argv.next().expect("a command spec names its program");
+        let Some(first) = argv.next() else {
+            return Err(crate::SpecError::BadCommand("command:".into()));
+        };
         let program = if Path::new(&first).is_relative() && first.contains('/') {
             base.join(&first)
         } else {
             PathBuf::from(&first)
         };
-        Self {
+        Ok(Self {
             program,
             args: argv.collect(),
             timeout,
-        }
+        })
     }
 
     async fn run(

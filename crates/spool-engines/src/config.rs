@@ -6,9 +6,61 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use spool_runtime::agent::ProviderSection;
+use serde::Deserialize;
 
 use crate::SpecError;
+
+/// `[provider]` in `spool.toml`: where and how a provider engine
+/// (`openai/…`, `anthropic/…`, `command:…`) calls its model. Every key is
+/// optional; the defaults and the environment fill the rest
+/// ([`Settings::resolve`]). The runtime keeps the table unread; this crate
+/// reads it, and refuses a key it does not know.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderSection {
+    /// The API's base URL, e.g. `http://127.0.0.1:8080` for a local server.
+    pub base_url: Option<String>,
+    /// The environment variable holding the API key. The key itself never
+    /// goes in this file.
+    pub api_key_env: Option<String>,
+    /// The most tokens one answer may have.
+    pub max_tokens: Option<u32>,
+    /// The longest one call may take, from sending it to its last byte.
+    pub request_timeout_seconds: Option<f64>,
+    /// The longest silence inside a streamed answer.
+    pub idle_timeout_seconds: Option<f64>,
+    /// Retries of a call refused before its answer began.
+    pub max_retries: Option<u32>,
+}
+
+impl ProviderSection {
+    /// Reads and checks the `[provider]` table of an agent definition.
+    ///
+    /// # Errors
+    ///
+    /// [`SpecError::Provider`] naming the key that is unknown, of the
+    /// wrong type, or out of range.
+    pub fn from_table(table: &toml::Table) -> Result<Self, SpecError> {
+        let section = Self::deserialize(toml::Value::Table(table.clone()))
+            .map_err(|e| SpecError::Provider(e.to_string().trim().to_owned()))?;
+        for (key, value) in [
+            ("request_timeout_seconds", section.request_timeout_seconds),
+            ("idle_timeout_seconds", section.idle_timeout_seconds),
+        ] {
+            if value.is_some_and(|v| !(v.is_finite() && v > 0.0)) {
+                return Err(SpecError::Provider(format!(
+                    "`provider.{key}` must be a positive number"
+                )));
+            }
+        }
+        if section.max_tokens == Some(0) {
+            return Err(SpecError::Provider(
+                "`provider.max_tokens` must be at least 1".into(),
+            ));
+        }
+        Ok(section)
+    }
+}
 use crate::retry::RetryPolicy;
 
 /// The default limit on one call, first byte sent to last byte read.

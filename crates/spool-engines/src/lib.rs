@@ -46,9 +46,27 @@ use spool_runtime::agent::AgentDefinition;
 pub use anthropic::AnthropicEngine;
 pub use command::CommandEngine;
 pub use config::{
-    ApiKey, DEFAULT_ANTHROPIC_MAX_TOKENS, DEFAULT_IDLE_TIMEOUT, DEFAULT_REQUEST_TIMEOUT, Settings,
-    Vendor,
+    ApiKey, DEFAULT_ANTHROPIC_MAX_TOKENS, DEFAULT_IDLE_TIMEOUT, DEFAULT_REQUEST_TIMEOUT,
+    ProviderSection, Settings, Vendor,
 };
+
+/// The engine specs there are, in words: one list for every help text
+/// and error that names them.
+macro_rules! specs {
+    () => {
+        "`echo`, `scripted:<file>`, `openai/<model>`, `anthropic/<model>` or `command:<argv>`"
+    };
+}
+
+/// The engine specs there are, for errors and docs.
+pub const SPECS: &str = specs!();
+
+/// The help text of a `--model` option.
+pub const MODEL_HELP: &str = concat!(
+    "The engine, instead of the agent definition's: ",
+    specs!(),
+    "."
+);
 pub use openai::OpenAiEngine;
 pub use retry::RetryPolicy;
 
@@ -76,13 +94,38 @@ pub enum Spec {
     },
 }
 
+impl Spec {
+    /// Whether the spec names a file or program, which a definition's
+    /// relative path finds from the definition's directory and a command
+    /// line's from the current one.
+    #[must_use]
+    pub fn reads_files(&self) -> bool {
+        matches!(self, Self::Scripted(_) | Self::Command { .. })
+    }
+}
+
+impl std::fmt::Display for Spec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Echo => f.write_str("echo"),
+            Self::Scripted(file) => write!(f, "scripted:{file}"),
+            Self::OpenAi { model } => write!(f, "openai/{model}"),
+            Self::Anthropic { model } => write!(f, "anthropic/{model}"),
+            Self::Command { argv } => write!(
+                f,
+                "command:{}",
+                shlex::try_join(argv.iter().map(String::as_str)).unwrap_or_default()
+            ),
+        }
+    }
+}
+
 /// Why an engine could not be built.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum SpecError {
     /// The spec names no engine Spool has.
-    #[error(
-        "unknown engine `{0}`: use `openai/<model>`, `anthropic/<model>`, `command:<argv>`, `scripted:<file>` or `echo`"
-    )]
+    #[error("unknown engine `{0}`: use {specs}", specs = SPECS)]
     Unknown(String),
     /// `openai/` or `anthropic/` without a model.
     #[error("engine `{0}` names no model (e.g. `openai/gpt-4o-mini`)")]
@@ -104,9 +147,13 @@ pub enum SpecError {
     /// The TLS trust store could not be built (a bad `SSL_CERT_FILE`).
     #[error("TLS: {0}")]
     Tls(String),
-    /// A runtime engine (`scripted:`) did not load.
+    /// `[provider]` has a key this crate does not know, of the wrong type,
+    /// or out of range.
     #[error("{0}")]
-    Builtin(String),
+    Provider(String),
+    /// A `scripted:` file did not load.
+    #[error(transparent)]
+    Script(#[from] spool_runtime::engines::ScriptError),
 }
 
 impl FromStr for Spec {
@@ -168,24 +215,41 @@ pub fn build_with_env(
     base: &Path,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Arc<dyn Engine>, SpecError> {
-    let provider = &definition.provider;
-    Ok(match definition.agent.engine.parse::<Spec>()? {
-        Spec::Echo | Spec::Scripted(_) => definition
-            .builtin_engine(base)
-            .map_err(SpecError::Builtin)?
-            .ok_or_else(|| SpecError::Unknown(definition.agent.engine.clone()))?,
+    let spec = definition.agent.engine.parse::<Spec>()?;
+    build_spec(&spec, &definition.provider, base, env)
+}
+
+/// Builds the engine `spec` names, with the agent definition's
+/// `[provider]` table: the one place a spec becomes an engine, for
+/// `spool.toml` and `--model` alike.
+///
+/// # Errors
+///
+/// [`SpecError`] naming what is wrong.
+pub fn build_spec(
+    spec: &Spec,
+    provider: &toml::Table,
+    base: &Path,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Arc<dyn Engine>, SpecError> {
+    let provider = ProviderSection::from_table(provider)?;
+    Ok(match spec {
+        Spec::Echo => Arc::new(spool_runtime::engines::EchoEngine),
+        Spec::Scripted(file) => Arc::new(spool_runtime::engines::ScriptedEngine::from_file(
+            base.join(file),
+        )?),
         Spec::OpenAi { model } => Arc::new(OpenAiEngine::new(
-            model,
-            Settings::resolve(Vendor::OpenAi, provider, env)?,
+            model.clone(),
+            Settings::resolve(Vendor::OpenAi, &provider, env)?,
         )?),
         Spec::Anthropic { model } => Arc::new(AnthropicEngine::new(
-            model,
-            Settings::resolve(Vendor::Anthropic, provider, env)?,
+            model.clone(),
+            Settings::resolve(Vendor::Anthropic, &provider, env)?,
         )?),
         Spec::Command { argv } => Arc::new(CommandEngine::new(
-            argv,
+            argv.clone(),
             base,
-            config::request_timeout(provider),
-        )),
+            config::request_timeout(&provider),
+        )?),
     })
 }

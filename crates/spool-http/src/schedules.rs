@@ -102,6 +102,12 @@ fn schedule_error(error: &ScheduleError) -> Response<Body> {
     match error {
         ScheduleError::NotFound(name) => not_found(name),
         ScheduleError::Runtime(error) => crate::channel::runtime_error(error),
+        // A definition is checked before the server starts: not a
+        // request's fault, and its detail is for the log.
+        other => {
+            tracing::error!(target: "spool::http", error = %other, "schedule error");
+            body::error(ErrorCode::Internal, "internal error")
+        }
     }
 }
 

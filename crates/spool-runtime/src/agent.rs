@@ -54,7 +54,6 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use spool_journal::event::Effect;
 
-use crate::engine::Engine;
 use crate::tool::Tools;
 use crate::tools::command::CommandTool;
 
@@ -77,33 +76,14 @@ pub struct AgentDefinition {
     /// What the engine's model costs, for the cost budget.
     #[serde(default)]
     pub pricing: Option<Pricing>,
-    /// How a provider engine reaches its model.
+    /// `[provider]`: how a provider engine reaches its model. The runtime
+    /// does not read it: the crate that builds engines (`spool-engines`)
+    /// does, and refuses a key it does not know.
     #[serde(default)]
-    pub provider: ProviderSection,
+    pub provider: toml::Table,
     /// Messages sent on a cron expression (`[[schedule]]`).
     #[serde(default, rename = "schedule")]
     pub schedules: Vec<crate::schedule::ScheduleDefinition>,
-}
-
-/// `[provider]`: where and how a provider engine (`openai/…`,
-/// `anthropic/…`, `command:…`) calls its model. Every key is optional; the
-/// `spool-engines` crate supplies the defaults and the environment.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ProviderSection {
-    /// The API's base URL, e.g. `http://127.0.0.1:8080` for a local server.
-    pub base_url: Option<String>,
-    /// The environment variable holding the API key. The key itself never
-    /// goes in this file.
-    pub api_key_env: Option<String>,
-    /// The most tokens one answer may have.
-    pub max_tokens: Option<u32>,
-    /// The longest one call may take, from sending it to its last byte.
-    pub request_timeout_seconds: Option<f64>,
-    /// The longest silence inside a streamed answer.
-    pub idle_timeout_seconds: Option<f64>,
-    /// Retries of a call refused before its answer began.
-    pub max_retries: Option<u32>,
 }
 
 /// `[pricing]`: USD per million tokens.
@@ -241,14 +221,31 @@ pub enum AgentError {
         /// Why.
         source: std::io::Error,
     },
-    /// The file is not a valid definition; the message names the key.
-    #[error("the agent definition {path} is invalid: {message}")]
+    /// The file is not a valid definition; the error names the key.
+    #[error("the agent definition {path} is invalid: {source}")]
     Invalid {
         /// The file.
         path: PathBuf,
         /// What is wrong, and where.
-        message: String,
+        source: DefinitionError,
     },
+}
+
+/// Why a definition's text is not a valid definition.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DefinitionError {
+    /// Not TOML, or a key of the wrong type or unknown: the message names
+    /// the key and its line.
+    #[error("{}", .0.to_string().trim())]
+    Syntax(#[from] toml::de::Error),
+    /// A rule the keys break together (a cost budget without prices).
+    #[error("{0}")]
+    Rule(String),
+    /// A tool does not register (two tools share a name, a schema does not
+    /// compile).
+    #[error(transparent)]
+    Tool(#[from] crate::tool::ToolRegistrationError),
 }
 
 /// A definition, where it came from, and a note for the operator.
@@ -291,9 +288,9 @@ impl AgentDefinition {
             }
             Err(source) => return Err(AgentError::Read { path, source }),
         };
-        let definition = Self::from_toml(&text).map_err(|message| AgentError::Invalid {
+        let definition = Self::from_toml(&text).map_err(|source| AgentError::Invalid {
             path: path.clone(),
-            message,
+            source,
         })?;
         Ok(Loaded {
             definition,
@@ -307,14 +304,14 @@ impl AgentDefinition {
     /// # Errors
     ///
     /// A message naming the key (and line) that is wrong.
-    pub fn from_toml(text: &str) -> Result<Self, String> {
-        let definition: Self = toml::from_str(text).map_err(|e| e.to_string().trim().to_owned())?;
-        definition.check()?;
+    pub fn from_toml(text: &str) -> Result<Self, DefinitionError> {
+        let definition: Self = toml::from_str(text)?;
+        definition.check().map_err(DefinitionError::Rule)?;
         Ok(definition)
     }
 
     fn check(&self) -> Result<(), String> {
-        crate::schedule::check(&self.schedules)?;
+        crate::schedule::check(&self.schedules).map_err(|e| e.to_string())?;
         if let Some(cost) = self.budgets.cost_usd {
             if !(cost.is_finite() && cost > 0.0) {
                 return Err("`budgets.cost_usd` must be a positive number".into());
@@ -327,18 +324,6 @@ impl AgentDefinition {
             && !(pricing.input_per_million >= 0.0 && pricing.output_per_million >= 0.0)
         {
             return Err("`pricing` rates must be zero or more".into());
-        }
-        let provider = &self.provider;
-        for (key, value) in [
-            ("request_timeout_seconds", provider.request_timeout_seconds),
-            ("idle_timeout_seconds", provider.idle_timeout_seconds),
-        ] {
-            if value.is_some_and(|v| !(v.is_finite() && v > 0.0)) {
-                return Err(format!("`provider.{key}` must be a positive number"));
-            }
-        }
-        if provider.max_tokens == Some(0) {
-            return Err("`provider.max_tokens` must be at least 1".into());
         }
         for tool in &self.tools {
             if tool.command.is_empty() {
@@ -380,7 +365,7 @@ impl AgentDefinition {
     /// # Errors
     ///
     /// When two tools share a name or a schema does not compile.
-    pub fn tools(&self, base: &Path) -> Result<Tools, String> {
+    pub fn tools(&self, base: &Path) -> Result<Tools, DefinitionError> {
         let mut tools = Tools::new();
         for tool in crate::tools::builtin() {
             let on = self
@@ -389,34 +374,12 @@ impl AgentDefinition {
                 .as_ref()
                 .is_none_or(|enabled| enabled.contains(&tool.spec().name));
             if on {
-                tools.add(tool).map_err(|e| e.to_string())?;
+                tools.add(tool)?;
             }
         }
         for definition in &self.tools {
-            tools
-                .add(Arc::new(CommandTool::new(definition.clone(), base)))
-                .map_err(|e| e.to_string())?;
+            tools.add(Arc::new(CommandTool::new(definition.clone(), base)))?;
         }
         Ok(tools)
-    }
-
-    /// The engine, when the runtime itself provides it (`echo`,
-    /// `scripted:<file>`); `None` for provider specs, which `spool-engines`
-    /// builds.
-    ///
-    /// # Errors
-    ///
-    /// When a script does not load.
-    pub fn builtin_engine(&self, base: &Path) -> Result<Option<Arc<dyn Engine>>, String> {
-        let spec = self.agent.engine.as_str();
-        if spec == "echo" {
-            return Ok(Some(Arc::new(crate::engines::EchoEngine)));
-        }
-        if let Some(file) = spec.strip_prefix("scripted:") {
-            let engine = crate::engines::ScriptedEngine::from_file(base.join(file))
-                .map_err(|e| e.to_string())?;
-            return Ok(Some(Arc::new(engine)));
-        }
-        Ok(None)
     }
 }

@@ -174,13 +174,16 @@ impl ScheduleDefinition {
 ///
 /// # Errors
 ///
-/// A message naming the schedule and what is wrong.
-pub fn check(definitions: &[ScheduleDefinition]) -> Result<(), String> {
+/// [`ScheduleError::Invalid`], naming the schedule and what is wrong.
+pub fn check(definitions: &[ScheduleDefinition]) -> Result<(), ScheduleError> {
     let mut names = std::collections::HashSet::new();
     for definition in definitions {
-        definition.parse()?;
+        definition.parse().map_err(ScheduleError::Invalid)?;
         if !names.insert(&definition.name) {
-            return Err(format!("two schedules are named `{}`", definition.name));
+            return Err(ScheduleError::Invalid(format!(
+                "two schedules are named `{}`",
+                definition.name
+            )));
         }
     }
     Ok(())
@@ -294,7 +297,12 @@ pub struct Triggered {
 
 /// Why a schedule operation failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ScheduleError {
+    /// A definition does not parse (its cron expression, time zone or
+    /// name), or two share a name.
+    #[error("{0}")]
+    Invalid(String),
     /// No schedule has the name.
     #[error("no schedule named `{0}`")]
     NotFound(String),
@@ -368,7 +376,7 @@ impl Scheduler {
         definitions: &[ScheduleDefinition],
         clock: Clock,
     ) -> Result<Self, RuntimeError> {
-        check(definitions).map_err(RuntimeError::BadRequest)?;
+        check(definitions).map_err(|e| RuntimeError::BadRequest(e.to_string()))?;
         let stop = CancellationToken::new();
         let (fired, _) = watch::channel(0);
         let mut schedules = std::collections::BTreeMap::new();

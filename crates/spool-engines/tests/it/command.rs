@@ -14,6 +14,7 @@ fn engine(script: &str, timeout: Duration) -> CommandEngine {
         Path::new("."),
         timeout,
     )
+    .unwrap()
 }
 
 fn hello() -> ModelRequest {
@@ -86,13 +87,23 @@ async fn a_command_over_its_time_is_killed_as_engine_cli() {
     assert!(error.to_string().contains("timed out"), "{error}");
 }
 
+#[test]
+fn a_command_engine_without_a_program_is_refused_not_a_panic() {
+    let error = CommandEngine::new(Vec::new(), Path::new("."), Duration::from_secs(5)).unwrap_err();
+    assert!(
+        matches!(error, spool_engines::SpecError::BadCommand(_)),
+        "{error}"
+    );
+}
+
 #[tokio::test]
 async fn a_missing_program_is_engine_cli() {
     let engine = CommandEngine::new(
         vec!["./no-such-provider".into()],
         Path::new("/nonexistent"),
         Duration::from_secs(5),
-    );
+    )
+    .unwrap();
     let error = call(&engine, "cmd-missing", &hello())
         .await
         .result

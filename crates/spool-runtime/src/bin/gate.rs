@@ -164,12 +164,12 @@ async fn drive(journal_dir: PathBuf, work: PathBuf, limit: Option<u64>) -> Resul
         limit,
         appends: AtomicU64::new(0),
     });
-    let definition = AgentDefinition::from_toml(&agent(&work))?;
+    let definition = AgentDefinition::from_toml(&agent(&work)).map_err(|e| e.to_string())?;
     let runtime = Runtime::builder(Arc::clone(&journal) as Arc<dyn Journal>)
         .engine(Arc::new(
             ScriptedEngine::from_jsonl(SCRIPT).map_err(|e| e.to_string())?,
         ))
-        .tools(definition.tools(&work)?)
+        .tools(definition.tools(&work).map_err(|e| e.to_string())?)
         .budgets(definition.budgets)
         .ids(Arc::new(SequentialIds::default()))
         .build();

@@ -89,24 +89,24 @@ impl RuntimeBuilder {
         self
     }
 
-    /// Everything an agent definition says: system prompt, tools, budgets,
-    /// pricing, and the engine when the runtime provides it (`echo`,
-    /// `scripted:`); other engine specs are set with
-    /// [`RuntimeBuilder::engine`].
+    /// What an agent definition says of the runtime: system prompt, tools,
+    /// budgets, pricing. Its engine spec is built by the crate that owns
+    /// the engines (`spool_engines::build`) and set with
+    /// [`RuntimeBuilder::engine`]; the echo engine stays until then.
     ///
     /// # Errors
     ///
-    /// When the tools or a script do not load.
-    pub fn agent(mut self, loaded: &crate::agent::Loaded) -> Result<Self, String> {
+    /// When the tools do not register.
+    pub fn agent(
+        mut self,
+        loaded: &crate::agent::Loaded,
+    ) -> Result<Self, crate::agent::DefinitionError> {
         let definition = &loaded.definition;
         self.system_prompt
             .clone_from(&definition.agent.system_prompt);
         self.tools = definition.tools(&loaded.base)?;
         self.budgets = definition.budgets;
         self.pricing = definition.pricing;
-        if let Some(engine) = definition.builtin_engine(&loaded.base)? {
-            self.engine = engine;
-        }
         Ok(self)
     }
 

@@ -61,10 +61,13 @@ fn a_missing_named_file_is_an_error_naming_it() {
 
 #[test]
 fn an_unknown_key_is_an_error_that_names_the_key() {
-    let error = AgentDefinition::from_toml("[budgets]\nstep_per_turn = 3\n").unwrap_err();
+    let error = AgentDefinition::from_toml("[budgets]\nstep_per_turn = 3\n")
+        .unwrap_err()
+        .to_string();
     assert!(error.contains("step_per_turn"), "{error}");
-    let error =
-        AgentDefinition::from_toml("[agent]\nengine = \"echo\"\nmodle = \"x\"\n").unwrap_err();
+    let error = AgentDefinition::from_toml("[agent]\nengine = \"echo\"\nmodle = \"x\"\n")
+        .unwrap_err()
+        .to_string();
     assert!(error.contains("modle"), "{error}");
 }
 
@@ -135,7 +138,7 @@ fn a_definition_that_breaks_a_rule_is_refused_with_the_rule() {
             "sometimes",
         ),
     ] {
-        let error = AgentDefinition::from_toml(text).unwrap_err();
+        let error = AgentDefinition::from_toml(text).unwrap_err().to_string();
         assert!(error.contains(says), "{text:?} -> {error}");
     }
 }
@@ -261,9 +264,11 @@ async fn a_run_calls_a_command_tool_from_the_definition_and_records_its_output()
 
 #[test]
 fn a_cost_budget_needs_pricing_and_sane_numbers() {
-    let error = AgentDefinition::from_toml("[budgets]\ncost_usd = 1.0\n").unwrap_err();
+    let error = AgentDefinition::from_toml("[budgets]\ncost_usd = 1.0\n")
+        .unwrap_err()
+        .to_string();
     assert!(error.contains("[pricing]"), "{error}");
-    let error = AgentDefinition::from_toml("[budgets]\ncost_usd = -1.0\n[pricing]\ninput_per_million = 1.0\noutput_per_million = 1.0\n").unwrap_err();
+    let error = AgentDefinition::from_toml("[budgets]\ncost_usd = -1.0\n[pricing]\ninput_per_million = 1.0\noutput_per_million = 1.0\n").unwrap_err().to_string();
     assert!(error.contains("positive"), "{error}");
     let ok = AgentDefinition::from_toml("[budgets]\ncost_usd = 0.5\n[pricing]\ninput_per_million = 3.0\noutput_per_million = 15.0\n").unwrap();
     assert_eq!(ok.budgets.cost_micro_usd(), Some(500_000));
@@ -271,7 +276,7 @@ fn a_cost_budget_needs_pricing_and_sane_numbers() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_runtime_built_from_a_definition_uses_its_prompt_engine_tools_and_budgets() {
+async fn a_runtime_built_from_a_definition_uses_its_prompt_tools_and_budgets() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
         dir.path().join("script.jsonl"),
@@ -285,9 +290,13 @@ async fn a_runtime_built_from_a_definition_uses_its_prompt_engine_tools_and_budg
     .unwrap();
     let loaded = AgentDefinition::load(Some(&dir.path().join("spool.toml"))).unwrap();
     let journal: Arc<dyn Journal> = Arc::new(MemoryJournal::new());
+    // The engine spec is spool-engines' to build; the script is given here.
+    let script =
+        spool_runtime::engines::ScriptedEngine::from_file(dir.path().join("script.jsonl")).unwrap();
     let runtime = Runtime::builder(Arc::clone(&journal))
         .agent(&loaded)
         .unwrap()
+        .engine(Arc::new(script))
         .build();
     let (run, turn) = begin(&runtime, "hi").await;
     assert_eq!(

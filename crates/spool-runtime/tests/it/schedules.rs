@@ -410,7 +410,11 @@ async fn a_schedules_record_run_is_reached_by_no_caller() {
 
 #[test]
 fn a_definition_with_a_bad_cron_zone_or_name_is_refused_naming_it() {
-    let check = |d: ScheduleDefinition| spool_runtime::schedule::check(&[d]).unwrap_err();
+    let check = |d: ScheduleDefinition| {
+        spool_runtime::schedule::check(&[d])
+            .unwrap_err()
+            .to_string()
+    };
     assert!(check(definition("x", "61 * * * *", None)).contains("cron expression"));
     let mut zone = definition("x", "* * * * *", None);
     zone.time_zone = "Mars/Olympus".into();
@@ -423,9 +427,12 @@ fn a_definition_with_a_bad_cron_zone_or_name_is_refused_naming_it() {
     assert!(
         spool_runtime::schedule::check(&twice)
             .unwrap_err()
+            .to_string()
             .contains("two schedules")
     );
     let toml = "[[schedule]]\nname = \"a\"\ncron = \"* * * * *\"\ntext = \"hi\"\nevery = 5\n";
-    let error = spool_runtime::agent::AgentDefinition::from_toml(toml).unwrap_err();
+    let error = spool_runtime::agent::AgentDefinition::from_toml(toml)
+        .unwrap_err()
+        .to_string();
     assert!(error.contains("every"), "{error}");
 }

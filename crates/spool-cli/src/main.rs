@@ -88,9 +88,43 @@ fn main() -> ExitCode {
                 reason = "the binary's one place to report a fatal error"
             )]
             {
-                eprintln!("spool: {error:#}");
+                eprintln!("spool: {}", report(&error));
             }
             ExitCode::from(1)
         }
+    }
+}
+
+/// An error and its causes, `: `-joined, leaving out a cause whose words
+/// the error before it already says (a journal's storage error carries
+/// SQLite's message and keeps SQLite's error as its source).
+fn report(error: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::report;
+
+    #[test]
+    fn a_cause_the_error_already_quotes_is_reported_once() {
+        let sqlite = std::io::Error::other("database or disk is full");
+        let error = anyhow::Error::new(spool_journal::JournalError::storage_from(sqlite))
+            .context("opening the journal in .spool");
+        assert_eq!(
+            report(&error),
+            "opening the journal in .spool: journal storage failed: database or disk is full"
+        );
     }
 }

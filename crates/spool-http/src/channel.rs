@@ -502,8 +502,8 @@ impl HttpChannel {
                 Err(Box::new(reply))
             }
             // Internal details go to the log, not the reply.
-            Err(spool_runtime::AuthError::Failed(reason)) => {
-                tracing::error!(target: "spool::http", reason, "the authenticator failed");
+            Err(failed) => {
+                tracing::error!(target: "spool::http", error = %failed, "the authenticator failed");
                 Err(Box::new(body::error(ErrorCode::Internal, "internal error")))
             }
         }

@@ -22,6 +22,7 @@ use spool_wire::http::BASE_PATH;
 
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ClientError {
     /// The URL is neither `http://host:port` nor `unix:/path`.
     #[error("`{0}` is not a Spool URL: use http://HOST:PORT or unix:/PATH")]

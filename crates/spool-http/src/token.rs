@@ -43,6 +43,7 @@ impl std::fmt::Debug for TokenFile {
 
 /// A token file that cannot be used.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TokenFileError {
     /// It could not be read or written.
     #[error("token file {path}: {source}")]

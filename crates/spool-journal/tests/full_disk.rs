@@ -67,7 +67,7 @@ async fn a_commit_that_meets_a_full_disk_records_nothing_and_the_store_writes_ag
         .await
         .unwrap_err();
     assert!(
-        matches!(&refused, JournalError::Storage(reason) if reason.contains("nothing was recorded")),
+        matches!(&refused, JournalError::Storage { message, .. } if message.contains("nothing was recorded")),
         "{refused:?}"
     );
     assert_eq!(

@@ -212,6 +212,7 @@ impl Budgets {
 
 /// A definition that does not load.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum AgentError {
     /// The file named could not be read.
     #[error("reading the agent definition {path}: {source}")]

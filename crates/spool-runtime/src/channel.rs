@@ -40,6 +40,7 @@ impl Credentials {
 
 /// Why authentication did not admit a request.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum AuthError {
     /// No valid credentials: answered 401 `unauthenticated`.
     #[error("unauthenticated")]

@@ -47,6 +47,7 @@ pub enum ErrorKind {
 
 /// Why a runtime operation was refused.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum RuntimeError {
     /// No such run.
     #[error("no run {0}")]
@@ -145,7 +146,7 @@ impl RuntimeError {
                 JournalError::Conflict { .. } | JournalError::InUse { .. } => {
                     ErrorKind::OwnedElsewhere
                 }
-                JournalError::Storage(_) => ErrorKind::Storage,
+                JournalError::Storage { .. } => ErrorKind::Storage,
                 _ => ErrorKind::Internal,
             },
         }

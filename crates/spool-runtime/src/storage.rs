@@ -120,7 +120,7 @@ impl Storage {
     /// Notes what a write's result says about the journal.
     fn saw<T>(&self, result: &Result<T, JournalError>) {
         match result {
-            Err(JournalError::Storage(reason)) => self.unavailable(reason),
+            Err(JournalError::Storage { message, .. }) => self.unavailable(message),
             Ok(_) if !self.writable.load(Ordering::Relaxed) => {
                 self.writable();
                 self.wrote.notify_one();
@@ -288,7 +288,9 @@ async fn probe(runtime: Weak<Inner>) {
                 }
                 pause = PROBE_FIRST;
             }
-            Err(JournalError::Storage(reason)) => {
+            Err(JournalError::Storage {
+                message: reason, ..
+            }) => {
                 storage.unavailable(&reason);
                 tracing::warn!(%reason, retry_in_ms = pause.as_millis(), "the journal still cannot write");
                 pause = (pause * 2).clamp(PROBE_FIRST, PROBE_MAX);

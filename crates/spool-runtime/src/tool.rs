@@ -135,6 +135,7 @@ impl std::fmt::Debug for Tools {
 
 /// A tool that cannot be registered.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ToolRegistrationError {
     /// Two tools share a name.
     #[error("two tools are named `{0}`")]

@@ -49,6 +49,7 @@ pub struct Line {
 
 /// Why a line could not be read.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum LineError {
     /// The line went over the cap; its bytes were dropped.
     #[error("line longer than {max} bytes")]

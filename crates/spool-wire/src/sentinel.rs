@@ -274,6 +274,7 @@ pub enum Recorded {
 
 /// Why a completion output's text could not be read.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum RecordedError {
     /// The text is not JSON.
     #[error("not JSON: {0}")]

@@ -731,7 +731,7 @@ fn runtime_error_kinds_map_to_the_channels_codes_and_statuses() {
     });
     assert_eq!(error_code(moved.kind()), ErrorCode::RunOwnedElsewhere);
     assert_eq!(error_code(moved.kind()).status(), Some(409));
-    let full = RuntimeError::Journal(JournalError::Storage("disk full".into()));
+    let full = RuntimeError::Journal(JournalError::storage("disk full"));
     assert_eq!(error_code(full.kind()), ErrorCode::JournalUnavailable);
     assert_eq!(error_code(full.kind()).status(), Some(503));
     let busy = RuntimeError::TurnInProgress {

@@ -60,7 +60,7 @@ impl<J: Journal> Faulty<J> {
     fn writable(&self) -> Result<(), JournalError> {
         if self.full.load(Ordering::SeqCst) || self.nearly_full.load(Ordering::SeqCst) {
             self.refused.fetch_add(1, Ordering::SeqCst);
-            return Err(JournalError::Storage(FULL.into()));
+            return Err(JournalError::storage(FULL));
         }
         Ok(())
     }
@@ -95,7 +95,7 @@ impl<J: Journal> Journal for Faulty<J> {
     fn probe(&self) -> BoxFuture<'_, Result<(), JournalError>> {
         if self.full.load(Ordering::SeqCst) {
             self.refused.fetch_add(1, Ordering::SeqCst);
-            return Box::pin(async { Err(JournalError::Storage(FULL.into())) });
+            return Box::pin(async { Err(JournalError::storage(FULL)) });
         }
         self.inner.probe()
     }

@@ -241,6 +241,7 @@ pub enum Claim {
 
 /// What a store can refuse.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum JournalError {
     /// The run's next position is not the one expected: someone else
     /// appended first (optimistic concurrency).
@@ -343,9 +344,37 @@ pub enum JournalError {
     /// The store has shut down.
     #[error("the journal is closed")]
     Closed,
-    /// The storage engine failed.
-    #[error("journal storage failed: {0}")]
-    Storage(String),
+    /// The storage engine failed: a full disk, a failing device, a file
+    /// it cannot open. `message` says what, with the engine's own words;
+    /// `source` is the engine's error itself, for a host that inspects it
+    /// (a `rusqlite::Error` from the SQLite store).
+    #[error("journal storage failed: {message}")]
+    Storage {
+        /// What failed.
+        message: String,
+        /// The storage engine's own error, when there is one.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    },
+}
+
+impl JournalError {
+    /// A storage failure described by `message` alone.
+    pub fn storage(message: impl Into<String>) -> Self {
+        Self::Storage {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// A storage failure caused by the storage engine's `error`, kept as
+    /// the source.
+    pub fn storage_from(error: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self::Storage {
+            message: error.to_string(),
+            source: Some(Box::new(error)),
+        }
+    }
 }
 
 /// Where a run's log ends: what an append needs to know about it.

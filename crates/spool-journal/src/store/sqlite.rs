@@ -220,9 +220,9 @@ impl Owner {
         use std::io::{Read, Seek, Write};
         let dir = dir.as_ref();
         std::fs::create_dir_all(dir)
-            .map_err(|e| JournalError::Storage(format!("creating {}: {e}", dir.display())))?;
+            .map_err(|e| JournalError::storage(format!("creating {}: {e}", dir.display())))?;
         let path = dir.join(OWNER_FILE);
-        let failed = |e: std::io::Error| JournalError::Storage(format!("{}: {e}", path.display()));
+        let failed = |e: std::io::Error| JournalError::storage(format!("{}: {e}", path.display()));
         let mut file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -263,7 +263,7 @@ impl SqliteJournal {
     pub fn open(dir: impl AsRef<Path>, options: Options) -> Result<Self, JournalError> {
         let dir = dir.as_ref();
         std::fs::create_dir_all(dir)
-            .map_err(|e| JournalError::Storage(format!("creating {}: {e}", dir.display())))?;
+            .map_err(|e| JournalError::storage(format!("creating {}: {e}", dir.display())))?;
         let path = dir.join(FILE_NAME);
         check_wal(&path)?;
         let conn = Connection::open(&path).map_err(storage)?;
@@ -293,7 +293,7 @@ impl SqliteJournal {
         thread::Builder::new()
             .name("spool-journal-writer".into())
             .spawn(move || writer.run())
-            .map_err(|e| JournalError::Storage(format!("starting the writer thread: {e}")))?;
+            .map_err(|e| JournalError::storage(format!("starting the writer thread: {e}")))?;
         Ok(Self {
             counters,
             writer: Some(sender),
@@ -313,7 +313,7 @@ impl SqliteJournal {
     pub fn open_read_only(dir: impl AsRef<Path>) -> Result<Self, JournalError> {
         let path = dir.as_ref().join(FILE_NAME);
         if !path.exists() {
-            return Err(JournalError::Storage(format!(
+            return Err(JournalError::storage(format!(
                 "no journal at {}",
                 path.display()
             )));
@@ -335,10 +335,10 @@ impl SqliteJournal {
             let wal = path.with_file_name(format!("{FILE_NAME}-wal"));
             if std::fs::metadata(&wal).is_ok_and(|m| m.len() > 0) {
                 let reason = match error {
-                    JournalError::Storage(reason) => reason,
+                    JournalError::Storage { message, .. } => message,
                     other => other.to_string(),
                 };
-                return Err(JournalError::Storage(format!(
+                return Err(JournalError::storage(format!(
                     "{reason}; {} holds events not yet in {FILE_NAME}, and its directory cannot be written to read them: \
                      copy the directory somewhere writable and read the copy",
                     wal.display()
@@ -400,7 +400,7 @@ impl SqliteJournal {
             result
         })
         .await
-        .map_err(|e| JournalError::Storage(format!("a read task failed: {e}")))?
+        .map_err(|e| JournalError::storage(format!("a read task failed: {e}")))?
     }
 }
 
@@ -579,7 +579,7 @@ impl Writer {
             if broken.is_some() {
                 done.push(Done::refuse(
                     op,
-                    JournalError::Storage("the batch's transaction failed".into()),
+                    JournalError::storage("the batch's transaction failed"),
                 ));
                 continue;
             }
@@ -747,7 +747,7 @@ impl Done {
     }
 
     fn fail(self, reason: &str) {
-        let error = JournalError::Storage(format!("nothing was recorded: {reason}"));
+        let error = JournalError::storage(format!("nothing was recorded: {reason}"));
         // As in a commit: a caller that stopped waiting needs no answer.
         match self {
             Self::Append(reply, _) => {
@@ -765,7 +765,7 @@ impl Done {
 
 fn fail_all(batch: Vec<Op>, message: &str) {
     for op in batch {
-        Done::refuse(op, JournalError::Storage(message.to_owned())).fail(message);
+        Done::refuse(op, JournalError::storage(message)).fail(message);
     }
 }
 
@@ -919,7 +919,7 @@ fn claim(conn: &Connection, key: &ClaimKey, holder: &CallRef) -> Result<Claim, J
             let settled = match (output, settled_seq) {
                 (Some(output), Some(seq)) => {
                     let output: Value = serde_json::from_str(&output).map_err(|e| {
-                        JournalError::Storage(format!("a settled claim's output is not JSON: {e}"))
+                        JournalError::storage(format!("a settled claim's output is not JSON: {e}"))
                     })?;
                     Some((output, Seq(u64::try_from(seq).unwrap_or_default())))
                 }
@@ -1118,8 +1118,8 @@ fn check_schema(conn: &Connection) -> Result<(), JournalError> {
             supported: SCHEMA_VERSION,
         }),
         Some(_) => Ok(()),
-        None => Err(JournalError::Storage(
-            "the file is not a Spool journal (no schema version)".into(),
+        None => Err(JournalError::storage(
+            "the file is not a Spool journal (no schema version)",
         )),
     }
 }
@@ -1142,7 +1142,7 @@ fn stored_version(conn: &Connection) -> Result<Option<u32>, JournalError> {
         .map_err(storage)?;
     text.map(|t| {
         t.parse()
-            .map_err(|_| JournalError::Storage(format!("unreadable schema version `{t}`")))
+            .map_err(|_| JournalError::storage(format!("unreadable schema version `{t}`")))
     })
     .transpose()
 }
@@ -1291,16 +1291,16 @@ fn exec(conn: &Connection, sql: &str, params: impl rusqlite::Params) -> rusqlite
 }
 
 fn storage(error: rusqlite::Error) -> JournalError {
-    JournalError::Storage(error.to_string())
+    JournalError::storage_from(error)
 }
 
 fn seq_sql(seq: Seq) -> Result<i64, JournalError> {
     i64::try_from(seq.0)
-        .map_err(|_| JournalError::Storage(format!("seq {seq} does not fit SQLite's integers")))
+        .map_err(|_| JournalError::storage(format!("seq {seq} does not fit SQLite's integers")))
 }
 
 fn stored_run_id(text: &str) -> Result<RunId, JournalError> {
-    RunId::new(text).map_err(|e| JournalError::Storage(format!("a stored run id is invalid: {e}")))
+    RunId::new(text).map_err(|e| JournalError::storage(format!("a stored run id is invalid: {e}")))
 }
 
 fn nanos(at: OffsetDateTime) -> i64 {

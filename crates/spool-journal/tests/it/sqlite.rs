@@ -291,3 +291,30 @@ async fn a_journal_whose_wal_went_missing_after_a_crash_is_refused_rather_than_o
     );
     drop(journal);
 }
+
+#[test]
+fn a_storage_error_keeps_sqlites_own_error_as_its_source() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join(spool_journal::store::sqlite::FILE_NAME),
+        vec![0x42; 8192],
+    )
+    .unwrap();
+    let error = spool_journal::store::sqlite::SqliteJournal::open(
+        dir.path(),
+        spool_journal::store::sqlite::Options::default(),
+    )
+    .unwrap_err();
+    let spool_journal::JournalError::Storage { message, .. } = &error else {
+        panic!("a file that is not a database is a storage error: {error}");
+    };
+    let source = std::error::Error::source(&error).expect("the engine's error is the source");
+    assert!(
+        source.downcast_ref::<rusqlite::Error>().is_some(),
+        "{source:?}"
+    );
+    assert!(
+        message.contains(&source.to_string()),
+        "the message says it too: {message}"
+    );
+}

@@ -53,6 +53,7 @@ struct ScriptedCall {
 
 /// A script that does not load.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ScriptError {
     /// The file could not be read.
     #[error("reading the script {path}: {source}")]

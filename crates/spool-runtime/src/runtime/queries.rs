@@ -172,7 +172,7 @@ impl Runtime {
                     crate::JournalHealth::Unavailable { reason, .. } => reason,
                     crate::JournalHealth::Writable => "a write failed".into(),
                 };
-                return Err(RuntimeError::Journal(JournalError::Storage(format!(
+                return Err(RuntimeError::Journal(JournalError::storage(format!(
                     "run {run} waits for the journal, which cannot write ({reason}); its turn goes on once it can"
                 ))));
             }

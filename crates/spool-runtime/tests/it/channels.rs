@@ -116,6 +116,6 @@ fn a_journal_moved_by_another_writer_is_owned_elsewhere_and_a_storage_failure_is
         holder: Some(7),
     });
     assert_eq!(held.kind(), ErrorKind::OwnedElsewhere);
-    let failed = RuntimeError::Journal(JournalError::Storage("disk full".into()));
+    let failed = RuntimeError::Journal(JournalError::storage("disk full"));
     assert_eq!(failed.kind(), ErrorKind::Storage);
 }

@@ -131,7 +131,7 @@ impl Journal for Crashing {
         let mut refuse = self.refuse.lock().unwrap();
         if refuse.as_ref().is_some_and(|f| f(&events)) {
             *refuse = None;
-            return Box::pin(async { Err(JournalError::Storage("killed here".into())) });
+            return Box::pin(async { Err(JournalError::storage("killed here")) });
         }
         self.inner.append(run, expected, events)
     }

@@ -379,7 +379,7 @@ impl AgentDefinition {
             }
         }
         for definition in &self.tools {
-            tools.add(Arc::new(CommandTool::new(definition.clone(), base)))?;
+            tools.add(Arc::new(CommandTool::new(definition.clone(), base)?))?;
         }
         Ok(tools)
     }

@@ -23,6 +23,7 @@ pub mod error;
 mod history;
 pub mod hub;
 pub mod ids;
+pub mod process;
 mod runs;
 mod runtime;
 pub mod schedule;

@@ -29,7 +29,7 @@ fn shell(name: &str, script: &str, effect: Effect) -> CommandToolDefinition {
 }
 
 async fn call(definition: CommandToolDefinition, input: Value) -> ToolOutcome {
-    let tool = CommandTool::new(definition, std::path::Path::new("."));
+    let tool = CommandTool::new(definition, std::path::Path::new(".")).unwrap();
     tool.call(input, &CancellationToken::new()).await
 }
 
@@ -210,7 +210,7 @@ async fn output_past_the_cap_is_a_failure_not_an_unbounded_buffer() {
 fn an_idempotent_command_tool_takes_its_key_from_the_input() {
     let mut definition = shell("charge", "cat", Effect::Idempotent);
     definition.idempotency_key = Some("/order/id".into());
-    let tool = CommandTool::new(definition, std::path::Path::new("."));
+    let tool = CommandTool::new(definition, std::path::Path::new(".")).unwrap();
     assert_eq!(
         tool.idempotency_key(&json!({"order": {"id": "o-7"}}))
             .as_deref(),

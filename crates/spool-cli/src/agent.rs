@@ -17,10 +17,20 @@ pub(crate) enum AgentCommand {
         /// The definition; `spool.toml` in this directory by default.
         path: Option<PathBuf>,
     },
+    /// Print the JSON Schema of `spool.toml`, for editors that complete
+    /// and check TOML against one (a `#:schema ./spool.schema.json` line).
+    Schema,
 }
 
 pub(crate) fn run(command: AgentCommand) -> anyhow::Result<ExitCode> {
-    let AgentCommand::Check { path } = command;
+    let path = match command {
+        AgentCommand::Check { path } => path,
+        AgentCommand::Schema => {
+            let schema = serde_json::to_string_pretty(&spool_engines::agent_schema())?;
+            writeln!(std::io::stdout(), "{schema}")?;
+            return Ok(ExitCode::SUCCESS);
+        }
+    };
     let loaded = AgentDefinition::load(path.as_deref())?;
     let definition = &loaded.definition;
     let tools = definition.tools(&loaded.base)?;

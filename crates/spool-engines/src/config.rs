@@ -15,7 +15,7 @@ use crate::SpecError;
 /// optional; the defaults and the environment fill the rest
 /// ([`Settings::resolve`]). The runtime keeps the table unread; this crate
 /// reads it, and refuses a key it does not know.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ProviderSection {
     /// The API's base URL, e.g. `http://127.0.0.1:8080` for a local server.

@@ -194,6 +194,24 @@ impl FromStr for Spec {
     }
 }
 
+/// The JSON Schema of a whole `spool.toml`: the runtime's definition, with
+/// `[provider]` as this crate reads it. Editors given it (taplo, Even Better
+/// TOML, a `#:schema` line) complete keys and flag unknown ones; the file
+/// is still checked by loading it, with errors that name the key.
+#[must_use]
+pub fn agent_schema() -> serde_json::Value {
+    let mut schema = schemars::schema_for!(AgentDefinition).to_value();
+    let provider = schemars::schema_for!(ProviderSection).to_value();
+    let mut provider = provider;
+    if let Some(object) = provider.as_object_mut() {
+        // A sub-schema, not a document of its own.
+        object.remove("$schema");
+    }
+    schema["properties"]["provider"] = provider;
+    schema["title"] = "spool.toml".into();
+    schema
+}
+
 /// Builds the engine `definition` names, reading keys and base URLs from
 /// the process environment; relative paths resolve against `base`.
 ///

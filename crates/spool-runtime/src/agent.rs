@@ -61,7 +61,7 @@ use crate::tools::command::CommandTool;
 pub const DEFAULT_FILE: &str = "spool.toml";
 
 /// A parsed agent definition.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AgentDefinition {
     /// The agent itself.
@@ -80,6 +80,7 @@ pub struct AgentDefinition {
     /// does not read it: the crate that builds engines (`spool-engines`)
     /// does, and refuses a key it does not know.
     #[serde(default)]
+    #[schemars(schema_with = "any_table")]
     pub provider: toml::Table,
     /// Messages sent on a cron expression (`[[schedule]]`).
     #[serde(default, rename = "schedule")]
@@ -87,7 +88,7 @@ pub struct AgentDefinition {
 }
 
 /// `[pricing]`: USD per million tokens.
-#[derive(Clone, Copy, Debug, PartialEq, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Pricing {
     /// Per million input tokens.
@@ -109,7 +110,7 @@ impl Pricing {
 }
 
 /// `[agent]`.
-#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AgentSection {
     /// The agent's name, shown by `/info`.
@@ -128,6 +129,17 @@ pub struct AgentSection {
     pub builtin_tools: Option<Vec<String>>,
 }
 
+/// `[provider]` as the runtime sees it: a table another crate reads (the
+/// full file's schema fills it in: `spool_engines::agent_schema`).
+fn any_table(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({"type": "object"})
+}
+
+/// `effect`'s three words.
+fn effect_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({"type": "string", "enum": ["read", "idempotent", "write"]})
+}
+
 fn echo() -> String {
     "echo".to_owned()
 }
@@ -144,7 +156,7 @@ impl Default for AgentSection {
 }
 
 /// `[[tool]]`: a tool run as a child process.
-#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CommandToolDefinition {
     /// The tool's name.
@@ -155,6 +167,7 @@ pub struct CommandToolDefinition {
     /// taken from the definition file's directory.
     pub command: Vec<String>,
     /// What it may do to the world.
+    #[schemars(schema_with = "effect_schema")]
     pub effect: Effect,
     /// How long one call may take.
     #[serde(default = "sixty")]
@@ -185,7 +198,7 @@ fn one() -> u32 {
 }
 
 /// `[budgets]`. Each is off when absent.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Budgets {
     /// Model calls in one turn.

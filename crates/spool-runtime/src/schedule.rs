@@ -50,7 +50,7 @@ pub const EXTERNAL_WINDOW: usize = 1024;
 const RECORD_TAIL: u64 = 2 * EXTERNAL_WINDOW as u64 + 2 * HISTORY as u64;
 
 /// `[[schedule]]` in `spool.toml`.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ScheduleDefinition {
     /// Its name: letters, digits, `-`, `_` and `.`, up to 64.
@@ -84,7 +84,7 @@ fn utc() -> String {
 }
 
 /// What a firing does while the target's turn is in progress.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Overlap {
     /// Nothing: the firing is recorded as skipped (the default).
@@ -96,7 +96,7 @@ pub enum Overlap {
 }
 
 /// What a start does about occurrences missed while the server was down.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum CatchUp {
     /// Fire once, for the latest missed occurrence (the default).

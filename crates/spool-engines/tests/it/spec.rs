@@ -193,3 +193,66 @@ fn builtin_specs_still_build() {
         std::error::Error::source(&error).is_some() || error.to_string().contains("missing.jsonl")
     );
 }
+
+/// A TOML text as the JSON a schema validator reads.
+fn as_json(text: &str) -> serde_json::Value {
+    serde_json::to_value(toml::from_str::<toml::Value>(text).unwrap()).unwrap()
+}
+
+#[test]
+fn the_spool_toml_schema_accepts_the_definitions_spool_loads_and_refuses_unknown_keys() {
+    let schema = spool_engines::agent_schema();
+    let validator = jsonschema::validator_for(&schema).unwrap();
+    let approval = include_str!("../../../../examples/approval/spool.toml");
+    // The module doc's full example, every section and key.
+    let documented: String = include_str!("../../../spool-runtime/src/agent.rs")
+        .lines()
+        .skip_while(|line| !line.starts_with("//! ```toml"))
+        .skip(1)
+        .take_while(|line| !line.starts_with("//! ```"))
+        .map(|line| {
+            let line = line
+                .trim_start_matches("//!")
+                .strip_prefix(' ')
+                .unwrap_or("");
+            // The doc's comments follow values on the same line.
+            match line.find("  #") {
+                Some(at) => format!("{}\n", &line[..at]),
+                None => format!("{line}\n"),
+            }
+        })
+        .collect();
+    for section in [
+        "[agent]",
+        "[[tool]]",
+        "[budgets]",
+        "[pricing]",
+        "[[schedule]]",
+        "[provider]",
+    ] {
+        assert!(
+            documented.contains(section),
+            "the doc's example has {section}"
+        );
+    }
+    for text in [approval, documented.as_str()] {
+        assert!(AgentDefinition::from_toml(text).is_ok(), "{text}");
+        let errors: Vec<String> = validator
+            .iter_errors(&as_json(text))
+            .map(|e| e.to_string())
+            .collect();
+        assert!(errors.is_empty(), "{errors:?}\n{text}");
+    }
+    for wrong in [
+        "[agent]\nmodle = \"x\"",
+        "[provider]\napi_key = \"sk-...\"",
+        "[[tool]]\nname = \"t\"\ndescription = \"d\"\ncommand = [\"x\"]\neffect = \"sometimes\"",
+        "[[schedule]]\nname = \"s\"\ncron = \"* * * * *\"\ntext = \"hi\"\noverlap = \"maybe\"",
+        "[budgets]\ntokens = \"many\"",
+    ] {
+        assert!(
+            !validator.is_valid(&as_json(wrong)),
+            "the schema accepts {wrong:?}"
+        );
+    }
+}

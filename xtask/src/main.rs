@@ -9,6 +9,7 @@ use std::process::{Command, ExitCode};
 
 use anyhow::{Context, Result, bail};
 
+mod api;
 mod e2e_llm;
 mod examples;
 mod openapi;
@@ -18,9 +19,11 @@ const USAGE: &str = "usage: cargo xtask <command>
 
 commands:
   ci                   fmt check, clippy, nextest, doctests, rustdoc, tidy,
-                       examples, openapi, bench --quick (what CI runs)
+                       api, examples, openapi, bench --quick (what CI runs)
   examples             run the four examples under examples/ and check what
                        they print
+  api [--bless]        compare each library's public API with api/*.txt
+                       (--bless: write them)
   tidy                 check the crate layering and file conventions
   openapi              check docs/openapi.json against spool serve with
                        schemathesis (installed by pip under target/)
@@ -39,6 +42,7 @@ fn main() -> ExitCode {
         Some("tidy") => tidy::run(&root()),
         Some("openapi") => openapi::run(&root()),
         Some("examples") => examples::run(&root()),
+        Some("api") => api::run(&root(), args.get(1).map(String::as_str) == Some("--bless")),
         Some("bench") => bench(&args[1..]),
         Some("fuzz") => fuzz(&args[1..]),
         Some("e2e-llm") => e2e_llm::run(&args[1..]),
@@ -112,6 +116,7 @@ fn ci() -> Result<()> {
     }
     section("tidy");
     tidy::run(&root)?;
+    api::run(&root, false)?;
     examples::run(&root)?;
     openapi::run(&root)?;
     // The benchmarks must keep working; their figures are not judged here.

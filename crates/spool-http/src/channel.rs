@@ -24,7 +24,7 @@ use crate::body::{self, Body, ChannelBody};
 
 /// The namespace HTTP addresses live in.
 pub const NAMESPACE: &str = "http";
-pub use crate::stream::{STREAM_BATCH_BYTES, STREAM_QUEUE};
+use crate::stream::STREAM_QUEUE;
 
 /// The HTTP channel: a runtime, an optional authenticator, and what
 /// `/info` says.

@@ -19,12 +19,13 @@ use serde_json::Value;
 use crate::{cargo, section};
 
 /// The libraries whose API is held to a snapshot.
-const LIBRARIES: [&str; 5] = [
+const LIBRARIES: [&str; 6] = [
     "spool-wire",
     "spool-journal",
     "spool-runtime",
     "spool-http",
     "spool-engines",
+    "spool-rpc",
 ];
 
 pub(crate) fn run(root: &Path, bless: bool) -> Result<()> {

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod agent;
+mod rpc;
 mod runs;
 mod serve;
 mod talk;
@@ -47,6 +48,9 @@ enum Command {
         #[command(subcommand)]
         command: agent::AgentCommand,
     },
+    /// Serve JSON-RPC 2.0 (seed 001) on stdin and stdout, one envelope per
+    /// line, on the local journal.
+    Rpc(rpc::RpcArgs),
     /// Read runs from a journal (read-only; safe beside a running server).
     Runs {
         #[command(subcommand)]
@@ -66,6 +70,7 @@ fn main() -> ExitCode {
     let outcome = match cli.command {
         Command::Wire { command } => wire::run(command),
         Command::Runs { command } => runs::run(command),
+        Command::Rpc(args) => rpc::run(args),
         Command::Agent { command } => agent::run(command),
         Command::Serve(args) => serve::run(args),
         Command::Run(args) => talk::run(args),

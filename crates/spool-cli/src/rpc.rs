@@ -1,0 +1,52 @@
+//! `spool rpc --stdio`: the JSON-RPC dispatcher over stdin and stdout, one
+//! envelope per line, in-process on the local journal (how editors and
+//! agent hosts run a tool server). Logs go to stderr only.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Args;
+
+use crate::serve::{load_agent, open_runtime, recover};
+
+#[derive(Debug, Args)]
+pub(crate) struct RpcArgs {
+    /// Serve on stdin and stdout (the one framing this command has; the
+    /// HTTP ones come with `spool serve`).
+    #[arg(long, required = true)]
+    stdio: bool,
+    /// The journal directory.
+    #[arg(long, env = "SPOOL_JOURNAL", default_value = ".spool")]
+    journal: PathBuf,
+    /// The agent definition; `./spool.toml`, or the built-in echo agent.
+    #[arg(long)]
+    agent: Option<PathBuf>,
+    #[arg(long, value_name = "SPEC", help = spool_engines::MODEL_HELP)]
+    model: Option<spool_engines::Spec>,
+}
+
+pub(crate) fn run(args: RpcArgs) -> anyhow::Result<ExitCode> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(serve(args))
+}
+
+async fn serve(args: RpcArgs) -> anyhow::Result<ExitCode> {
+    let RpcArgs {
+        stdio: _,
+        journal,
+        agent,
+        model,
+    } = args;
+    let agent = load_agent(agent.as_deref(), model.as_ref())?;
+    let (runtime, _owner) = open_runtime(&journal, &agent, None)?;
+    recover(&runtime).await?;
+    let dispatcher = spool_rpc::Dispatcher::new(runtime);
+    spool_rpc::stdio::serve(&dispatcher, tokio::io::stdin(), tokio::io::stdout())
+        .await
+        .context("serving JSON-RPC on stdio")?;
+    Ok(ExitCode::SUCCESS)
+}

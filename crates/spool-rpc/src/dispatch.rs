@@ -1,0 +1,719 @@
+//! The dispatcher: one JSON-RPC connection's requests, turned into runtime
+//! calls, answered (and streamed) through the connection's outbox. Every
+//! framing (stdio, and the HTTP listener's) feeds text in and writes what
+//! comes out; the same request gets the same answer whatever carried it.
+//!
+//! Each request is handled in a task of its own, so a `submit.run` waiting
+//! for its turn does not hold up the `run.respond` that answers the
+//! question the turn asked. The outbox is bounded: a client that stops
+//! reading slows its own subscriptions, which then lag on the runtime's
+//! hub and end with a notification saying so, rather than growing memory.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use spool_journal::event::Answer;
+use spool_journal::{Address, Principal, RunId, Seq, TurnId};
+use spool_runtime::hub::StreamItem;
+use spool_runtime::{
+    Accepted, CancelOutcome, ErrorKind, MessageRequest, RunView, Runtime, RuntimeError,
+    StartRequest,
+};
+use spool_wire::http::{self as wire, CancelReply, CancelStatus, SnapshotReply};
+use spool_wire::rpc::{
+    self, Envelope, ErrorObject, Frame, Id, Notification, Request, Response, VersionDocument, codes,
+};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::events::Mapper;
+
+/// How many envelopes a connection's outbox holds before its writers wait.
+pub const OUTBOX: usize = 256;
+
+/// The methods this server answers, as `getCapabilities` and `/version`
+/// list them.
+pub const METHODS: [&str; 10] = [
+    rpc::METHOD_SUBMIT_RUN,
+    "run.respond",
+    "run.cancel",
+    "run.get",
+    "run.list",
+    rpc::METHOD_STATE_SNAPSHOT,
+    "subscribe",
+    "unsubscribe",
+    "getCapabilities",
+    "ping",
+];
+
+/// What goes out on a connection: one envelope, or a batch's answers.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Outgoing {
+    /// One response or notification.
+    One(Envelope),
+    /// The answers to a batch, in order.
+    Batch(Vec<Envelope>),
+}
+
+impl Outgoing {
+    /// The text of the message, compact JSON (framings add their own
+    /// delimiters).
+    #[must_use]
+    pub fn to_json(&self) -> String {
+        match self {
+            Self::One(envelope) => rpc::encode_ws(envelope),
+            Self::Batch(envelopes) => rpc::encode_batch(envelopes),
+        }
+    }
+}
+
+/// The runtime, as every connection of a server shares it.
+#[derive(Clone, Debug)]
+pub struct Dispatcher {
+    runtime: Runtime,
+}
+
+impl Dispatcher {
+    /// A dispatcher over `runtime`.
+    #[must_use]
+    pub fn new(runtime: Runtime) -> Self {
+        Self { runtime }
+    }
+
+    /// A connection for a caller the transport authenticated as `principal`
+    /// (`None`: unattributed), with the receiver of what it sends.
+    #[must_use]
+    pub fn connect(&self, principal: Option<Principal>) -> (Connection, mpsc::Receiver<Outgoing>) {
+        let (outbox, outgoing) = mpsc::channel(OUTBOX);
+        let connection = Connection {
+            inner: Arc::new(ConnectionInner {
+                runtime: self.runtime.clone(),
+                principal,
+                outbox,
+                subscriptions: Mutex::new(HashMap::new()),
+                requests: TaskTracker::new(),
+                streams: TaskTracker::new(),
+                closed: CancellationToken::new(),
+            }),
+        };
+        (connection, outgoing)
+    }
+}
+
+/// One client's connection: its requests, its subscriptions, its outbox.
+#[derive(Clone, Debug)]
+pub struct Connection {
+    inner: Arc<ConnectionInner>,
+}
+
+#[derive(Debug)]
+struct ConnectionInner {
+    runtime: Runtime,
+    principal: Option<Principal>,
+    outbox: mpsc::Sender<Outgoing>,
+    /// Subscriptions by run, each ended by its token.
+    subscriptions: Mutex<HashMap<RunId, CancellationToken>>,
+    /// Requests being answered: they end by themselves.
+    requests: TaskTracker,
+    /// Subscriptions being served: they end when told.
+    streams: TaskTracker,
+    /// Fired when the connection ends: its subscriptions stop.
+    closed: CancellationToken,
+}
+
+/// Why a method failed, as JSON-RPC says it.
+struct Failure(ErrorObject);
+
+impl Connection {
+    /// Takes one message of text (an envelope or a batch) from the client.
+    /// Requests are answered through the outbox, in tasks of their own;
+    /// notifications are acted on and never answered; responses from the
+    /// client are ignored.
+    pub fn receive(&self, text: &str) {
+        let frame = match rpc::decode(text) {
+            Ok(frame) => frame,
+            Err(refusal) => {
+                self.spawn_send(Outgoing::One(Envelope::Response(refusal)));
+                return;
+            }
+        };
+        match frame {
+            Frame::Single(envelope) => {
+                let connection = self.clone();
+                self.inner.requests.spawn(async move {
+                    if let Some(response) = connection.handle(envelope).await {
+                        connection
+                            .send(Outgoing::One(Envelope::Response(response)))
+                            .await;
+                    }
+                });
+            }
+            Frame::Batch(entries) => {
+                let connection = self.clone();
+                self.inner.requests.spawn(async move {
+                    let mut handles = Vec::with_capacity(entries.len());
+                    for entry in entries {
+                        let connection = connection.clone();
+                        handles.push(tokio::spawn(async move {
+                            match entry {
+                                Ok(envelope) => connection.handle(envelope).await,
+                                Err(refusal) => Some(refusal),
+                            }
+                        }));
+                    }
+                    let mut replies = Vec::with_capacity(handles.len());
+                    for handle in handles {
+                        replies.push(
+                            handle
+                                .await
+                                .unwrap_or_else(|_| Some(Response::error(Id::Null, internal()))),
+                        );
+                    }
+                    if let Some(replies) = rpc::batch_reply(replies) {
+                        let envelopes = replies.into_iter().map(Envelope::Response).collect();
+                        connection.send(Outgoing::Batch(envelopes)).await;
+                    }
+                });
+            }
+        }
+    }
+
+    /// Queues a refusal a framing made itself (a line over the cap).
+    pub fn receive_refusal(&self, refusal: Outgoing) {
+        self.spawn_send(refusal);
+    }
+
+    /// Ends the connection: no more requests are taken; the ones in
+    /// progress are answered; subscriptions stop. Returns when every task
+    /// of the connection has finished.
+    pub async fn close(&self) {
+        // Requests end by themselves; subscriptions only when told, after
+        // the requests (a `submit.run` still streaming is a request).
+        self.inner.requests.close();
+        self.inner.requests.wait().await;
+        self.inner.closed.cancel();
+        self.inner.streams.close();
+        self.inner.streams.wait().await;
+    }
+
+    fn spawn_send(&self, outgoing: Outgoing) {
+        let connection = self.clone();
+        self.inner
+            .requests
+            .spawn(async move { connection.send(outgoing).await });
+    }
+
+    /// Queues `outgoing`, waiting while the outbox is full. A client that
+    /// went away drops it.
+    async fn send(&self, outgoing: Outgoing) {
+        let _ = self.inner.outbox.send(outgoing).await;
+    }
+
+    async fn notify(&self, method: &str, params: Value) {
+        self.send(Outgoing::One(Envelope::Notification(Notification {
+            method: method.to_owned(),
+            params: Some(params),
+        })))
+        .await;
+    }
+
+    /// One envelope: a request's response, `None` for anything else.
+    async fn handle(&self, envelope: Envelope) -> Option<Response> {
+        match envelope {
+            Envelope::Request(request) => {
+                let id = request.id.clone();
+                Some(match self.call(request).await {
+                    Ok(result) => Response::result(id, result),
+                    Err(Failure(error)) => Response::error(id, error),
+                })
+            }
+            Envelope::Notification(notification) => {
+                // A notification asks for no answer, and gets none, even
+                // when it fails.
+                let request = Request {
+                    id: Id::Null,
+                    method: notification.method,
+                    params: notification.params,
+                };
+                let _ = self.call(request).await;
+                None
+            }
+            Envelope::Response(_) => None,
+        }
+    }
+
+    async fn call(&self, request: Request) -> Result<Value, Failure> {
+        let raw = request.params.unwrap_or(Value::Null);
+        match request.method.as_str() {
+            rpc::METHOD_SUBMIT_RUN => self.submit_run(params(&raw)?).await,
+            "run.respond" => self.respond(params(&raw)?).await,
+            "run.cancel" => self.cancel(params(&raw)?).await,
+            "run.get" => {
+                let RunParams { run_id: id } = params(&raw)?;
+                let view = self
+                    .runtime()
+                    .get(&run_id(&id)?)
+                    .await
+                    .map_err(runtime_error)?;
+                Ok(to_value(&spool_http::channel::reply(&view)))
+            }
+            "run.list" => self.list(params(&raw)?).await,
+            rpc::METHOD_STATE_SNAPSHOT => {
+                let RunParams { run_id: id } = params(&raw)?;
+                let snapshot = self
+                    .runtime()
+                    .snapshot(&run_id(&id)?)
+                    .await
+                    .map_err(runtime_error)?;
+                Ok(to_value(&SnapshotReply {
+                    run: spool_http::channel::reply(&snapshot.view),
+                    messages: snapshot.messages,
+                }))
+            }
+            "subscribe" => self.subscribe(params(&raw)?).await,
+            "unsubscribe" => {
+                let RunParams { run_id: id } = params(&raw)?;
+                let run = run_id(&id)?;
+                let ended = self
+                    .inner
+                    .subscriptions
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .remove(&run);
+                if let Some(token) = &ended {
+                    token.cancel();
+                }
+                Ok(json!({"unsubscribed": ended.is_some()}))
+            }
+            "getCapabilities" => Ok(to_value(&capabilities())),
+            "ping" => Ok(json!("pong")),
+            other => Err(Failure(ErrorObject::with_reason(
+                codes::METHOD_NOT_FOUND,
+                format!(
+                    "no method `{other}`; the methods are {}",
+                    METHODS.join(", ")
+                ),
+            ))),
+        }
+    }
+
+    fn runtime(&self) -> &Runtime {
+        &self.inner.runtime
+    }
+
+    /// `submit.run`: starts a run (or a turn of `run_id`), streams the
+    /// turn's `events.append` on this connection, and answers with the
+    /// turn's reply once it reaches a boundary.
+    async fn submit_run(&self, submit: SubmitRun) -> Result<Value, Failure> {
+        let runtime = self.runtime();
+        let policy = submit
+            .turn_policy
+            .as_ref()
+            .map(spool_wire::run::TurnPolicy::try_from)
+            .transpose()
+            .map_err(|unknown| invalid_params(unknown.to_string()))?;
+        // Where the stream starts: after everything the run held before.
+        let (before, accepted) = match &submit.run_id {
+            Some(id) => {
+                let run = run_id(id)?;
+                let before = runtime.get(&run).await.map_err(runtime_error)?.cursor;
+                let message = MessageRequest {
+                    text: submit.text,
+                    context: submit.context.unwrap_or_default(),
+                    policy,
+                };
+                (
+                    before,
+                    runtime.send(&run, message).await.map_err(runtime_error)?,
+                )
+            }
+            None => {
+                if submit.operation_id.is_some() && self.inner.principal.is_none() {
+                    return Err(invalid_params(
+                        "`operation_id` needs an authenticated caller",
+                    ));
+                }
+                let address = submit
+                    .address
+                    .as_ref()
+                    .map(|name| Address::new(spool_http::channel::NAMESPACE, name.clone()));
+                let before = match &address {
+                    Some(address) => runtime.lookup(address).await.ok().and_then(|v| v.cursor),
+                    None => None,
+                };
+                let request = StartRequest {
+                    text: submit.text,
+                    address,
+                    operation_id: submit.operation_id,
+                    principal: self.inner.principal.clone(),
+                    title: submit.title,
+                    kind: submit.kind,
+                    context: submit.context.unwrap_or_default(),
+                    policy,
+                };
+                (before, runtime.start(request).await.map_err(runtime_error)?)
+            }
+        };
+        let view = match &accepted {
+            Accepted::Started { run, turn } | Accepted::Steered { run, turn } => {
+                self.stream_turn(run, turn, before).await?
+            }
+            Accepted::Queued { run, queued } => runtime
+                .wait_for_queued(run, *queued)
+                .await
+                .map_err(runtime_error)?,
+            Accepted::Replayed { run, .. } => runtime.get(run).await.map_err(runtime_error)?,
+        };
+        Ok(to_value(&spool_http::channel::reply(&view)))
+    }
+
+    /// Sends `turn`'s events (from after `before`) until the turn reaches a
+    /// boundary, and returns the run then.
+    async fn stream_turn(
+        &self,
+        run: &RunId,
+        turn: &TurnId,
+        before: Option<Seq>,
+    ) -> Result<RunView, Failure> {
+        let runtime = self.runtime();
+        let mut items = runtime
+            .subscribe(run, before)
+            .await
+            .map_err(runtime_error)?;
+        let mut mapper = Mapper::new(run);
+        let boundary = runtime.wait_for(run, turn);
+        tokio::pin!(boundary);
+        loop {
+            tokio::select! {
+                // Events first: everything up to the boundary goes out
+                // before the answer.
+                biased;
+                item = items.next() => match item {
+                    Some(item) => {
+                        if self.forward(run, &mut mapper, item).await.is_break() {
+                            // Lagged: the answer still comes.
+                            return boundary.await.map_err(runtime_error);
+                        }
+                    }
+                    None => return boundary.await.map_err(runtime_error),
+                },
+                view = &mut boundary => {
+                    let view = view.map_err(runtime_error)?;
+                    // What the journal holds up to the boundary, not yet sent.
+                    while let Some(item) = items.ready() {
+                        if self.forward(run, &mut mapper, item).await.is_break() {
+                            break;
+                        }
+                    }
+                    return Ok(view);
+                }
+            }
+        }
+    }
+
+    /// Sends one hub item as `events.append`; `Break` when the subscriber
+    /// fell behind (it was told, with the cursor to resume after).
+    async fn forward(
+        &self,
+        run: &RunId,
+        mapper: &mut Mapper,
+        item: StreamItem,
+    ) -> std::ops::ControlFlow<()> {
+        match item {
+            StreamItem::Event(envelope) => {
+                for event in mapper.envelope(&envelope) {
+                    self.notify(rpc::METHOD_EVENTS_APPEND, to_value(&event))
+                        .await;
+                }
+            }
+            StreamItem::Delta(delta) => {
+                let nanos = now_nanos();
+                if let Some(event) = mapper.delta(&delta, nanos) {
+                    self.notify(rpc::METHOD_EVENTS_APPEND, to_value(&event))
+                        .await;
+                }
+            }
+            StreamItem::Lagged { last } => {
+                self.notify(
+                    "subscription.lagged",
+                    json!({"run_id": run.as_str(), "cursor": last.map(|s| s.0)}),
+                )
+                .await;
+                return std::ops::ControlFlow::Break(());
+            }
+        }
+        std::ops::ControlFlow::Continue(())
+    }
+
+    /// `subscribe`: `events.append` for a run from a cursor, journal first,
+    /// then live, until `unsubscribe`, the connection's end, or the
+    /// subscriber falling behind.
+    async fn subscribe(&self, subscribe: Subscribe) -> Result<Value, Failure> {
+        let run = run_id(&subscribe.run_id)?;
+        if let Some(channels) = &subscribe.channels
+            && let Some(unknown) = channels.iter().find(|c| c.as_str() != rpc::CHANNEL_EVENTS)
+        {
+            return Err(invalid_params(format!(
+                "channel `{unknown}` cannot be subscribed to here; `{}` can",
+                rpc::CHANNEL_EVENTS
+            )));
+        }
+        let items = self
+            .runtime()
+            .subscribe(&run, subscribe.cursor.map(Seq))
+            .await
+            .map_err(runtime_error)?;
+        let token = self.inner.closed.child_token();
+        if let Some(previous) = self
+            .inner
+            .subscriptions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(run.clone(), token.clone())
+        {
+            // One subscription per run and connection: the new one wins.
+            previous.cancel();
+        }
+        let connection = self.clone();
+        let subscribed = run.clone();
+        self.inner.streams.spawn(async move {
+            let mut items = items;
+            let mut mapper = Mapper::new(&subscribed);
+            loop {
+                let item = tokio::select! {
+                    () = token.cancelled() => break,
+                    item = items.next() => item,
+                };
+                let Some(item) = item else { break };
+                if connection
+                    .forward(&subscribed, &mut mapper, item)
+                    .await
+                    .is_break()
+                {
+                    break;
+                }
+            }
+            let mut subscriptions = connection
+                .inner
+                .subscriptions
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if subscriptions
+                .get(&subscribed)
+                .is_some_and(|t| t.is_cancelled() || t == &token)
+            {
+                subscriptions.remove(&subscribed);
+            }
+        });
+        Ok(json!({"subscribed": run.as_str(), "channels": [rpc::CHANNEL_EVENTS]}))
+    }
+
+    async fn respond(&self, respond: RespondParams) -> Result<Value, Failure> {
+        let run = run_id(&respond.run_id)?;
+        let turn = respond
+            .turn_id
+            .as_deref()
+            .map(TurnId::new)
+            .transpose()
+            .map_err(|e| invalid_params(format!("`turn_id`: {e}")))?;
+        if respond.responses.is_empty() {
+            return Err(invalid_params("`responses` needs at least one answer"));
+        }
+        let answers = respond
+            .responses
+            .into_iter()
+            .map(|answer| Answer {
+                text: answer.text,
+                approved: answer.approved,
+            })
+            .collect();
+        self.runtime()
+            .respond(&run, turn.as_ref(), answers)
+            .await
+            .map_err(runtime_error)?;
+        let view = self.runtime().get(&run).await.map_err(runtime_error)?;
+        Ok(to_value(&spool_http::channel::reply(&view)))
+    }
+
+    async fn cancel(&self, cancel: CancelParams) -> Result<Value, Failure> {
+        let run = run_id(&cancel.run_id)?;
+        let turn = cancel
+            .turn_id
+            .as_deref()
+            .map(TurnId::new)
+            .transpose()
+            .map_err(|e| invalid_params(format!("`turn_id`: {e}")))?;
+        let reply = match self.runtime().cancel(&run, turn.as_ref()).await {
+            Ok(CancelOutcome::Requested(turn)) => CancelReply {
+                status: CancelStatus::Requested,
+                run_id: Some(run.to_string()),
+                turn_id: Some(turn.to_string()),
+            },
+            Ok(CancelOutcome::Stale { current }) => CancelReply {
+                status: CancelStatus::Stale,
+                run_id: Some(run.to_string()),
+                turn_id: current.map(|t| t.to_string()),
+            },
+            // As over HTTP: cancelling an unknown or idle run is harmless.
+            Ok(CancelOutcome::NotActive) | Err(RuntimeError::RunNotFound(_)) => CancelReply {
+                status: CancelStatus::NotActive,
+                run_id: None,
+                turn_id: None,
+            },
+            Err(error) => return Err(runtime_error(error)),
+        };
+        Ok(to_value(&reply))
+    }
+
+    async fn list(&self, list: ListParams) -> Result<Value, Failure> {
+        let limit = list.limit.unwrap_or(100);
+        if !(1..=1000).contains(&limit) {
+            return Err(invalid_params("`limit` must be 1 to 1000"));
+        }
+        let runs = self.runtime().list().await.map_err(runtime_error)?;
+        let runs: Vec<Value> = runs
+            .into_iter()
+            .take(limit)
+            .map(|summary| {
+                json!({
+                    "id": summary.run_id.as_str(),
+                    "state": summary.status.state().as_str(),
+                    "title": summary.title,
+                    "updated": summary.updated_at.unix_timestamp(),
+                })
+            })
+            .collect();
+        Ok(json!({"runs": runs}))
+    }
+}
+
+/// The `getCapabilities` and `/version` document.
+#[must_use]
+pub fn capabilities() -> VersionDocument {
+    VersionDocument::new(
+        env!("CARGO_PKG_VERSION"),
+        METHODS.iter().map(|m| (*m).to_owned()).collect(),
+    )
+}
+
+/// `submit.run`'s params: the HTTP channel's start fields, and `run_id` to
+/// continue a run.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SubmitRun {
+    text: String,
+    #[serde(default)]
+    run_id: Option<String>,
+    #[serde(default)]
+    address: Option<String>,
+    #[serde(default)]
+    operation_id: Option<String>,
+    #[serde(default)]
+    title: Option<String>,
+    #[serde(default)]
+    kind: Option<String>,
+    #[serde(default)]
+    context: Option<Vec<String>>,
+    #[serde(default)]
+    turn_policy: Option<wire::TurnPolicy>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RunParams {
+    run_id: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RespondParams {
+    run_id: String,
+    #[serde(default)]
+    turn_id: Option<String>,
+    responses: Vec<AnswerParams>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AnswerParams {
+    #[serde(default)]
+    text: String,
+    #[serde(default)]
+    approved: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CancelParams {
+    run_id: String,
+    #[serde(default)]
+    turn_id: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListParams {
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Subscribe {
+    run_id: String,
+    #[serde(default)]
+    cursor: Option<u64>,
+    #[serde(default)]
+    channels: Option<Vec<String>>,
+}
+
+/// Decodes a method's params; absent params read as `{}`.
+fn params<T: DeserializeOwned>(value: &Value) -> Result<T, Failure> {
+    let value = if value.is_null() { &json!({}) } else { value };
+    T::deserialize(value).map_err(|e| invalid_params(e.to_string()))
+}
+
+fn run_id(raw: &str) -> Result<RunId, Failure> {
+    RunId::new(raw).map_err(|e| invalid_params(format!("`run_id`: {e}")))
+}
+
+fn invalid_params(reason: impl Into<String>) -> Failure {
+    Failure(ErrorObject::with_reason(codes::INVALID_PARAMS, reason))
+}
+
+fn internal() -> ErrorObject {
+    ErrorObject::with_reason(codes::INTERNAL_ERROR, "internal error")
+}
+
+/// A runtime error as JSON-RPC says it: the code by kind, and `data` with
+/// the runtime's kind and the HTTP channel's code, so a client of both
+/// branches on one vocabulary. Internal details go to the log.
+fn runtime_error(error: RuntimeError) -> Failure {
+    let kind = error.kind();
+    let http = spool_http::channel::error_code(kind);
+    let code = match kind {
+        ErrorKind::RunNotFound | ErrorKind::AddressNotFound => codes::RUN_NOT_FOUND,
+        ErrorKind::BadRequest | ErrorKind::InvalidAnswer => codes::INVALID_PARAMS,
+        ErrorKind::Internal => codes::INTERNAL_ERROR,
+        _ => codes::USER_ERROR,
+    };
+    if code == codes::INTERNAL_ERROR {
+        tracing::error!(target: "spool::rpc", error = %error, "internal error");
+        return Failure(internal());
+    }
+    let mut object = ErrorObject::with_reason(code, error.to_string());
+    object.data = Some(json!({"reason": error.to_string(), "code": http.as_str()}));
+    Failure(object)
+}
+
+fn to_value(value: &impl serde::Serialize) -> Value {
+    serde_json::to_value(value).expect("replies are plain JSON values")
+}
+
+fn now_nanos() -> u64 {
+    u64::try_from(time::OffsetDateTime::now_utc().unix_timestamp_nanos()).unwrap_or(0)
+}

@@ -1,0 +1,293 @@
+//! The JSON-RPC dispatcher, driven as a client would: envelopes in, the
+//! connection's outbox read back.
+
+// Everything in this binary is test code: a helper that unwraps fails the
+// test on the line that broke, which is what it is for.
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use spool_journal::RunId;
+use spool_journal::store::memory::MemoryJournal;
+use spool_rpc::{Connection, Dispatcher, Outgoing};
+use spool_runtime::Runtime;
+use spool_runtime::engines::ScriptedEngine;
+use tokio::sync::mpsc;
+
+const PATIENCE: Duration = Duration::from_secs(20);
+
+fn echo() -> Runtime {
+    Runtime::builder(Arc::new(MemoryJournal::new())).build()
+}
+
+fn scripted(script: &str) -> Runtime {
+    Runtime::builder(Arc::new(MemoryJournal::new()))
+        .engine(Arc::new(ScriptedEngine::from_jsonl(script).unwrap()))
+        .build()
+}
+
+struct Client {
+    connection: Connection,
+    outgoing: mpsc::Receiver<Outgoing>,
+}
+
+impl Client {
+    fn new(runtime: &Runtime) -> Self {
+        let (connection, outgoing) = Dispatcher::new(runtime.clone()).connect(None);
+        Self {
+            connection,
+            outgoing,
+        }
+    }
+
+    fn send(&self, message: Value) {
+        self.connection.receive(&message.to_string());
+    }
+
+    /// The next thing the server sends, as JSON.
+    async fn next(&mut self) -> Value {
+        let message = tokio::time::timeout(PATIENCE, self.outgoing.recv())
+            .await
+            .expect("the server answers in time")
+            .expect("the connection is open");
+        serde_json::from_str(&message.to_json()).unwrap()
+    }
+
+    /// Everything sent until the response with `id`, and that response.
+    async fn until_response(&mut self, id: i64) -> (Vec<Value>, Value) {
+        let mut before = Vec::new();
+        loop {
+            let message = self.next().await;
+            if message["id"] == id && message.get("method").is_none() {
+                return (before, message);
+            }
+            before.push(message);
+        }
+    }
+
+    async fn call(&mut self, id: i64, method: &str, params: Value) -> Value {
+        self.send(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+        self.until_response(id).await.1
+    }
+}
+
+fn kinds(events: &[Value]) -> Vec<String> {
+    events
+        .iter()
+        .filter(|m| m["method"] == "events.append")
+        .map(|m| m["params"]["spool.kind"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn submit_run_streams_the_turns_events_then_answers_with_the_run_reply() {
+    let runtime = echo();
+    let mut client = Client::new(&runtime);
+    client.send(
+        json!({"jsonrpc": "2.0", "id": 1, "method": "submit.run", "params": {"text": "hello"}}),
+    );
+    let (events, reply) = client.until_response(1).await;
+    let result = &reply["result"];
+    assert_eq!(result["state"], "completed");
+    assert_eq!(result["response"], "echo: hello");
+    let run = RunId::new(result["run_id"].as_str().unwrap()).unwrap();
+    let kinds = kinds(&events);
+    for (expected, before) in [
+        ("run:start", "task:start"),
+        ("task:start", "task:complete"),
+        ("task:complete", "run:end"),
+    ] {
+        let a = kinds
+            .iter()
+            .position(|k| k == expected)
+            .unwrap_or_else(|| panic!("{expected} in {kinds:?}"));
+        let b = kinds
+            .iter()
+            .position(|k| k == before)
+            .unwrap_or_else(|| panic!("{before} in {kinds:?}"));
+        assert!(a < b, "{expected} before {before}: {kinds:?}");
+    }
+    assert!(
+        kinds.contains(&"task:stdout".to_owned()),
+        "the answer streamed: {kinds:?}"
+    );
+    let trace = spool_rpc::events::trace_id(&run);
+    for event in events.iter().filter(|m| m["method"] == "events.append") {
+        assert_eq!(event["params"]["traceId"], trace.as_str());
+        let valid = spool_wire::validate::validate(
+            spool_wire::validate::Kind::WireEvent,
+            &event["params"].to_string(),
+        );
+        assert!(valid.is_ok(), "{valid:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_parked_turn_answers_waiting_and_run_respond_resumes_it() {
+    let runtime = scripted(
+        r#"{"tool_calls":[{"id":"q","name":"ask_human","arguments":{"prompt":"Which region?"}}]}
+{"text":"Deploying to eu-west-1."}"#,
+    );
+    let mut client = Client::new(&runtime);
+    let parked = client
+        .call(1, "submit.run", json!({"text": "deploy"}))
+        .await;
+    assert_eq!(parked["result"]["state"], "waiting", "{parked}");
+    assert_eq!(parked["result"]["suspend"]["prompt"], "Which region?");
+    let run = parked["result"]["run_id"].clone();
+    let turn = parked["result"]["turn_id"].clone();
+    let answered = client
+        .call(
+            2,
+            "run.respond",
+            json!({"run_id": run, "turn_id": turn, "responses": [{"text": "eu-west-1"}]}),
+        )
+        .await;
+    assert!(answered.get("result").is_some(), "{answered}");
+    let run_id = RunId::new(run.as_str().unwrap()).unwrap();
+    let turn_id = spool_journal::TurnId::new(turn.as_str().unwrap()).unwrap();
+    tokio::time::timeout(PATIENCE, runtime.wait_for(&run_id, &turn_id))
+        .await
+        .unwrap()
+        .unwrap();
+    let done = client.call(3, "run.get", json!({"run_id": run})).await;
+    assert_eq!(done["result"]["state"], "completed");
+    assert_eq!(done["result"]["response"], "Deploying to eu-west-1.");
+    let snapshot = client
+        .call(4, "state.snapshot", json!({"run_id": run}))
+        .await;
+    assert!(
+        snapshot["result"]["messages"].as_array().unwrap().len() >= 2,
+        "{snapshot}"
+    );
+}
+
+#[tokio::test]
+async fn errors_use_the_seeds_codes_and_carry_the_http_channels_code() {
+    let runtime =
+        scripted(r#"{"tool_calls":[{"id":"q","name":"ask_human","arguments":{"prompt":"?"}}]}"#);
+    let mut client = Client::new(&runtime);
+    let unknown = client.call(1, "run.teleport", json!({})).await;
+    assert_eq!(unknown["error"]["code"], -32601);
+    let extra = client
+        .call(2, "run.get", json!({"run_id": "r", "extra": 1}))
+        .await;
+    assert_eq!(extra["error"]["code"], -32602);
+    let missing = client
+        .call(3, "run.get", json!({"run_id": "run-nope"}))
+        .await;
+    assert_eq!(missing["error"]["code"], -32002);
+    assert_eq!(missing["error"]["data"]["code"], "run_not_found");
+    let parked = client.call(4, "submit.run", json!({"text": "go"})).await;
+    let run = parked["result"]["run_id"].clone();
+    let busy = client
+        .call(5, "submit.run", json!({"text": "again", "run_id": run}))
+        .await;
+    assert_eq!(busy["error"]["code"], -32000, "{busy}");
+    assert_eq!(busy["error"]["data"]["code"], "run_waiting");
+    client.connection.receive("{not json");
+    let parse = client.next().await;
+    assert_eq!(parse["error"]["code"], -32700);
+    assert_eq!(parse["id"], Value::Null);
+    // A notification is never answered, even one that fails.
+    client.send(json!({"jsonrpc": "2.0", "method": "run.teleport"}));
+    client.send(json!({"jsonrpc": "2.0", "id": 6, "method": "ping"}));
+    let (between, pong) = client.until_response(6).await;
+    assert!(
+        between.is_empty(),
+        "nothing answered the notification: {between:?}"
+    );
+    assert_eq!(pong["result"], "pong");
+}
+
+#[tokio::test]
+async fn a_batch_is_answered_in_one_array_without_its_notifications() {
+    let runtime = echo();
+    let mut client = Client::new(&runtime);
+    client.connection.receive(
+        &json!([
+            {"jsonrpc": "2.0", "id": "a", "method": "ping"},
+            {"jsonrpc": "2.0", "method": "ping"},
+            {"jsonrpc": "2.0", "id": "b", "method": "getCapabilities"},
+            {"nonsense": true}
+        ])
+        .to_string(),
+    );
+    let batch = client.next().await;
+    let replies = batch.as_array().expect("one array");
+    assert_eq!(replies.len(), 3, "{batch}");
+    assert_eq!(replies[0]["id"], "a");
+    assert_eq!(replies[1]["id"], "b");
+    assert_eq!(replies[1]["result"]["protocol"], "1.0");
+    assert_eq!(replies[2]["error"]["code"], -32600);
+    client.connection.receive("[]");
+    assert_eq!(client.next().await["error"]["code"], -32600);
+}
+
+#[tokio::test]
+async fn subscribe_sends_a_runs_events_from_a_cursor_and_unsubscribe_ends_them() {
+    let runtime = echo();
+    let mut client = Client::new(&runtime);
+    let first = client.call(1, "submit.run", json!({"text": "one"})).await;
+    let run = first["result"]["run_id"].clone();
+    let cursor = first["result"]["cursor"].clone();
+    // From the start: the first turn's events, from the journal.
+    let subscribed = client
+        .call(2, "subscribe", json!({"run_id": run, "cursor": null}))
+        .await;
+    assert_eq!(subscribed["result"]["subscribed"], run);
+    let mut seen = Vec::new();
+    while !seen.contains(&"run:end".to_owned()) {
+        let message = client.next().await;
+        seen.extend(kinds(&[message]));
+    }
+    // A bad channel is refused.
+    let bad = client
+        .call(
+            3,
+            "subscribe",
+            json!({"run_id": run, "channels": ["spool:nope"]}),
+        )
+        .await;
+    assert_eq!(bad["error"]["code"], -32602);
+    let ended = client.call(4, "unsubscribe", json!({"run_id": run})).await;
+    assert_eq!(ended["result"]["unsubscribed"], true);
+    assert!(cursor.as_u64().is_some());
+}
+
+#[tokio::test]
+async fn closing_a_connection_answers_the_requests_in_progress_first() {
+    let runtime = echo();
+    let mut client = Client::new(&runtime);
+    client.send(json!({"jsonrpc": "2.0", "id": 1, "method": "submit.run", "params": {"text": "last words"}}));
+    client.connection.close().await;
+    let (_, reply) = client.until_response(1).await;
+    assert_eq!(reply["result"]["response"], "echo: last words");
+}
+
+#[test]
+fn trace_and_span_ids_are_valid_otlp_ids_derived_from_the_run() {
+    let run = RunId::new("run-1").unwrap();
+    let trace = spool_rpc::events::trace_id(&run);
+    assert_eq!(trace.len(), 32);
+    assert!(
+        trace
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+    );
+    assert_ne!(trace, "0".repeat(32));
+    assert_eq!(
+        trace,
+        spool_rpc::events::trace_id(&run),
+        "the same on every call"
+    );
+    assert_ne!(
+        trace,
+        spool_rpc::events::trace_id(&RunId::new("run-2").unwrap())
+    );
+    let span = spool_rpc::events::span_id(&run, "tool:c1");
+    assert_eq!(span.len(), 16);
+    assert_ne!(span, spool_rpc::events::span_id(&run, "tool:c2"));
+}

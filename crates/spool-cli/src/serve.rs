@@ -149,9 +149,15 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     .await
     .context("starting the schedules")?;
     let (stop, closing) = tokio::sync::watch::channel(false);
-    let mut channel = HttpChannel::new(runtime, closing)
+    // JSON-RPC (seed 001) on the same listener, behind the same
+    // authenticator: /version, /events (SSE), /stream (NDJSON).
+    let rpc = spool_rpc::Dispatcher::new(runtime.clone());
+    let mut channel = HttpChannel::new(runtime, closing.clone())
         .with_agent(agent.loaded.definition.agent.name.clone())
         .with_schedules(scheduler);
+    for (prefix, handler) in spool_rpc::http::routes(&rpc, &closing) {
+        channel = channel.mount(prefix, handler)?;
+    }
     if let Some(tokens) = tokens {
         // Triggers need a proven caller: tokens with the `trigger` scope
         // (or an administrator's).

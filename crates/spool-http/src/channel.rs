@@ -101,6 +101,13 @@ impl std::fmt::Debug for HttpChannel {
     }
 }
 
+/// The caller the authenticator proved, put in a mounted handler's
+/// request extensions (`None`: no authenticator, or an unattributed
+/// caller), so a host route (a transport mounted beside the channel) holds
+/// callers to what the channel does.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Authenticated(pub Option<Principal>);
+
 /// What a route needs to know about the caller.
 struct Caller {
     principal: Option<Principal>,
@@ -282,6 +289,9 @@ impl HttpChannel {
                 .filter(|(prefix, _)| path == *prefix || path.starts_with(&format!("{prefix}/")))
                 .max_by_key(|(prefix, _)| prefix.len());
             if let Some((_, handler)) = mounted {
+                let mut request = request;
+                let principal = caller.principal.filter(|_| caller.verified);
+                request.extensions_mut().insert(Authenticated(principal));
                 return handler(request).await;
             }
             return body::error(ErrorCode::RunNotFound, format!("no route {path}"));

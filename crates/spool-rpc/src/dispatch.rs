@@ -50,11 +50,20 @@ pub const METHODS: [&str; 10] = [
     "ping",
 ];
 
-/// What goes out on a connection: one envelope, or a batch's answers.
+/// What goes out on a connection: one envelope, a run's event with its
+/// journal position, or a batch's answers.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Outgoing {
     /// One response or notification.
     One(Envelope),
+    /// An `events.append` of a run, with the last journal position it
+    /// reflects: what a reconnecting client resumes after (SSE's `id`).
+    Event {
+        /// The position.
+        cursor: u64,
+        /// The notification.
+        envelope: Envelope,
+    },
     /// The answers to a batch, in order.
     Batch(Vec<Envelope>),
 }
@@ -65,7 +74,7 @@ impl Outgoing {
     #[must_use]
     pub fn to_json(&self) -> String {
         match self {
-            Self::One(envelope) => rpc::encode_ws(envelope),
+            Self::One(envelope) | Self::Event { envelope, .. } => rpc::encode_ws(envelope),
             Self::Batch(envelopes) => rpc::encode_batch(envelopes),
         }
     }
@@ -219,6 +228,34 @@ impl Connection {
             params: Some(params),
         })))
         .await;
+    }
+
+    async fn notify_event(&self, cursor: u64, event: &spool_wire::rpc::WireEvent) {
+        self.send(Outgoing::Event {
+            cursor,
+            envelope: Envelope::Notification(Notification {
+                method: rpc::METHOD_EVENTS_APPEND.to_owned(),
+                params: Some(to_value(event)),
+            }),
+        })
+        .await;
+    }
+
+    /// Calls `method` with `params` in-process, as a request would: how a
+    /// framing that takes its request from a URL (`/events?run_id=…`)
+    /// subscribes its connection.
+    ///
+    /// # Errors
+    ///
+    /// The error object the request would have been answered with.
+    pub async fn request(&self, method: &str, params: Value) -> Result<Value, ErrorObject> {
+        self.call(Request {
+            id: Id::Null,
+            method: method.to_owned(),
+            params: Some(params),
+        })
+        .await
+        .map_err(|Failure(error)| error)
     }
 
     /// One envelope: a request's response, `None` for anything else.
@@ -426,14 +463,15 @@ impl Connection {
         match item {
             StreamItem::Event(envelope) => {
                 for event in mapper.envelope(&envelope) {
-                    self.notify(rpc::METHOD_EVENTS_APPEND, to_value(&event))
-                        .await;
+                    self.notify_event(envelope.seq.0, &event).await;
                 }
             }
             StreamItem::Delta(delta) => {
                 let nanos = now_nanos();
                 if let Some(event) = mapper.delta(&delta, nanos) {
-                    self.notify(rpc::METHOD_EVENTS_APPEND, to_value(&event))
+                    // Live only: a client resuming from here gets what the
+                    // journal holds after the last durable position.
+                    self.notify_event(delta.after.0.saturating_sub(1), &event)
                         .await;
                 }
             }
@@ -462,9 +500,26 @@ impl Connection {
                 rpc::CHANNEL_EVENTS
             )));
         }
+        let cursor = subscribe.cursor;
+        let last = self
+            .runtime()
+            .get(&run)
+            .await
+            .map_err(runtime_error)?
+            .cursor;
+        if let Some(cursor) = cursor
+            && last.is_none_or(|last| cursor > last.0)
+        {
+            return Err(invalid_params(format!(
+                "cursor {cursor} is past run {run}'s last position"
+            )));
+        }
+        // From the start, so the mapper knows the model call a resumed
+        // stream is in the middle of (its span); what is at or before the
+        // cursor is not sent.
         let items = self
             .runtime()
-            .subscribe(&run, subscribe.cursor.map(Seq))
+            .subscribe(&run, None)
             .await
             .map_err(runtime_error)?;
         let token = self.inner.closed.child_token();
@@ -489,6 +544,12 @@ impl Connection {
                     item = items.next() => item,
                 };
                 let Some(item) = item else { break };
+                if let StreamItem::Event(envelope) = &item
+                    && cursor.is_some_and(|cursor| envelope.seq.0 <= cursor)
+                {
+                    mapper.envelope(envelope);
+                    continue;
+                }
                 if connection
                     .forward(&subscribed, &mut mapper, item)
                     .await

@@ -3,8 +3,9 @@
 //!
 //! One [`Dispatcher`] serves every framing: a framing reads text, hands it
 //! to its [`Connection`], and writes what comes out of the connection's
-//! outbox. [`stdio`] is the first framing (`spool rpc --stdio`). The
-//! methods:
+//! outbox. [`stdio`] is one framing (`spool rpc --stdio`); [`http`] mounts
+//! `/version`, `/events` (SSE) and `/stream` (NDJSON) beside the HTTP
+//! channel (`spool serve`). The methods:
 //!
 //! | method | what |
 //! | --- | --- |
@@ -25,6 +26,7 @@
 
 mod dispatch;
 pub mod events;
+pub mod http;
 pub mod stdio;
 
 pub use dispatch::{Connection, Dispatcher, METHODS, OUTBOX, Outgoing, capabilities};

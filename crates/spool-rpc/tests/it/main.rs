@@ -16,6 +16,8 @@ use spool_runtime::Runtime;
 use spool_runtime::engines::ScriptedEngine;
 use tokio::sync::mpsc;
 
+mod http;
+
 const PATIENCE: Duration = Duration::from_secs(20);
 
 fn echo() -> Runtime {

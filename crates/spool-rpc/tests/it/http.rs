@@ -1,0 +1,214 @@
+//! The HTTP framings mounted beside the HTTP channel: `/version`, SSE on
+//! `/events` with `Last-Event-ID` resumption, NDJSON on `/stream`, all
+//! behind the channel's authenticator.
+
+use std::sync::Arc;
+
+use http_body_util::BodyExt;
+use hyper_util::rt::TokioIo;
+use serde_json::Value;
+use spool_http::{HttpChannel, Listener, TokenFile};
+use spool_runtime::{Runtime, StartRequest};
+use tokio::sync::{mpsc, watch};
+
+use crate::PATIENCE;
+
+struct Server {
+    addr: String,
+    _stop: watch::Sender<bool>,
+}
+
+async fn server(runtime: &Runtime, tokens: Option<Arc<TokenFile>>) -> Server {
+    let (stop, closing) = watch::channel(false);
+    let dispatcher = spool_rpc::Dispatcher::new(runtime.clone());
+    let mut channel = HttpChannel::new(runtime.clone(), closing.clone());
+    for (prefix, handler) in spool_rpc::http::routes(&dispatcher, &closing) {
+        channel = channel.mount(prefix, handler).unwrap();
+    }
+    if let Some(tokens) = tokens {
+        channel = channel.with_authenticator(tokens);
+    }
+    let listener = Listener::tcp("127.0.0.1:0").await.unwrap();
+    let addr = listener.describe();
+    let mut until = closing;
+    tokio::spawn(spool_http::serve(listener, channel.handler(), async move {
+        let _ = until.wait_for(|stop| *stop).await;
+    }));
+    Server { addr, _stop: stop }
+}
+
+/// A GET whose body is read line by line as it arrives.
+async fn get(addr: &str, path: &str, headers: &[(&str, &str)]) -> (u16, mpsc::Receiver<String>) {
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let mut request = http::Request::get(path).header("host", "x");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = sender
+        .send_request(
+            request
+                .body(http_body_util::Empty::<bytes::Bytes>::new())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let (lines, receiver) = mpsc::channel(1024);
+    let mut body = response.into_body();
+    tokio::spawn(async move {
+        let mut partial = String::new();
+        while let Some(Ok(frame)) = body.frame().await {
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            partial.push_str(&String::from_utf8_lossy(&data));
+            while let Some(at) = partial.find('\n') {
+                let line: String = partial.drain(..=at).collect();
+                if lines.send(line.trim_end().to_owned()).await.is_err() {
+                    return;
+                }
+            }
+        }
+        if !partial.is_empty() {
+            let _ = lines.send(partial).await;
+        }
+    });
+    (status, receiver)
+}
+
+async fn line(lines: &mut mpsc::Receiver<String>) -> String {
+    tokio::time::timeout(PATIENCE, lines.recv())
+        .await
+        .expect("a line in time")
+        .expect("the stream is open")
+}
+
+/// SSE events read until `run:end`: `(id, kind, spanId)` each.
+async fn sse_until_end(lines: &mut mpsc::Receiver<String>) -> Vec<(u64, String, Value)> {
+    let mut events = Vec::new();
+    let mut id = None;
+    loop {
+        let text = line(lines).await;
+        if let Some(rest) = text.strip_prefix("id: ") {
+            id = Some(rest.parse::<u64>().unwrap());
+        } else if let Some(rest) = text.strip_prefix("data: ") {
+            let envelope: Value = serde_json::from_str(rest).unwrap();
+            let kind = envelope["params"]["spool.kind"]
+                .as_str()
+                .unwrap()
+                .to_owned();
+            let span = envelope["params"]["spanId"].clone();
+            events.push((id.take().expect("each event has an id"), kind.clone(), span));
+            if kind == "run:end" {
+                return events;
+            }
+        }
+    }
+}
+
+async fn finished_run(runtime: &Runtime) -> String {
+    let accepted = runtime
+        .start(StartRequest {
+            text: "hi".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let turn = runtime.get(accepted.run()).await.unwrap().turn_id.unwrap();
+    runtime.wait_for(accepted.run(), &turn).await.unwrap();
+    accepted.run().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sse_ids_are_cursors_and_a_reconnect_resumes_after_last_event_id_without_gap_or_repeat() {
+    let runtime = crate::echo();
+    let server = server(&runtime, None).await;
+    let run = finished_run(&runtime).await;
+    let (status, mut lines) = get(&server.addr, &format!("/events?run_id={run}"), &[]).await;
+    assert_eq!(status, 200);
+    let all = sse_until_end(&mut lines).await;
+    let model = all
+        .iter()
+        .find(|(_, kind, span)| kind == "task:start" && !span.is_null())
+        .unwrap();
+    // Resume right after the model call's start: what follows comes once,
+    // in the same spans.
+    let resume = model.0;
+    let (_, mut lines) = get(
+        &server.addr,
+        &format!("/events?run_id={run}"),
+        &[("last-event-id", &resume.to_string())],
+    )
+    .await;
+    let rest = sse_until_end(&mut lines).await;
+    let expected: Vec<_> = all
+        .iter()
+        .filter(|(id, _, _)| *id > resume)
+        .cloned()
+        .collect();
+    assert_eq!(rest, expected);
+    assert!(
+        rest.iter()
+            .any(|(_, kind, span)| kind == "task:complete" && *span == model.2),
+        "the resumed stream keeps the call's span"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ndjson_carries_one_envelope_per_line_and_version_answers_the_capabilities() {
+    let runtime = crate::echo();
+    let server = server(&runtime, None).await;
+    let run = finished_run(&runtime).await;
+    let (status, mut lines) =
+        get(&server.addr, &format!("/stream?run_id={run}&cursor=0"), &[]).await;
+    assert_eq!(status, 200);
+    let first: Value = serde_json::from_str(&line(&mut lines).await).unwrap();
+    assert_eq!(first["jsonrpc"], "2.0");
+    assert_eq!(first["method"], "events.append");
+    let (status, mut version) = get(&server.addr, "/version", &[]).await;
+    assert_eq!(status, 200);
+    let document: Value = serde_json::from_str(&line(&mut version).await).unwrap();
+    assert_eq!(document["protocol"], "1.0");
+    assert!(
+        document["rpc"]
+            .as_array()
+            .unwrap()
+            .contains(&Value::from("submit.run"))
+    );
+    let (status, _) = get(&server.addr, "/stream?run_id=run-none", &[]).await;
+    assert_eq!(status, 404);
+    let (status, _) = get(
+        &server.addr,
+        &format!("/stream?run_id={run}&cursor=999"),
+        &[],
+    )
+    .await;
+    assert_eq!(status, 400);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_framings_are_behind_the_channels_authenticator() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tokens");
+    let token = TokenFile::issue(&path, "ops").unwrap();
+    let tokens = Arc::new(TokenFile::load(&path).unwrap());
+    let runtime = crate::echo();
+    let server = server(&runtime, Some(tokens)).await;
+    let run = finished_run(&runtime).await;
+    for path in ["/version".to_owned(), format!("/events?run_id={run}")] {
+        let (status, _) = get(&server.addr, &path, &[]).await;
+        assert_eq!(status, 401, "{path}");
+    }
+    let bearer = format!("Bearer {token}");
+    let (status, _) = get(
+        &server.addr,
+        &format!("/events?run_id={run}"),
+        &[("authorization", &bearer)],
+    )
+    .await;
+    assert_eq!(status, 200);
+}

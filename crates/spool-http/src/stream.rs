@@ -12,7 +12,6 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use spool_journal::fold::{Status, transition};
 use spool_journal::{Envelope, Event, RunId, Seq};
 use spool_runtime::engine::Delta;
 use spool_runtime::hub::{StreamItem, Subscription};
@@ -333,20 +332,7 @@ fn event_lines(envelope: &Envelope) -> Vec<StreamEvent> {
 
 /// The run's state after `event`, when `event` moves it.
 fn state_after(event: &Event) -> Option<RunState> {
-    let moves = matches!(
-        event,
-        Event::TurnStarted(_)
-            | Event::Suspended(_)
-            | Event::Resumed(_)
-            | Event::SleepStarted(_)
-            | Event::SleepCompleted(_)
-            | Event::BudgetExceeded(_)
-            | Event::TurnCompleted(_)
-            | Event::TurnFailed(_)
-            | Event::TurnCancelled(_)
-            | Event::RunRetired(_)
-    );
-    moves.then(|| transition(&Status::Running, event).state().into())
+    spool_journal::fold::moved_to(event).map(|status| status.state().into())
 }
 
 /// A live delta as a stream line. Its `seq` is the last journal position

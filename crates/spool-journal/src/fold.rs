@@ -164,6 +164,27 @@ pub fn transition(status: &Status, event: &Event) -> Status {
     }
 }
 
+/// The state `event` moves a run to, when it is an event that moves one
+/// (a turn starting, parking, resuming or ending; retirement), read as
+/// from a running turn: what a transport says when it streams the event.
+#[must_use]
+pub fn moved_to(event: &Event) -> Option<Status> {
+    let moves = matches!(
+        event,
+        Event::TurnStarted(_)
+            | Event::Suspended(_)
+            | Event::Resumed(_)
+            | Event::SleepStarted(_)
+            | Event::SleepCompleted(_)
+            | Event::BudgetExceeded(_)
+            | Event::TurnCompleted(_)
+            | Event::TurnFailed(_)
+            | Event::TurnCancelled(_)
+            | Event::RunRetired(_)
+    );
+    moves.then(|| transition(&Status::Running, event))
+}
+
 impl Status {
     /// A compact text form for stores' listings (`waiting:approval`).
     #[must_use]

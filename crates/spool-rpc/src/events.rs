@@ -15,7 +15,6 @@
 //!   severity 17.
 
 use sha2::{Digest, Sha256};
-use spool_journal::fold::{Status, transition};
 use spool_journal::{Envelope, Event, RunId};
 use spool_runtime::engine::Delta;
 use spool_runtime::hub::LiveDelta;
@@ -231,7 +230,7 @@ impl Mapper {
             | Event::ScheduleFired(_)
             | Event::ScheduleDelivered(_) => {}
         }
-        if let Some(status) = status_after(&envelope.event) {
+        if let Some(status) = spool_journal::fold::moved_to(&envelope.event) {
             let mut event = self
                 .event("run:status", nanos, status.encode())
                 .with_attribute("spool.state", status.state().as_str());
@@ -261,22 +260,4 @@ impl Mapper {
                 .with_attribute("spool.turn_id", delta.turn.as_str()),
         )
     }
-}
-
-/// The state `event` moves a run to, when it moves it.
-fn status_after(event: &Event) -> Option<Status> {
-    let moves = matches!(
-        event,
-        Event::TurnStarted(_)
-            | Event::Suspended(_)
-            | Event::Resumed(_)
-            | Event::SleepStarted(_)
-            | Event::SleepCompleted(_)
-            | Event::BudgetExceeded(_)
-            | Event::TurnCompleted(_)
-            | Event::TurnFailed(_)
-            | Event::TurnCancelled(_)
-            | Event::RunRetired(_)
-    );
-    moves.then(|| transition(&Status::Running, event))
 }

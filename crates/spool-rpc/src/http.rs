@@ -8,7 +8,7 @@
 //! - `GET /stream?run_id=…&cursor=…`: `application/x-ndjson`, one envelope
 //!   per line.
 //!
-//! Both streams are one `subscribe` of a [`Connection`] whose outbox is
+//! Both streams are one `subscribe` of a [`Connection`](crate::Connection) whose outbox is
 //! written to the response as it comes; the client going away ends it.
 
 use std::sync::Arc;

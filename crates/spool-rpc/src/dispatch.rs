@@ -35,6 +35,9 @@ use crate::events::Mapper;
 /// How many envelopes a connection's outbox holds before its writers wait.
 pub const OUTBOX: usize = 256;
 
+/// How many messages of one connection are handled at once.
+pub const MAX_IN_FLIGHT: usize = 64;
+
 /// The methods this server answers, as `getCapabilities` and `/version`
 /// list them.
 pub const METHODS: [&str; 10] = [
@@ -106,6 +109,7 @@ impl Dispatcher {
                 subscriptions: Mutex::new(HashMap::new()),
                 requests: TaskTracker::new(),
                 streams: TaskTracker::new(),
+                in_flight: Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT)),
                 closed: CancellationToken::new(),
             }),
         };
@@ -130,6 +134,8 @@ struct ConnectionInner {
     requests: TaskTracker,
     /// Subscriptions being served: they end when told.
     streams: TaskTracker,
+    /// Places for messages in progress.
+    in_flight: Arc<tokio::sync::Semaphore>,
     /// Fired when the connection ends: its subscriptions stop.
     closed: CancellationToken,
 }
@@ -141,54 +147,48 @@ impl Connection {
     /// Takes one message of text (an envelope or a batch) from the client.
     /// Requests are answered through the outbox, in tasks of their own;
     /// notifications are acted on and never answered; responses from the
-    /// client are ignored.
-    pub fn receive(&self, text: &str) {
+    /// client are ignored. At most [`MAX_IN_FLIGHT`] messages are in
+    /// progress at once: past that this waits, so a client that floods
+    /// requests is read no faster than they are answered.
+    pub async fn receive(&self, text: &str) {
+        let Ok(permit) = Arc::clone(&self.inner.in_flight).acquire_owned().await else {
+            return;
+        };
         let frame = match rpc::decode(text) {
             Ok(frame) => frame,
             Err(refusal) => {
-                self.spawn_send(Outgoing::One(Envelope::Response(refusal)));
+                self.send(Outgoing::One(Envelope::Response(refusal))).await;
                 return;
             }
         };
-        match frame {
-            Frame::Single(envelope) => {
-                let connection = self.clone();
-                self.inner.requests.spawn(async move {
+        let connection = self.clone();
+        self.inner.requests.spawn(async move {
+            let _permit = permit;
+            match frame {
+                Frame::Single(envelope) => {
                     if let Some(response) = connection.handle(envelope).await {
                         connection
                             .send(Outgoing::One(Envelope::Response(response)))
                             .await;
                     }
-                });
-            }
-            Frame::Batch(entries) => {
-                let connection = self.clone();
-                self.inner.requests.spawn(async move {
-                    let mut handles = Vec::with_capacity(entries.len());
+                }
+                // A batch's entries are answered one after another, in one
+                // task: a batch costs one place among those in flight.
+                Frame::Batch(entries) => {
+                    let mut replies = Vec::with_capacity(entries.len());
                     for entry in entries {
-                        let connection = connection.clone();
-                        handles.push(tokio::spawn(async move {
-                            match entry {
-                                Ok(envelope) => connection.handle(envelope).await,
-                                Err(refusal) => Some(refusal),
-                            }
-                        }));
-                    }
-                    let mut replies = Vec::with_capacity(handles.len());
-                    for handle in handles {
-                        replies.push(
-                            handle
-                                .await
-                                .unwrap_or_else(|_| Some(Response::error(Id::Null, internal()))),
-                        );
+                        replies.push(match entry {
+                            Ok(envelope) => connection.handle(envelope).await,
+                            Err(refusal) => Some(refusal),
+                        });
                     }
                     if let Some(replies) = rpc::batch_reply(replies) {
                         let envelopes = replies.into_iter().map(Envelope::Response).collect();
                         connection.send(Outgoing::Batch(envelopes)).await;
                     }
-                });
+                }
             }
-        }
+        });
     }
 
     /// Queues a refusal a framing made itself (a line over the cap).

@@ -29,4 +29,6 @@ pub mod events;
 pub mod http;
 pub mod stdio;
 
-pub use dispatch::{Connection, Dispatcher, METHODS, OUTBOX, Outgoing, capabilities};
+pub use dispatch::{
+    Connection, Dispatcher, MAX_IN_FLIGHT, METHODS, OUTBOX, Outgoing, capabilities,
+};

@@ -41,11 +41,11 @@ pub async fn serve(
             Err(error) => break Err(error),
         };
         for line in codec.push(&chunk[..n]) {
-            take(&connection, line.text);
+            take(&connection, line.text).await;
         }
     };
     if let Some(line) = codec.finish() {
-        take(&connection, line.text);
+        take(&connection, line.text).await;
     }
     connection.close().await;
     // The last sender is gone with the connection: the writer drains and
@@ -57,9 +57,9 @@ pub async fn serve(
     read.and(written)
 }
 
-fn take(connection: &crate::Connection, text: Result<String, spool_wire::line::LineError>) {
+async fn take(connection: &crate::Connection, text: Result<String, spool_wire::line::LineError>) {
     match text {
-        Ok(text) => connection.receive(&text),
+        Ok(text) => connection.receive(&text).await,
         Err(error) => {
             let refusal = Response::error(
                 Id::Null,

@@ -44,8 +44,8 @@ impl Client {
         }
     }
 
-    fn send(&self, message: Value) {
-        self.connection.receive(&message.to_string());
+    async fn send(&self, message: Value) {
+        self.connection.receive(&message.to_string()).await;
     }
 
     /// The next thing the server sends, as JSON.
@@ -70,7 +70,8 @@ impl Client {
     }
 
     async fn call(&mut self, id: i64, method: &str, params: Value) -> Value {
-        self.send(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+        self.send(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
+            .await;
         self.until_response(id).await.1
     }
 }
@@ -87,9 +88,11 @@ fn kinds(events: &[Value]) -> Vec<String> {
 async fn submit_run_streams_the_turns_events_then_answers_with_the_run_reply() {
     let runtime = echo();
     let mut client = Client::new(&runtime);
-    client.send(
-        json!({"jsonrpc": "2.0", "id": 1, "method": "submit.run", "params": {"text": "hello"}}),
-    );
+    client
+        .send(
+            json!({"jsonrpc": "2.0", "id": 1, "method": "submit.run", "params": {"text": "hello"}}),
+        )
+        .await;
     let (events, reply) = client.until_response(1).await;
     let result = &reply["result"];
     assert_eq!(result["state"], "completed");
@@ -189,13 +192,17 @@ async fn errors_use_the_seeds_codes_and_carry_the_http_channels_code() {
         .await;
     assert_eq!(busy["error"]["code"], -32000, "{busy}");
     assert_eq!(busy["error"]["data"]["code"], "run_waiting");
-    client.connection.receive("{not json");
+    client.connection.receive("{not json").await;
     let parse = client.next().await;
     assert_eq!(parse["error"]["code"], -32700);
     assert_eq!(parse["id"], Value::Null);
     // A notification is never answered, even one that fails.
-    client.send(json!({"jsonrpc": "2.0", "method": "run.teleport"}));
-    client.send(json!({"jsonrpc": "2.0", "id": 6, "method": "ping"}));
+    client
+        .send(json!({"jsonrpc": "2.0", "method": "run.teleport"}))
+        .await;
+    client
+        .send(json!({"jsonrpc": "2.0", "id": 6, "method": "ping"}))
+        .await;
     let (between, pong) = client.until_response(6).await;
     assert!(
         between.is_empty(),
@@ -208,15 +215,18 @@ async fn errors_use_the_seeds_codes_and_carry_the_http_channels_code() {
 async fn a_batch_is_answered_in_one_array_without_its_notifications() {
     let runtime = echo();
     let mut client = Client::new(&runtime);
-    client.connection.receive(
-        &json!([
-            {"jsonrpc": "2.0", "id": "a", "method": "ping"},
-            {"jsonrpc": "2.0", "method": "ping"},
-            {"jsonrpc": "2.0", "id": "b", "method": "getCapabilities"},
-            {"nonsense": true}
-        ])
-        .to_string(),
-    );
+    client
+        .connection
+        .receive(
+            &json!([
+                {"jsonrpc": "2.0", "id": "a", "method": "ping"},
+                {"jsonrpc": "2.0", "method": "ping"},
+                {"jsonrpc": "2.0", "id": "b", "method": "getCapabilities"},
+                {"nonsense": true}
+            ])
+            .to_string(),
+        )
+        .await;
     let batch = client.next().await;
     let replies = batch.as_array().expect("one array");
     assert_eq!(replies.len(), 3, "{batch}");
@@ -224,7 +234,7 @@ async fn a_batch_is_answered_in_one_array_without_its_notifications() {
     assert_eq!(replies[1]["id"], "b");
     assert_eq!(replies[1]["result"]["protocol"], "1.0");
     assert_eq!(replies[2]["error"]["code"], -32600);
-    client.connection.receive("[]");
+    client.connection.receive("[]").await;
     assert_eq!(client.next().await["error"]["code"], -32600);
 }
 
@@ -263,7 +273,7 @@ async fn subscribe_sends_a_runs_events_from_a_cursor_and_unsubscribe_ends_them()
 async fn closing_a_connection_answers_the_requests_in_progress_first() {
     let runtime = echo();
     let mut client = Client::new(&runtime);
-    client.send(json!({"jsonrpc": "2.0", "id": 1, "method": "submit.run", "params": {"text": "last words"}}));
+    client.send(json!({"jsonrpc": "2.0", "id": 1, "method": "submit.run", "params": {"text": "last words"}})).await;
     client.connection.close().await;
     let (_, reply) = client.until_response(1).await;
     assert_eq!(reply["result"]["response"], "echo: last words");
@@ -292,4 +302,30 @@ fn trace_and_span_ids_are_valid_otlp_ids_derived_from_the_run() {
     let span = spool_rpc::events::span_id(&run, "tool:c1");
     assert_eq!(span.len(), 16);
     assert_ne!(span, spool_rpc::events::span_id(&run, "tool:c2"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_client_that_floods_requests_without_reading_is_read_no_faster_than_it_is_answered() {
+    let runtime = echo();
+    let mut client = Client::new(&runtime);
+    let ping = |id: usize| json!({"jsonrpc": "2.0", "id": id, "method": "ping"}).to_string();
+    // The outbox fills, then the requests in flight wait on it.
+    let taken = spool_rpc::OUTBOX + spool_rpc::MAX_IN_FLIGHT;
+    for id in 0..taken {
+        client.connection.receive(&ping(id)).await;
+    }
+    // One more is not taken while nobody reads (paused time: the timeout
+    // fires as soon as everything waits).
+    let more = ping(taken);
+    let waiting =
+        tokio::time::timeout(Duration::from_secs(60), client.connection.receive(&more)).await;
+    assert!(waiting.is_err(), "a flood is held back, not buffered");
+    // Reading lets it through, and every request is answered once.
+    let mut ids = std::collections::BTreeSet::new();
+    while ids.len() < taken {
+        ids.insert(client.next().await["id"].as_u64().unwrap());
+    }
+    client.connection.receive(&more).await;
+    ids.insert(client.next().await["id"].as_u64().unwrap());
+    assert_eq!(ids.len(), taken + 1);
 }

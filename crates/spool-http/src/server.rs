@@ -1,8 +1,9 @@
 //! The server plumbing: listeners (TCP, and a Unix socket created 0600),
-//! HTTP/1.1 with keep-alive and a header-read timeout against slow
-//! clients, and graceful shutdown: stop accepting, let open requests and
-//! streams close (streams are told to end), then return. Runs stay durable
-//! in the journal whatever happens here.
+//! HTTP/1.1 with keep-alive, a header-read timeout against slow clients,
+//! and connection upgrades (a handler may take a connection over, as a
+//! WebSocket does), and graceful shutdown: stop accepting, let open
+//! requests and streams close (streams are told to end), then return. Runs
+//! stay durable in the journal whatever happens here.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -15,9 +16,10 @@ use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::watch;
+use tokio_util::task::TaskTracker;
 
 use crate::body::Body;
 
@@ -147,7 +149,15 @@ pub async fn serve(
     handler: Handler,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
-    let graceful = GracefulShutdown::new();
+    // hyper-util's `GracefulShutdown` cannot watch a connection that may be
+    // upgraded, so connections are tracked here: each is told to finish
+    // when `stopping` turns true, and shutdown waits for the tracker.
+    let (stop, stopping) = watch::channel(false);
+    let connections = TaskTracker::new();
+    let graceful = Graceful {
+        stopping,
+        connections: connections.clone(),
+    };
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -171,8 +181,10 @@ pub async fn serve(
         Listener::Tcp(_) => None,
     };
     drop(listener);
+    stop.send_replace(true);
+    connections.close();
     tokio::select! {
-        () = graceful.shutdown() => {}
+        () = connections.wait() => {}
         () = tokio::time::sleep(SHUTDOWN_GRACE) => {}
     }
     if let Some(path) = path {
@@ -201,7 +213,13 @@ async fn accept(listener: &Listener) -> std::io::Result<Accepted> {
     }
 }
 
-fn spawn<I>(io: I, handler: &Handler, graceful: &GracefulShutdown)
+/// What a connection needs to know of the server's shutdown.
+struct Graceful {
+    stopping: watch::Receiver<bool>,
+    connections: TaskTracker,
+}
+
+fn spawn<I>(io: I, handler: &Handler, graceful: &Graceful)
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -216,8 +234,21 @@ where
         .header_read_timeout(HEADER_READ_TIMEOUT)
         .keep_alive(true);
     let io = TokioIo::new(crate::refusals::Refusals::new(io));
-    let connection = graceful.watch(builder.serve_connection(io, service));
-    tokio::spawn(async move {
-        let _ = connection.await;
+    let connection = builder.serve_connection(io, service).with_upgrades();
+    let mut stopping = graceful.stopping.clone();
+    graceful.connections.spawn(async move {
+        tokio::pin!(connection);
+        let stop = async move {
+            // The guard `wait_for` returns is not held past this line.
+            let _ = stopping.wait_for(|stopping| *stopping).await.map(|_| ());
+        };
+        tokio::select! {
+            _ = connection.as_mut() => {}
+            () = stop => {
+                // Finish the request in progress, take no more.
+                connection.as_mut().graceful_shutdown();
+                let _ = connection.await;
+            }
+        }
     });
 }

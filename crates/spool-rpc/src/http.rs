@@ -29,7 +29,7 @@ use crate::dispatch::{Dispatcher, Outgoing};
 /// outbox waits (and, past that, its subscription lags).
 const BODY_QUEUE: usize = 64;
 
-/// The three routes, as `(prefix, handler)` pairs to mount on the HTTP
+/// The four routes (`/ws` from [`crate::ws`]), as `(prefix, handler)` pairs to mount on the HTTP
 /// channel (`HttpChannel::mount`). `closing` turning true ends open
 /// streams (the server's graceful shutdown), as the channel's own do.
 #[must_use]
@@ -58,6 +58,7 @@ pub fn routes(
         ("/version", version),
         ("/events", stream(Framing::Sse)),
         ("/stream", stream(Framing::Ndjson)),
+        ("/ws", crate::ws::route(dispatcher, closing)),
     ]
 }
 

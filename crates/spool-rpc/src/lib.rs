@@ -4,8 +4,8 @@
 //! One [`Dispatcher`] serves every framing: a framing reads text, hands it
 //! to its [`Connection`], and writes what comes out of the connection's
 //! outbox. [`stdio`] is one framing (`spool rpc --stdio`); [`http`] mounts
-//! `/version`, `/events` (SSE) and `/stream` (NDJSON) beside the HTTP
-//! channel (`spool serve`). The methods:
+//! `/version`, `/events` (SSE), `/stream` (NDJSON) and `/ws` ([`ws`],
+//! WebSocket) beside the HTTP channel (`spool serve`). The methods:
 //!
 //! | method | what |
 //! | --- | --- |
@@ -28,6 +28,7 @@ mod dispatch;
 pub mod events;
 pub mod http;
 pub mod stdio;
+pub mod ws;
 
 pub use dispatch::{
     Connection, Dispatcher, MAX_IN_FLIGHT, METHODS, OUTBOX, Outgoing, capabilities,

@@ -199,7 +199,11 @@ async fn the_framings_are_behind_the_channels_authenticator() {
     let runtime = crate::echo();
     let server = server(&runtime, Some(tokens)).await;
     let run = finished_run(&runtime).await;
-    for path in ["/version".to_owned(), format!("/events?run_id={run}")] {
+    for path in [
+        "/version".to_owned(),
+        format!("/events?run_id={run}"),
+        "/ws".to_owned(),
+    ] {
         let (status, _) = get(&server.addr, &path, &[]).await;
         assert_eq!(status, 401, "{path}");
     }
@@ -211,4 +215,109 @@ async fn the_framings_are_behind_the_channels_authenticator() {
     )
     .await;
     assert_eq!(status, 200);
+}
+
+type Socket = tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>;
+
+async fn websocket(addr: &str) -> Socket {
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (socket, response) = tokio_tungstenite::client_async(format!("ws://{addr}/ws"), stream)
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 101);
+    socket
+}
+
+async fn receive(socket: &mut Socket) -> tokio_tungstenite::tungstenite::Message {
+    use futures_util::StreamExt;
+    tokio::time::timeout(PATIENCE, socket.next())
+        .await
+        .expect("a message in time")
+        .expect("the socket is open")
+        .unwrap()
+}
+
+async fn receive_json(socket: &mut Socket) -> Value {
+    match receive(socket).await {
+        tokio_tungstenite::tungstenite::Message::Text(text) => {
+            serde_json::from_str(text.as_str()).unwrap()
+        }
+        other => panic!("a text message, not {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_client_drives_a_run_and_reads_its_events_on_one_connection() {
+    use futures_util::SinkExt;
+    use tokio_tungstenite::tungstenite::Message;
+    let runtime = crate::scripted(
+        r#"{"tool_calls":[{"id":"q","name":"ask_human","arguments":{"prompt":"Which region?"}}]}
+{"text":"Deploying to eu-west-1."}"#,
+    );
+    let server = server(&runtime, None).await;
+    let mut socket = websocket(&server.addr).await;
+    let submit = r#"{"jsonrpc":"2.0","id":1,"method":"submit.run","params":{"text":"deploy"}}"#;
+    socket.send(Message::text(submit)).await.unwrap();
+    let mut kinds = Vec::new();
+    let parked = loop {
+        let message = receive_json(&mut socket).await;
+        if message["id"] == 1 {
+            break message;
+        }
+        kinds.push(message["params"]["spool.kind"].as_str().unwrap().to_owned());
+    };
+    assert_eq!(parked["result"]["state"], "waiting");
+    assert!(kinds.contains(&"run:start".to_owned()), "{kinds:?}");
+    let run = parked["result"]["run_id"].as_str().unwrap().to_owned();
+    let respond = format!(
+        r#"{{"jsonrpc":"2.0","id":2,"method":"run.respond","params":{{"run_id":"{run}","responses":[{{"text":"eu-west-1"}}]}}}}"#
+    );
+    socket.send(Message::text(respond)).await.unwrap();
+    let subscribe =
+        format!(r#"{{"jsonrpc":"2.0","id":3,"method":"subscribe","params":{{"run_id":"{run}"}}}}"#);
+    socket.send(Message::text(subscribe)).await.unwrap();
+    // The turn goes on to its end, seen through the subscription.
+    loop {
+        let message = receive_json(&mut socket).await;
+        if message["params"]["spool.kind"] == "run:end" {
+            assert_eq!(message["params"]["body"], "Deploying to eu-west-1.");
+            break;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_binary_message_is_refused_and_the_session_goes_on() {
+    use futures_util::SinkExt;
+    use tokio_tungstenite::tungstenite::Message;
+    let runtime = crate::echo();
+    let server = server(&runtime, None).await;
+    let mut socket = websocket(&server.addr).await;
+    socket.send(Message::binary(vec![1, 2, 3])).await.unwrap();
+    assert_eq!(receive_json(&mut socket).await["error"]["code"], -32600);
+    socket
+        .send(Message::text(r#"{"jsonrpc":"2.0","id":9,"method":"ping"}"#))
+        .await
+        .unwrap();
+    assert_eq!(receive_json(&mut socket).await["result"], "pong");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_over_1_mib_ends_the_session_with_close_code_1009() {
+    use futures_util::SinkExt;
+    use tokio_tungstenite::tungstenite::Message;
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+    let runtime = crate::echo();
+    let server = server(&runtime, None).await;
+    let mut socket = websocket(&server.addr).await;
+    let huge = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"ping","params":{{"pad":"{}"}}}}"#,
+        "x".repeat(1024 * 1024 + 1)
+    );
+    // The server may close while the frame is still being written.
+    let _ = socket.send(Message::text(huge)).await;
+    match receive(&mut socket).await {
+        Message::Close(Some(frame)) => assert_eq!(frame.code, CloseCode::Size),
+        other => panic!("a close frame saying why, not {other:?}"),
+    }
 }

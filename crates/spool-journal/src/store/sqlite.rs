@@ -326,6 +326,12 @@ impl SqliteJournal {
             Ok(())
         });
         if let Err(error) = opened {
+            // Only a failure to read can be a read-only filesystem; a
+            // journal that was read and said no (a newer schema) is
+            // answered as it is, whatever files lie beside it.
+            if !matches!(error, JournalError::Storage { .. }) {
+                return Err(error);
+            }
             // SQLite reads a WAL-mode file only where it can make the
             // `-shm` index beside it, so a journal on a read-only
             // filesystem is refused. With no write-ahead log left (its

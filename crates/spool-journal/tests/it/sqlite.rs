@@ -67,10 +67,36 @@ async fn a_journal_from_a_newer_schema_is_refused_with_a_clear_error() {
         "{error}"
     );
     assert!(error.to_string().contains("upgrade Spool"), "{error}");
-    assert!(matches!(
-        SqliteJournal::open_read_only(dir.path()),
-        Err(JournalError::NewerSchema { .. })
-    ));
+    let read_only = SqliteJournal::open_read_only(dir.path());
+    assert!(
+        matches!(read_only, Err(JournalError::NewerSchema { .. })),
+        "{:?}",
+        read_only.err()
+    );
+}
+
+#[tokio::test]
+async fn a_newer_schema_is_named_by_a_read_only_open_even_with_a_write_ahead_log_beside_it() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(three_events(dir.path()).await);
+    // A writer still has the file open: its write-ahead log is not empty.
+    let conn = Connection::open(dir.path().join(FILE_NAME)).unwrap();
+    conn.execute_batch("PRAGMA journal_mode=WAL; PRAGMA wal_autocheckpoint=0;")
+        .unwrap();
+    conn.execute(
+        "UPDATE meta SET value = '2' WHERE key = 'schema_version'",
+        [],
+    )
+    .unwrap();
+    let wal = dir.path().join(format!("{FILE_NAME}-wal"));
+    assert!(std::fs::metadata(&wal).unwrap().len() > 0);
+    let read_only = SqliteJournal::open_read_only(dir.path());
+    assert!(
+        matches!(read_only, Err(JournalError::NewerSchema { found: 2, .. })),
+        "{:?}",
+        read_only.err()
+    );
+    drop(conn);
 }
 
 #[tokio::test]

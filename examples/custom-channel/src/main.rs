@@ -17,7 +17,7 @@ use std::sync::Arc;
 use spool_journal::event::Answer;
 use spool_journal::fold::Status;
 use spool_journal::store::memory::MemoryJournal;
-use spool_journal::{Event, RunId, Seq};
+use spool_journal::{Event, RunId};
 use spool_runtime::engine::Delta;
 use spool_runtime::engines::ScriptedEngine;
 use spool_runtime::hub::StreamItem;
@@ -66,29 +66,28 @@ async fn converse(
         .write_all(format!("hello {user}\n").as_bytes())
         .await?;
     while let Some(text) = lines.next_line().await? {
-        // Where the conversation stands: a question waits for this line.
-        let before = chat.lookup(&user).await.ok();
-        let run = match &before {
-            Some(view) if matches!(view.status, Status::Waiting(_)) => {
-                let answer = Answer {
-                    text,
-                    approved: None,
-                };
-                runtime
-                    .respond(&view.run_id, view.turn_id.as_ref(), vec![answer])
-                    .await?;
-                view.run_id.clone()
-            }
-            _ => {
-                let message = MessageRequest {
-                    text,
-                    ..Default::default()
-                };
-                chat.from(&user, message, None).await?.run().clone()
-            }
-        };
-        let cursor = before.and_then(|view| view.cursor);
-        follow(runtime, &run, cursor, &mut write).await?;
+        // The user's run, made (with no turn) on first use, and its stream
+        // opened before anything is sent: live deltas are not kept for a
+        // subscriber that comes late.
+        let view = runtime.ensure(&chat.address(&user)).await?;
+        let events = runtime.subscribe(&view.run_id, view.cursor).await?;
+        if matches!(view.status, Status::Waiting(_)) {
+            // A question waits for this line.
+            let answer = Answer {
+                text,
+                approved: None,
+            };
+            runtime
+                .respond(&view.run_id, view.turn_id.as_ref(), vec![answer])
+                .await?;
+        } else {
+            let message = MessageRequest {
+                text,
+                ..Default::default()
+            };
+            chat.from(&user, message, None).await?;
+        }
+        follow(runtime, &view.run_id, events, &mut write).await?;
     }
     Ok(())
 }
@@ -97,10 +96,9 @@ async fn converse(
 async fn follow(
     runtime: &Runtime,
     run: &RunId,
-    cursor: Option<Seq>,
+    mut events: spool_runtime::hub::Subscription,
     write: &mut tokio::net::tcp::OwnedWriteHalf,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let mut events = runtime.subscribe(run, cursor).await?;
     let mut started = false;
     while let Some(item) = events.next().await {
         match item {

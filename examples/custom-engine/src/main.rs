@@ -16,7 +16,7 @@ use spool_journal::store::memory::MemoryJournal;
 use spool_runtime::engine::{CallContext, Delta, Deltas, EngineError};
 use spool_runtime::hub::StreamItem;
 use spool_runtime::{
-    BoxFuture, Engine, Message, ModelRequest, ModelResponse, Runtime, StartRequest,
+    BoxFuture, Engine, Message, MessageRequest, ModelRequest, ModelResponse, Runtime, StartRequest,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -81,15 +81,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let runtime = Runtime::builder(Arc::new(MemoryJournal::new()))
         .engine(Arc::new(engine))
         .build();
-    let accepted = runtime
-        .start(StartRequest {
-            text: "What is the capital of France?".into(),
-            ..Default::default()
-        })
-        .await?;
-    let run = accepted.run().clone();
-    // Watch the run: durable events and the engine's live deltas.
-    let mut events = runtime.subscribe(&run, None).await?;
+    // Live deltas are not kept for late subscribers: make the run (no turn
+    // yet), open its stream, then send the question.
+    let address = runtime.channel("faq")?.address("demo");
+    let run = runtime.ensure(&address).await?;
+    let mut events = runtime.subscribe(&run.run_id, run.cursor).await?;
+    let question = MessageRequest {
+        text: "What is the capital of France?".into(),
+        ..Default::default()
+    };
+    runtime.send(&run.run_id, question).await?;
     let mut streamed = String::new();
     while let Some(item) = events.next().await {
         match item {

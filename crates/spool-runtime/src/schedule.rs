@@ -420,11 +420,6 @@ impl Scheduler {
         })
     }
 
-    /// The schedules' names, in order.
-    pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.inner.schedules.keys().map(String::as_str)
-    }
-
     /// Every schedule, by name, with its next firing and history.
     pub async fn list(&self) -> Vec<ScheduleView> {
         let mut views = Vec::with_capacity(self.inner.schedules.len());
@@ -682,8 +677,9 @@ impl Schedule {
         let (target_run, target_seq) = match self.target_address() {
             Some(address) => match self.runtime.inner.journal.find_address(&address).await? {
                 Some(run) => {
-                    let next = *self.runtime.inner.journal.subscribe(&run).await?.borrow();
-                    (Some(run), Some(next))
+                    // The run's head from the runtime's cache, not the store.
+                    let last = self.runtime.get(&run).await?.cursor;
+                    (Some(run), Some(last.map_or(Seq(0), Seq::next)))
                 }
                 None => (None, None),
             },

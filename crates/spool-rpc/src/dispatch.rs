@@ -31,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::events::Mapper;
+use crate::state::Patcher;
 
 /// How many envelopes a connection's outbox holds before its writers wait.
 pub const OUTBOX: usize = 256;
@@ -231,11 +232,17 @@ impl Connection {
     }
 
     async fn notify_event(&self, cursor: u64, event: &spool_wire::rpc::WireEvent) {
+        self.notify_at(cursor, rpc::METHOD_EVENTS_APPEND, to_value(event))
+            .await;
+    }
+
+    /// Sends a run's notification with the journal position it reflects.
+    async fn notify_at(&self, cursor: u64, method: &str, params: Value) {
         self.send(Outgoing::Event {
             cursor,
             envelope: Envelope::Notification(Notification {
-                method: rpc::METHOD_EVENTS_APPEND.to_owned(),
-                params: Some(to_value(event)),
+                method: method.to_owned(),
+                params: Some(params),
             }),
         })
         .await;
@@ -452,6 +459,13 @@ impl Connection {
         }
     }
 
+    /// Sends a journal event's `events.append` notifications.
+    async fn send_events(&self, mapper: &mut Mapper, envelope: &spool_journal::Envelope) {
+        for event in mapper.envelope(envelope) {
+            self.notify_event(envelope.seq.0, &event).await;
+        }
+    }
+
     /// Sends one hub item as `events.append`; `Break` when the subscriber
     /// fell behind (it was told, with the cursor to resume after).
     async fn forward(
@@ -461,11 +475,7 @@ impl Connection {
         item: StreamItem,
     ) -> std::ops::ControlFlow<()> {
         match item {
-            StreamItem::Event(envelope) => {
-                for event in mapper.envelope(&envelope) {
-                    self.notify_event(envelope.seq.0, &event).await;
-                }
-            }
+            StreamItem::Event(envelope) => self.send_events(mapper, &envelope).await,
             StreamItem::Delta(delta) => {
                 let nanos = now_nanos();
                 if let Some(event) = mapper.delta(&delta, nanos) {
@@ -487,19 +497,13 @@ impl Connection {
         std::ops::ControlFlow::Continue(())
     }
 
-    /// `subscribe`: `events.append` for a run from a cursor, journal first,
-    /// then live, until `unsubscribe`, the connection's end, or the
-    /// subscriber falling behind.
+    /// `subscribe`: `events.append` (channel `spool:events`) and/or
+    /// `state.patch` (channel `spool:state`) for a run from a cursor,
+    /// journal first, then live, until `unsubscribe`, the connection's end,
+    /// or the subscriber falling behind.
     async fn subscribe(&self, subscribe: Subscribe) -> Result<Value, Failure> {
         let run = run_id(&subscribe.run_id)?;
-        if let Some(channels) = &subscribe.channels
-            && let Some(unknown) = channels.iter().find(|c| c.as_str() != rpc::CHANNEL_EVENTS)
-        {
-            return Err(invalid_params(format!(
-                "channel `{unknown}` cannot be subscribed to here; `{}` can",
-                rpc::CHANNEL_EVENTS
-            )));
-        }
+        let channels = Channels::of(subscribe.channels.as_deref())?;
         let cursor = subscribe.cursor;
         let last = self
             .runtime()
@@ -515,8 +519,9 @@ impl Connection {
             )));
         }
         // From the start, so the mapper knows the model call a resumed
-        // stream is in the middle of (its span); what is at or before the
-        // cursor is not sent.
+        // stream is in the middle of (its span) and the patcher the
+        // document at the cursor; what is at or before the cursor is not
+        // sent.
         let items = self
             .runtime()
             .subscribe(&run, None)
@@ -538,6 +543,7 @@ impl Connection {
         self.inner.streams.spawn(async move {
             let mut items = items;
             let mut mapper = Mapper::new(&subscribed);
+            let mut patcher = channels.state.then(|| Patcher::new(&subscribed));
             loop {
                 let item = tokio::select! {
                     () = token.cancelled() => break,
@@ -548,13 +554,33 @@ impl Connection {
                     && cursor.is_some_and(|cursor| envelope.seq.0 <= cursor)
                 {
                     mapper.envelope(envelope);
+                    if let Some(patcher) = &mut patcher {
+                        patcher.skip(envelope);
+                    }
                     continue;
                 }
-                if connection
-                    .forward(&subscribed, &mut mapper, item)
-                    .await
-                    .is_break()
-                {
+                let flow = match item {
+                    StreamItem::Event(envelope) => {
+                        // A position's events go out before its patch: a
+                        // client resuming after it has both.
+                        if channels.events {
+                            connection.send_events(&mut mapper, &envelope).await;
+                        }
+                        if let Some(patch) = patcher.as_mut().and_then(|p| p.apply(&envelope)) {
+                            connection
+                                .notify_at(
+                                    envelope.seq.0,
+                                    rpc::METHOD_STATE_PATCH,
+                                    patch.params(&subscribed),
+                                )
+                                .await;
+                        }
+                        std::ops::ControlFlow::Continue(())
+                    }
+                    StreamItem::Delta(_) if !channels.events => std::ops::ControlFlow::Continue(()),
+                    item => connection.forward(&subscribed, &mut mapper, item).await,
+                };
+                if flow.is_break() {
                     break;
                 }
             }
@@ -570,7 +596,7 @@ impl Connection {
                 subscriptions.remove(&subscribed);
             }
         });
-        Ok(json!({"subscribed": run.as_str(), "channels": [rpc::CHANNEL_EVENTS]}))
+        Ok(json!({"subscribed": run.as_str(), "channels": channels.names()}))
     }
 
     async fn respond(&self, respond: RespondParams) -> Result<Value, Failure> {
@@ -730,6 +756,57 @@ struct Subscribe {
     cursor: Option<u64>,
     #[serde(default)]
     channels: Option<Vec<String>>,
+}
+
+/// The channels a subscription carries.
+#[derive(Clone, Copy, Debug)]
+struct Channels {
+    events: bool,
+    state: bool,
+}
+
+impl Channels {
+    /// The channels asked for: `spool:events` when none are named.
+    fn of(names: Option<&[String]>) -> Result<Self, Failure> {
+        let Some(names) = names else {
+            return Ok(Self {
+                events: true,
+                state: false,
+            });
+        };
+        let mut channels = Self {
+            events: false,
+            state: false,
+        };
+        for name in names {
+            match name.as_str() {
+                rpc::CHANNEL_EVENTS => channels.events = true,
+                rpc::CHANNEL_STATE => channels.state = true,
+                other => {
+                    return Err(invalid_params(format!(
+                        "channel `{other}` cannot be subscribed to; `{}` and `{}` can",
+                        rpc::CHANNEL_EVENTS,
+                        rpc::CHANNEL_STATE
+                    )));
+                }
+            }
+        }
+        if !(channels.events || channels.state) {
+            return Err(invalid_params("`channels` names no channel"));
+        }
+        Ok(channels)
+    }
+
+    fn names(self) -> Vec<&'static str> {
+        let mut names = Vec::new();
+        if self.events {
+            names.push(rpc::CHANNEL_EVENTS);
+        }
+        if self.state {
+            names.push(rpc::CHANNEL_STATE);
+        }
+        names
+    }
 }
 
 /// Decodes a method's params; absent params read as `{}`.

@@ -15,7 +15,7 @@
 //! | `run.get` | `{run_id}`: the run reply |
 //! | `run.list` | `{limit?}`: `{runs: [{id, state, title, updated}]}` |
 //! | `state.snapshot` | `{run_id}`: the HTTP snapshot |
-//! | `subscribe` / `unsubscribe` | `{run_id, cursor?, channels?}`: `events.append` from after `cursor`, journal first, then live |
+//! | `subscribe` / `unsubscribe` | `{run_id, cursor?, channels?}`: `events.append` (`spool:events`, the default) and/or `state.patch` (`spool:state`, RFC 6902 patches of the snapshot, [`state`]) from after `cursor`, journal first, then live |
 //! | `getCapabilities` | the `/version` document |
 //!
 //! Errors use the seed's codes: −32700 … −32603, −32002 for an unknown run,
@@ -27,6 +27,7 @@
 mod dispatch;
 pub mod events;
 pub mod http;
+pub mod state;
 pub mod stdio;
 pub mod ws;
 

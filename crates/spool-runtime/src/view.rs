@@ -37,23 +37,27 @@ pub struct Snapshot {
     /// The state.
     pub view: RunView,
     /// The conversation for display: `{"role", "content": [parts]}`
-    /// messages (see `display_messages`), compactions aside.
+    /// messages (see [`Conversation`]), compactions aside.
     pub messages: Vec<Value>,
 }
 
 impl RunView {
     pub(crate) fn of(locked: &Locked) -> Self {
         let cached = locked.cached();
-        let state = &cached.state;
+        Self::from_state(locked.run(), &cached.state, cached.turn_usage)
+    }
+
+    /// The view of `run` in `state`, with `usage` the last turn's
+    /// completion recorded.
+    fn from_state(run: &RunId, state: &State, usage: Option<Usage>) -> Self {
         Self {
-            run_id: locked.run().clone(),
+            run_id: run.clone(),
             status: state.status,
             turn_id: state.turn.clone(),
             cursor: state.last_seq,
             response: state.response.clone(),
             suspend: state.suspension.clone().or_else(|| budget_suspend(state)),
-            // The last turn's usage: what its completion recorded.
-            usage: cached.turn_usage,
+            usage,
             title: state.title().map(str::to_owned),
         }
     }
@@ -77,70 +81,73 @@ fn text_part(text: &str) -> Value {
 
 /// The conversation for display, from a run's log, as the HTTP seed asks:
 /// complete messages with content parts (`text`, `thinking`, `tool_call`,
-/// `tool_result`), in the order things happened. It is not the model's
-/// context: a compaction summarizes the model's context and removes
-/// nothing from here; a clear starts it over. Recorded sentinels never
-/// appear: a tool's result is what the model was shown, a suspension's
-/// answer is the person's message.
+/// `tool_result`), in the order things happened. See [`Conversation`].
 pub(crate) fn display_messages(log: &[Envelope]) -> Vec<Value> {
-    let mut messages = Vec::new();
-    // Input steered in while a model call was under way reached the model
-    // after it: shown after its answer.
-    let mut model_call_open = false;
-    let mut steered_later: Vec<Value> = Vec::new();
-    let mut suspended_call: Option<String> = None;
-    let mut sleeping: Vec<(String, time::OffsetDateTime)> = Vec::new();
-    let user = |text: &str| json!({"role": "user", "content": [text_part(text)]});
-    let tool_result = |call_id: &str, content: String, is_error: bool| {
-        let mut part = json!({"type": "tool_result", "tool_call_id": call_id, "content": content});
-        if is_error {
-            part["is_error"] = true.into();
-        }
-        json!({"role": "tool", "content": [part]})
-    };
+    let mut conversation = Conversation::default();
     for envelope in log {
+        conversation.apply(envelope);
+    }
+    conversation.messages()
+}
+
+/// The conversation for display, folded one event at a time: what a
+/// snapshot's `messages` hold, and what a subscriber keeps up to date
+/// without reading the log again.
+///
+/// It is not the model's context: a compaction summarizes the model's
+/// context and removes nothing from here; a clear starts it over. Recorded
+/// sentinels never appear: a tool's result is what the model was shown, a
+/// suspension's answer is the person's message.
+///
+/// The messages are a settled part, which only grows (until a clear), and
+/// a pending tail: input steered in while a model call is under way, shown
+/// last until the model's answer, which goes before it, settles both.
+#[derive(Clone, Debug, Default)]
+pub struct Conversation {
+    settled: Vec<Value>,
+    /// Input steered in while a model call was under way: it reached the
+    /// model after that call, so it is shown after the call's answer.
+    pending: Vec<Value>,
+    model_call_open: bool,
+    suspended_call: Option<String>,
+    sleeping: Vec<(String, time::OffsetDateTime)>,
+    clears: u64,
+}
+
+fn user_message(text: &str) -> Value {
+    json!({"role": "user", "content": [text_part(text)]})
+}
+
+fn tool_result_message(call_id: &str, content: String, is_error: bool) -> Value {
+    let mut part = json!({"type": "tool_result", "tool_call_id": call_id, "content": content});
+    if is_error {
+        part["is_error"] = true.into();
+    }
+    json!({"role": "tool", "content": [part]})
+}
+
+impl Conversation {
+    /// Folds the run's next event.
+    pub fn apply(&mut self, envelope: &Envelope) {
         match &envelope.event {
-            Event::TurnStarted(started) => messages.push(user(&started.input)),
-            Event::InputSteered(steered) if model_call_open => {
-                steered_later.push(user(&steered.input));
+            Event::TurnStarted(started) => self.settled.push(user_message(&started.input)),
+            Event::InputSteered(steered) if self.model_call_open => {
+                self.pending.push(user_message(&steered.input));
             }
-            Event::InputSteered(steered) => messages.push(user(&steered.input)),
-            Event::ModelCallRequested(_) => model_call_open = true,
+            Event::InputSteered(steered) => self.settled.push(user_message(&steered.input)),
+            Event::ModelCallRequested(_) => self.model_call_open = true,
             Event::ModelCallCompleted(done) => {
-                model_call_open = false;
-                let mut parts = Vec::new();
-                if let Some(thinking) = done.message.get("thinking").and_then(Value::as_str) {
-                    parts.push(json!({"type": "thinking", "thinking": thinking}));
-                }
-                if let Some(text) = done.message.get("text").and_then(Value::as_str)
-                    && !text.is_empty()
-                {
-                    parts.push(text_part(text));
-                }
-                for call in done
-                    .message
-                    .get("tool_calls")
-                    .and_then(Value::as_array)
-                    .into_iter()
-                    .flatten()
-                {
-                    parts.push(json!({
-                        "type": "tool_call",
-                        "id": call.get("id"),
-                        "name": call.get("name"),
-                        "arguments": call.get("arguments"),
-                    }));
-                }
-                messages.push(json!({"role": "assistant", "content": parts}));
-                messages.append(&mut steered_later);
+                self.model_call_open = false;
+                self.settled.push(assistant_message(&done.message));
+                self.settled.append(&mut self.pending);
             }
             Event::ToolCallCompleted(done) => match Sentinel::decode(&done.output) {
-                Ok(None) => messages.push(tool_result(
+                Ok(None) => self.settled.push(tool_result_message(
                     &done.call_id,
                     sentinel::content_string(&done.output),
                     false,
                 )),
-                Ok(Some(Sentinel::Failure(failure))) => messages.push(tool_result(
+                Ok(Some(Sentinel::Failure(failure))) => self.settled.push(tool_result_message(
                     &done.call_id,
                     format!("error: {}", failure.message),
                     true,
@@ -148,7 +155,7 @@ pub(crate) fn display_messages(log: &[Envelope]) -> Vec<Value> {
                 // A suspension's answer and a sleep's end come later.
                 Ok(Some(_)) | Err(_) => {}
             },
-            Event::Suspended(suspended) => suspended_call.clone_from(&suspended.call_id),
+            Event::Suspended(suspended) => self.suspended_call.clone_from(&suspended.call_id),
             Event::Resumed(resumed) => {
                 let text = resumed
                     .answers
@@ -156,48 +163,154 @@ pub(crate) fn display_messages(log: &[Envelope]) -> Vec<Value> {
                     .map(|a| a.text.as_str())
                     .collect::<Vec<_>>()
                     .join("\n");
-                let mut message = user(&text);
+                let mut message = user_message(&text);
                 message["answers"] = serde_json::to_value(&resumed.answers).unwrap_or_default();
-                if let Some(call) = suspended_call.take() {
+                if let Some(call) = self.suspended_call.take() {
                     message["tool_call_id"] = call.into();
                 }
-                messages.push(message);
+                self.settled.push(message);
             }
-            Event::SleepStarted(sleep) => sleeping.push((sleep.call_id.clone(), sleep.wake_at)),
+            Event::SleepStarted(sleep) => {
+                self.sleeping.push((sleep.call_id.clone(), sleep.wake_at));
+            }
             Event::SleepCompleted(woke) => {
-                if let Some(at) = sleeping.iter().position(|(call, _)| *call == woke.call_id) {
-                    let (call, wake_at) = sleeping.swap_remove(at);
-                    messages.push(tool_result(
+                if let Some(at) = self
+                    .sleeping
+                    .iter()
+                    .position(|(call, _)| *call == woke.call_id)
+                {
+                    let (call, wake_at) = self.sleeping.swap_remove(at);
+                    self.settled.push(tool_result_message(
                         &call,
                         sentinel::content_string(&sentinel::slept_output(wake_at)),
                         false,
                     ));
                 }
             }
-            Event::ToolCallResolved(resolved) => messages.push(tool_result(
+            Event::ToolCallResolved(resolved) => self.settled.push(tool_result_message(
                 &resolved.call_id,
                 sentinel::content_string(&resolved.output),
                 false,
             )),
-            Event::ToolCallAbandoned(abandoned) => messages.push(tool_result(
+            Event::ToolCallAbandoned(abandoned) => self.settled.push(tool_result_message(
                 &abandoned.call_id,
                 "abandoned by an operator".into(),
                 true,
             )),
             Event::ContextCleared(_) => {
-                messages.clear();
-                steered_later.clear();
+                self.settled.clear();
+                self.pending.clear();
+                self.clears += 1;
             }
             // Ended without an answer: what was steered in stays shown.
             Event::TurnFailed(_) | Event::TurnCancelled(_) => {
-                model_call_open = false;
-                messages.append(&mut steered_later);
+                self.model_call_open = false;
+                self.settled.append(&mut self.pending);
             }
             _ => {}
         }
     }
-    messages.append(&mut steered_later);
-    messages
+
+    /// The messages: the settled ones, then the pending tail.
+    #[must_use]
+    pub fn messages(&self) -> Vec<Value> {
+        self.settled.iter().chain(&self.pending).cloned().collect()
+    }
+
+    /// The settled messages: they only grow, until a clear.
+    #[must_use]
+    pub fn settled(&self) -> &[Value] {
+        &self.settled
+    }
+
+    /// The pending tail, shown after the settled messages.
+    #[must_use]
+    pub fn pending(&self) -> &[Value] {
+        &self.pending
+    }
+
+    /// How many clears the conversation has seen: when it changes, the
+    /// settled messages started over.
+    #[must_use]
+    pub fn clears(&self) -> u64 {
+        self.clears
+    }
+}
+
+/// An assistant message from a model call's recorded answer.
+fn assistant_message(message: &Value) -> Value {
+    let mut parts = Vec::new();
+    if let Some(thinking) = message.get("thinking").and_then(Value::as_str) {
+        parts.push(json!({"type": "thinking", "thinking": thinking}));
+    }
+    if let Some(text) = message.get("text").and_then(Value::as_str)
+        && !text.is_empty()
+    {
+        parts.push(text_part(text));
+    }
+    for call in message
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        parts.push(json!({
+            "type": "tool_call",
+            "id": call.get("id"),
+            "name": call.get("name"),
+            "arguments": call.get("arguments"),
+        }));
+    }
+    json!({"role": "assistant", "content": parts})
+}
+
+/// A run's state document (what a snapshot holds: its state and its
+/// conversation) folded one event at a time from the start of its log, so
+/// a reader can follow it at every position without the runtime's lock.
+#[derive(Clone, Debug)]
+pub struct Document {
+    run: RunId,
+    state: State,
+    usage: Option<Usage>,
+    conversation: Conversation,
+}
+
+impl Document {
+    /// The document of `run` before its first event.
+    #[must_use]
+    pub fn new(run: &RunId) -> Self {
+        Self {
+            run: run.clone(),
+            state: State::default(),
+            usage: None,
+            conversation: Conversation::default(),
+        }
+    }
+
+    /// Folds the run's next event.
+    pub fn apply(&mut self, envelope: &Envelope) {
+        self.state.apply(envelope);
+        self.conversation.apply(envelope);
+        match &envelope.event {
+            Event::TurnStarted(_) => self.usage = None,
+            Event::TurnCompleted(done) if self.state.turn.as_ref() == Some(&done.turn_id) => {
+                self.usage = done.usage;
+            }
+            _ => {}
+        }
+    }
+
+    /// The run's state at the last folded event.
+    #[must_use]
+    pub fn view(&self) -> RunView {
+        RunView::from_state(&self.run, &self.state, self.usage)
+    }
+
+    /// The conversation at the last folded event.
+    #[must_use]
+    pub fn conversation(&self) -> &Conversation {
+        &self.conversation
+    }
 }
 
 /// A used-up budget, shown the way every other wait is: what is used up,

@@ -17,6 +17,7 @@ use spool_runtime::engines::ScriptedEngine;
 use tokio::sync::mpsc;
 
 mod http;
+mod state;
 
 const PATIENCE: Duration = Duration::from_secs(20);
 

@@ -10,6 +10,7 @@
 //! hub and end with a notification saying so, rather than growing memory.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use serde::Deserialize;
@@ -24,7 +25,8 @@ use spool_runtime::{
 };
 use spool_wire::http::{self as wire, CancelReply, CancelStatus, SnapshotReply};
 use spool_wire::rpc::{
-    self, Envelope, ErrorObject, Frame, Id, Notification, Request, Response, VersionDocument, codes,
+    self, ClientFrame, Envelope, ErrorObject, Frame, Id, Notification, Request, Response,
+    VersionDocument, codes,
 };
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -70,6 +72,9 @@ pub enum Outgoing {
     },
     /// The answers to a batch, in order.
     Batch(Vec<Envelope>),
+    /// A legacy server message (`{"t":"event"|"result"|"error", "id", …}`),
+    /// for a legacy `{"t":"run"}` request.
+    Legacy(Value),
 }
 
 impl Outgoing {
@@ -80,6 +85,7 @@ impl Outgoing {
         match self {
             Self::One(envelope) | Self::Event { envelope, .. } => rpc::encode_ws(envelope),
             Self::Batch(envelopes) => rpc::encode_batch(envelopes),
+            Self::Legacy(message) => message.to_string(),
         }
     }
 }
@@ -112,6 +118,7 @@ impl Dispatcher {
                 streams: TaskTracker::new(),
                 in_flight: Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT)),
                 closed: CancellationToken::new(),
+                legacy_ids: AtomicU64::new(0),
             }),
         };
         (connection, outgoing)
@@ -139,6 +146,8 @@ struct ConnectionInner {
     in_flight: Arc<tokio::sync::Semaphore>,
     /// Fired when the connection ends: its subscriptions stop.
     closed: CancellationToken,
+    /// Legacy requests taken so far: each gets its own id.
+    legacy_ids: AtomicU64,
 }
 
 /// Why a method failed, as JSON-RPC says it.
@@ -155,8 +164,12 @@ impl Connection {
         let Ok(permit) = Arc::clone(&self.inner.in_flight).acquire_owned().await else {
             return;
         };
-        let frame = match rpc::decode(text) {
-            Ok(frame) => frame,
+        let frame = match rpc::decode_client_frame(text) {
+            Ok(ClientFrame::Rpc(frame)) => frame,
+            Ok(ClientFrame::Legacy(request)) => {
+                self.spawn_legacy(request, permit);
+                return;
+            }
             Err(refusal) => {
                 self.send(Outgoing::One(Envelope::Response(refusal))).await;
                 return;
@@ -188,6 +201,31 @@ impl Connection {
                         connection.send(Outgoing::Batch(envelopes)).await;
                     }
                 }
+            }
+        });
+    }
+
+    /// Runs a legacy `{"t":"run"}` request under an id of its own
+    /// (`legacy-N`, counted per connection), and sends what it produces in
+    /// the legacy shape.
+    fn spawn_legacy(&self, mut request: Request, permit: tokio::sync::OwnedSemaphorePermit) {
+        let n = self.inner.legacy_ids.fetch_add(1, Ordering::Relaxed) + 1;
+        let id = Id::from(format!("legacy-{n}").as_str());
+        request.id = id.clone();
+        let connection = self.clone();
+        self.inner.requests.spawn(async move {
+            let _permit = permit;
+            let raw = request.params.unwrap_or(Value::Null);
+            let outcome = match params(&raw) {
+                Ok(submit) => connection.submit_run(submit, Some(&id)).await,
+                Err(failure) => Err(failure),
+            };
+            let response = match outcome {
+                Ok(result) => Response::result(id.clone(), result),
+                Err(Failure(error)) => Response::error(id.clone(), error),
+            };
+            if let Some(message) = rpc::server_to_legacy(&Envelope::Response(response), &id) {
+                connection.send(Outgoing::Legacy(message)).await;
             }
         });
     }
@@ -231,9 +269,29 @@ impl Connection {
         .await;
     }
 
-    async fn notify_event(&self, cursor: u64, event: &spool_wire::rpc::WireEvent) {
-        self.notify_at(cursor, rpc::METHOD_EVENTS_APPEND, to_value(event))
-            .await;
+    /// Sends `events.append`, or for a legacy request (`legacy`: its id)
+    /// the legacy `{"t":"event"}`.
+    async fn notify_event(
+        &self,
+        cursor: u64,
+        event: &spool_wire::rpc::WireEvent,
+        legacy: Option<&Id>,
+    ) {
+        match legacy {
+            None => {
+                self.notify_at(cursor, rpc::METHOD_EVENTS_APPEND, to_value(event))
+                    .await;
+            }
+            Some(id) => {
+                let envelope = Envelope::Notification(Notification {
+                    method: rpc::METHOD_EVENTS_APPEND.to_owned(),
+                    params: Some(to_value(event)),
+                });
+                if let Some(message) = rpc::server_to_legacy(&envelope, id) {
+                    self.send(Outgoing::Legacy(message)).await;
+                }
+            }
+        }
     }
 
     /// Sends a run's notification with the journal position it reflects.
@@ -293,7 +351,7 @@ impl Connection {
     async fn call(&self, request: Request) -> Result<Value, Failure> {
         let raw = request.params.unwrap_or(Value::Null);
         match request.method.as_str() {
-            rpc::METHOD_SUBMIT_RUN => self.submit_run(params(&raw)?).await,
+            rpc::METHOD_SUBMIT_RUN => self.submit_run(params(&raw)?, None).await,
             "run.respond" => self.respond(params(&raw)?).await,
             "run.cancel" => self.cancel(params(&raw)?).await,
             "run.get" => {
@@ -352,7 +410,9 @@ impl Connection {
     /// `submit.run`: starts a run (or a turn of `run_id`), streams the
     /// turn's `events.append` on this connection, and answers with the
     /// turn's reply once it reaches a boundary.
-    async fn submit_run(&self, submit: SubmitRun) -> Result<Value, Failure> {
+    /// `legacy`: the id of the legacy request this is, whose events go out
+    /// in the legacy shape.
+    async fn submit_run(&self, submit: SubmitRun, legacy: Option<&Id>) -> Result<Value, Failure> {
         let runtime = self.runtime();
         let policy = submit
             .turn_policy
@@ -404,7 +464,7 @@ impl Connection {
         };
         let view = match &accepted {
             Accepted::Started { run, turn } | Accepted::Steered { run, turn } => {
-                self.stream_turn(run, turn, before).await?
+                self.stream_turn(run, turn, before, legacy).await?
             }
             Accepted::Queued { run, queued } => runtime
                 .wait_for_queued(run, *queued)
@@ -422,6 +482,7 @@ impl Connection {
         run: &RunId,
         turn: &TurnId,
         before: Option<Seq>,
+        legacy: Option<&Id>,
     ) -> Result<RunView, Failure> {
         let runtime = self.runtime();
         let mut items = runtime
@@ -438,7 +499,7 @@ impl Connection {
                 biased;
                 item = items.next() => match item {
                     Some(item) => {
-                        if self.forward(run, &mut mapper, item).await.is_break() {
+                        if self.forward(run, &mut mapper, item, legacy).await.is_break() {
                             // Lagged: the answer still comes.
                             return boundary.await.map_err(runtime_error);
                         }
@@ -449,7 +510,7 @@ impl Connection {
                     let view = view.map_err(runtime_error)?;
                     // What the journal holds up to the boundary, not yet sent.
                     while let Some(item) = items.ready() {
-                        if self.forward(run, &mut mapper, item).await.is_break() {
+                        if self.forward(run, &mut mapper, item, legacy).await.is_break() {
                             break;
                         }
                     }
@@ -460,9 +521,14 @@ impl Connection {
     }
 
     /// Sends a journal event's `events.append` notifications.
-    async fn send_events(&self, mapper: &mut Mapper, envelope: &spool_journal::Envelope) {
+    async fn send_events(
+        &self,
+        mapper: &mut Mapper,
+        envelope: &spool_journal::Envelope,
+        legacy: Option<&Id>,
+    ) {
         for event in mapper.envelope(envelope) {
-            self.notify_event(envelope.seq.0, &event).await;
+            self.notify_event(envelope.seq.0, &event, legacy).await;
         }
     }
 
@@ -473,15 +539,16 @@ impl Connection {
         run: &RunId,
         mapper: &mut Mapper,
         item: StreamItem,
+        legacy: Option<&Id>,
     ) -> std::ops::ControlFlow<()> {
         match item {
-            StreamItem::Event(envelope) => self.send_events(mapper, &envelope).await,
+            StreamItem::Event(envelope) => self.send_events(mapper, &envelope, legacy).await,
             StreamItem::Delta(delta) => {
                 let nanos = now_nanos();
                 if let Some(event) = mapper.delta(&delta, nanos) {
                     // Live only: a client resuming from here gets what the
                     // journal holds after the last durable position.
-                    self.notify_event(delta.after.0.saturating_sub(1), &event)
+                    self.notify_event(delta.after.0.saturating_sub(1), &event, legacy)
                         .await;
                 }
             }
@@ -564,7 +631,7 @@ impl Connection {
                         // A position's events go out before its patch: a
                         // client resuming after it has both.
                         if channels.events {
-                            connection.send_events(&mut mapper, &envelope).await;
+                            connection.send_events(&mut mapper, &envelope, None).await;
                         }
                         if let Some(patch) = patcher.as_mut().and_then(|p| p.apply(&envelope)) {
                             connection
@@ -578,7 +645,11 @@ impl Connection {
                         std::ops::ControlFlow::Continue(())
                     }
                     StreamItem::Delta(_) if !channels.events => std::ops::ControlFlow::Continue(()),
-                    item => connection.forward(&subscribed, &mut mapper, item).await,
+                    item => {
+                        connection
+                            .forward(&subscribed, &mut mapper, item, None)
+                            .await
+                    }
                 };
                 if flow.is_break() {
                     break;

@@ -321,3 +321,132 @@ async fn a_message_over_1_mib_ends_the_session_with_close_code_1009() {
         other => panic!("a close frame saying why, not {other:?}"),
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_legacy_runs_on_one_socket_are_answered_in_the_legacy_shape_under_ids_of_their_own() {
+    use futures_util::SinkExt;
+    use std::collections::HashMap;
+    use tokio_tungstenite::tungstenite::Message;
+    let runtime = crate::echo();
+    let server = server(&runtime, None).await;
+    let mut socket = websocket(&server.addr).await;
+    socket
+        .send(Message::text(r#"{"t":"run","text":"one"}"#))
+        .await
+        .unwrap();
+    socket
+        .send(Message::text(r#"{"t":"run","text":"two"}"#))
+        .await
+        .unwrap();
+    // Per id: the events' kinds, then the result.
+    let mut kinds: HashMap<String, Vec<String>> = HashMap::new();
+    let mut results: HashMap<String, Value> = HashMap::new();
+    while results.len() < 2 {
+        let message = receive_json(&mut socket).await;
+        assert!(
+            message.get("jsonrpc").is_none(),
+            "legacy, not an envelope: {message}"
+        );
+        let id = message["id"]
+            .as_str()
+            .expect("each message names its request")
+            .to_owned();
+        match message["t"].as_str() {
+            Some("event") => {
+                assert!(!results.contains_key(&id), "events come before the result");
+                kinds
+                    .entry(id)
+                    .or_default()
+                    .push(message["event"]["spool.kind"].as_str().unwrap().to_owned());
+            }
+            Some("result") => {
+                results.insert(id, message["result"].clone());
+            }
+            _ => panic!("an event or a result: {message}"),
+        }
+    }
+    let mut answers: Vec<&str> = results
+        .values()
+        .map(|r| r["response"].as_str().unwrap())
+        .collect();
+    answers.sort_unstable();
+    assert_eq!(answers, ["echo: one", "echo: two"]);
+    for (id, result) in &results {
+        let seen = &kinds[id];
+        assert_eq!(
+            seen.first().map(String::as_str),
+            Some("run:start"),
+            "{id}: {seen:?}"
+        );
+        assert!(seen.contains(&"run:end".to_owned()), "{id}: {seen:?}");
+        assert_eq!(result["state"], "completed");
+    }
+    // An unknown legacy type is refused as an envelope, and the session
+    // goes on.
+    socket
+        .send(Message::text(r#"{"t":"dance"}"#))
+        .await
+        .unwrap();
+    assert_eq!(receive_json(&mut socket).await["error"]["code"], -32600);
+    // Bad params come back as a legacy error.
+    socket
+        .send(Message::text(r#"{"t":"run","txt":"typo"}"#))
+        .await
+        .unwrap();
+    let refused = receive_json(&mut socket).await;
+    assert_eq!(refused["t"], "error", "{refused}");
+    assert_eq!(refused["error"]["code"], -32602);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jsonrpsees_websocket_client_drives_a_run_and_reads_its_events() {
+    use jsonrpsee::core::client::{ClientT, Error, SubscriptionClientT};
+    use jsonrpsee::core::params::ObjectParams;
+    use jsonrpsee::ws_client::WsClientBuilder;
+    let runtime = crate::echo();
+    let server = server(&runtime, None).await;
+    let client = WsClientBuilder::default()
+        .build(format!("ws://{}/ws", server.addr))
+        .await
+        .unwrap();
+    let mut events = client
+        .subscribe_to_method::<Value>("events.append")
+        .await
+        .unwrap();
+    let mut params = ObjectParams::new();
+    params.insert("text", "hello").unwrap();
+    let reply: Value = client.request("submit.run", params).await.unwrap();
+    assert_eq!(reply["state"], "completed");
+    assert_eq!(reply["response"], "echo: hello");
+    let run = reply["run_id"].as_str().unwrap().to_owned();
+    // The turn's events were sent before the answer; jsonrpsee hands them
+    // over in order.
+    let mut kinds = Vec::new();
+    while kinds.last().map(String::as_str) != Some("run:end") {
+        let event = tokio::time::timeout(PATIENCE, events.next())
+            .await
+            .expect("an event in time")
+            .expect("the client is open")
+            .unwrap();
+        assert_eq!(event["attributes"]["cicd.pipeline.run.id"], run.as_str());
+        kinds.push(event["spool.kind"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(
+        kinds.first().map(String::as_str),
+        Some("run:start"),
+        "{kinds:?}"
+    );
+    // Errors arrive as JSON-RPC errors with the seed's codes.
+    let unknown = client
+        .request::<Value, _>("rpc.nope", jsonrpsee::rpc_params![])
+        .await;
+    match unknown {
+        Err(Error::Call(error)) => assert_eq!(error.code(), -32601),
+        other => panic!("method not found, not {other:?}"),
+    }
+    let pong: String = client
+        .request("ping", jsonrpsee::rpc_params![])
+        .await
+        .unwrap();
+    assert_eq!(pong, "pong");
+}

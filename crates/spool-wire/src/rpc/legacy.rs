@@ -2,15 +2,23 @@
 //! `t`-discriminated messages keeps working on the same endpoint.
 //!
 //! `{"t":"run", ...}` maps to a `submit.run` request whose params are the
-//! rest of the message, and back. Spool always answers in envelopes; only
-//! the client's input is read both ways.
+//! rest of the message, and back. What a server sends for such a request
+//! maps to the legacy server messages: `{"t":"event"}` for each of its
+//! `events.append`, then `{"t":"result"}` or `{"t":"error"}`, each with the
+//! request's id, so a client running several at once on one connection
+//! tells them apart (the seed's adapter gave every legacy request id 1 and
+//! every answer id 0, so two of them collided).
 
-use serde_json::{Map, Value};
+use serde_json::{Map, Value, json};
 
-use super::{Envelope, Frame, Id, METHOD_SUBMIT_RUN, Request, Response, decode};
+use super::{
+    Envelope, Frame, Id, METHOD_EVENTS_APPEND, METHOD_SUBMIT_RUN, Outcome, Request, Response,
+    decode,
+};
 
-/// The id a legacy message gets: legacy messages carry none, and the one
-/// reply a legacy client expects is the run's result.
+/// The id [`legacy_to_envelope`] gives a legacy message, which carries
+/// none. A server running several legacy requests on one connection gives
+/// each its own (see [`server_to_legacy`]).
 pub const LEGACY_REQUEST_ID: i64 = 1;
 
 /// Maps a legacy client message to an envelope; `None` when it is not one
@@ -65,6 +73,46 @@ pub fn envelope_to_legacy(envelope: &Envelope) -> Option<Value> {
     Some(Value::Object(message))
 }
 
+/// What a legacy client is sent for `envelope`, an envelope a server sends
+/// about the legacy request `request`: its `events.append` as
+/// `{"t":"event","id","event"}`, its answer as `{"t":"result","id","result"}`
+/// or `{"t":"error","id","error"}`. `None` for anything else.
+///
+/// ```
+/// use serde_json::json;
+/// use spool_wire::rpc::{Envelope, Id, Response, server_to_legacy};
+///
+/// let id = Id::from("legacy-2");
+/// let answer = Envelope::Response(Response::result(id.clone(), json!({"state": "completed"})));
+/// assert_eq!(
+///     server_to_legacy(&answer, &id),
+///     Some(json!({"t": "result", "id": "legacy-2", "result": {"state": "completed"}}))
+/// );
+/// ```
+#[must_use]
+pub fn server_to_legacy(envelope: &Envelope, request: &Id) -> Option<Value> {
+    match envelope {
+        Envelope::Notification(notification) if notification.method == METHOD_EVENTS_APPEND => {
+            Some(json!({"t": "event", "id": request, "event": notification.params}))
+        }
+        Envelope::Response(response) => Some(match &response.outcome {
+            Outcome::Result(result) => json!({"t": "result", "id": response.id, "result": result}),
+            Outcome::Error(error) => json!({"t": "error", "id": response.id, "error": error}),
+        }),
+        _ => None,
+    }
+}
+
+/// A client message read either way.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ClientFrame {
+    /// A JSON-RPC envelope or batch.
+    Rpc(Frame),
+    /// A legacy message, as the request it maps to (with
+    /// [`LEGACY_REQUEST_ID`]; a server gives it an id of its own).
+    Legacy(Request),
+}
+
 /// Decodes a client frame that may be either shape: an object with `t`
 /// and no `jsonrpc` is read as legacy, everything else as JSON-RPC.
 ///
@@ -72,12 +120,27 @@ pub fn envelope_to_legacy(envelope: &Envelope) -> Option<Value> {
 ///
 /// As [`decode`]; a legacy message of an unknown `t` is −32600.
 pub fn decode_client(text: &str) -> Result<Frame, Response> {
+    decode_client_frame(text).map(|frame| match frame {
+        ClientFrame::Rpc(frame) => frame,
+        ClientFrame::Legacy(request) => Frame::Single(Envelope::Request(request)),
+    })
+}
+
+/// [`decode_client`], saying which shape the message was.
+///
+/// # Errors
+///
+/// As [`decode_client`].
+pub fn decode_client_frame(text: &str) -> Result<ClientFrame, Response> {
     let legacy = serde_json::from_str::<Value>(text)
         .ok()
         .filter(|v| v.get("t").is_some() && v.get("jsonrpc").is_none());
     match legacy {
         Some(message) => legacy_to_envelope(&message)
-            .map(Frame::Single)
+            .and_then(|envelope| match envelope {
+                Envelope::Request(request) => Some(ClientFrame::Legacy(request)),
+                _ => None,
+            })
             .ok_or_else(|| {
                 Response::error(
                     Id::Null,
@@ -87,6 +150,6 @@ pub fn decode_client(text: &str) -> Result<Frame, Response> {
                     ),
                 )
             }),
-        None => decode(text),
+        None => decode(text).map(ClientFrame::Rpc),
     }
 }

@@ -28,7 +28,10 @@ pub use envelope::{
 };
 pub use event::{Severity, WireEvent};
 pub use frame::{SseFrame, encode_batch, encode_ndjson, encode_sse, encode_ws};
-pub use legacy::{LEGACY_REQUEST_ID, decode_client, envelope_to_legacy, legacy_to_envelope};
+pub use legacy::{
+    ClientFrame, LEGACY_REQUEST_ID, decode_client, decode_client_frame, envelope_to_legacy,
+    legacy_to_envelope, server_to_legacy,
+};
 
 /// The wire protocol version reported by `/version`.
 pub const WIRE_PROTOCOL_VERSION: &str = "1.0";

@@ -450,3 +450,229 @@ async fn jsonrpsees_websocket_client_drives_a_run_and_reads_its_events() {
         .unwrap();
     assert_eq!(pong, "pong");
 }
+
+/// One client connection over a framing that carries requests.
+enum Framing {
+    InProcess(crate::Client),
+    Stdio {
+        input: tokio::io::DuplexStream,
+        lines: mpsc::Receiver<String>,
+    },
+    WebSocket(Socket),
+}
+
+impl Framing {
+    async fn stdio(runtime: &Runtime) -> Self {
+        use tokio::io::AsyncBufReadExt;
+        let (input, server_input) = tokio::io::duplex(1 << 20);
+        let (server_output, output) = tokio::io::duplex(1 << 20);
+        let dispatcher = spool_rpc::Dispatcher::new(runtime.clone());
+        tokio::spawn(async move {
+            spool_rpc::stdio::serve(&dispatcher, server_input, server_output)
+                .await
+                .unwrap();
+        });
+        let (sender, lines) = mpsc::channel(1024);
+        tokio::spawn(async move {
+            let mut output = tokio::io::BufReader::new(output).lines();
+            while let Ok(Some(line)) = output.next_line().await {
+                if sender.send(line).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Self::Stdio { input, lines }
+    }
+
+    async fn send(&mut self, text: &str) {
+        use futures_util::SinkExt;
+        use tokio::io::AsyncWriteExt;
+        match self {
+            Self::InProcess(client) => client.connection.receive(text).await,
+            Self::Stdio { input, .. } => {
+                input
+                    .write_all(format!("{text}\n").as_bytes())
+                    .await
+                    .unwrap();
+            }
+            Self::WebSocket(socket) => socket
+                .send(tokio_tungstenite::tungstenite::Message::text(text))
+                .await
+                .unwrap(),
+        }
+    }
+
+    async fn next(&mut self) -> Value {
+        match self {
+            Self::InProcess(client) => client.next().await,
+            Self::Stdio { lines, .. } => serde_json::from_str(&line(lines).await).unwrap(),
+            Self::WebSocket(socket) => receive_json(socket).await,
+        }
+    }
+}
+
+/// What a client sees of one scripted conversation, times aside: each
+/// request's answer in the order sent, the notifications in the order they
+/// came, and apart from them those of the closing subscription.
+#[derive(Debug, Default, PartialEq)]
+struct Transcript {
+    answers: Vec<Value>,
+    notifications: Vec<Value>,
+    subscribed: Vec<Value>,
+}
+
+/// Times (`timeUnixNano`, a run's `updated`) are taken out; so are live
+/// deltas, which a turn may stream before a late subscriber is listening
+/// (the journal's events are what every framing must agree on).
+fn comparable(message: &Value) -> Option<Value> {
+    fn strip(value: &mut Value) {
+        match value {
+            Value::Object(map) => {
+                map.remove("timeUnixNano");
+                map.remove("updated");
+                map.values_mut().for_each(strip);
+            }
+            Value::Array(items) => items.iter_mut().for_each(strip),
+            _ => {}
+        }
+    }
+    if message["params"]["attributes"]
+        .get("spool.stream")
+        .is_some()
+    {
+        return None;
+    }
+    let mut message = message.clone();
+    strip(&mut message);
+    Some(message)
+}
+
+/// Whether `message` is the `state.patch` that reaches position `end`.
+fn reaches(message: &Value, end: &Value) -> bool {
+    message["method"] == "state.patch" && message["params"]["to"] == *end
+}
+
+/// The conversation: two turns, every method, a batch, and errors; then a
+/// subscription to both channels read to the run's last position.
+async fn converse(framing: &mut Framing) -> Transcript {
+    let requests = [
+        r#"{"jsonrpc":"2.0","id":1,"method":"submit.run","params":{"text":"hi"}}"#,
+        r#"{"jsonrpc":"2.0","id":2,"method":"submit.run","params":{"run_id":"run-1","text":"again"}}"#,
+        r#"{"jsonrpc":"2.0","id":3,"method":"state.snapshot","params":{"run_id":"run-1"}}"#,
+        r#"{"jsonrpc":"2.0","id":4,"method":"run.get","params":{"run_id":"run-1"}}"#,
+        r#"{"jsonrpc":"2.0","id":5,"method":"run.list"}"#,
+        r#"{"jsonrpc":"2.0","id":6,"method":"rpc.nope"}"#,
+        r#"{"jsonrpc":"2.0","id":7,"method":"submit.run","params":{"txt":"typo"}}"#,
+        r#"[{"jsonrpc":"2.0","id":8,"method":"ping"},{"jsonrpc":"2.0","method":"ping"},{"jsonrpc":"2.0","id":9,"method":"run.get","params":{"run_id":"nope"}}]"#,
+        r#"{"jsonrpc":"2.0","id":10,"method":"getCapabilities"}"#,
+        "not json",
+    ];
+    let mut transcript = Transcript::default();
+    let mut end = Value::Null;
+    for request in requests {
+        framing.send(request).await;
+        loop {
+            let message = framing.next().await;
+            if message.get("method").is_some() {
+                transcript.notifications.extend(comparable(&message));
+                continue;
+            }
+            if message["id"] == 3 {
+                end = message["result"]["cursor"].clone();
+            }
+            transcript.answers.extend(comparable(&message));
+            break;
+        }
+    }
+    framing
+        .send(r#"{"jsonrpc":"2.0","id":11,"method":"subscribe","params":{"run_id":"run-1","channels":["spool:events","spool:state"]}}"#)
+        .await;
+    let (mut answered, mut reached) = (false, false);
+    while !(answered && reached) {
+        let message = framing.next().await;
+        if message.get("method").is_some() {
+            reached |= reaches(&message, &end);
+            transcript.subscribed.extend(comparable(&message));
+        } else {
+            answered = true;
+            transcript.answers.extend(comparable(&message));
+        }
+    }
+    transcript
+}
+
+/// A runtime whose ids are the same in every run of the conversation.
+fn sequential() -> Runtime {
+    Runtime::builder(Arc::new(spool_journal::store::memory::MemoryJournal::new()))
+        .ids(Arc::new(spool_runtime::SequentialIds::default()))
+        .build()
+}
+
+/// The notifications a server-to-client framing (SSE or NDJSON) sends for
+/// the conversation's run, both channels, read to position `end`.
+async fn streamed(addr: &str, path: &str, end: &Value) -> Vec<Value> {
+    let (status, mut lines) = get(
+        addr,
+        &format!("{path}?run_id=run-1&channels=spool:events,spool:state"),
+        &[],
+    )
+    .await;
+    assert_eq!(status, 200, "{path}");
+    let mut notifications = Vec::new();
+    loop {
+        let text = line(&mut lines).await;
+        let data = if path == "/events" {
+            match text.strip_prefix("data: ") {
+                Some(data) => data.to_owned(),
+                None => continue,
+            }
+        } else {
+            text
+        };
+        let message: Value = serde_json::from_str(&data).unwrap();
+        let done = reaches(&message, end);
+        notifications.extend(comparable(&message));
+        if done {
+            return notifications;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_conversation_gets_the_same_answers_and_events_over_every_framing() {
+    let runtime = sequential();
+    let mut in_process = Framing::InProcess(crate::Client::new(&runtime));
+    let reference = converse(&mut in_process).await;
+    assert_eq!(reference.answers.len(), 11, "{:#?}", reference.answers);
+    assert!(
+        reference.notifications.len() > 10,
+        "the turns' events: {:#?}",
+        reference.notifications
+    );
+    assert!(
+        reference
+            .subscribed
+            .iter()
+            .any(|n| n["method"] == "state.patch"),
+        "the subscription carries patches"
+    );
+
+    let runtime = sequential();
+    let mut stdio = Framing::stdio(&runtime).await;
+    assert_eq!(converse(&mut stdio).await, reference, "stdio");
+
+    let runtime = sequential();
+    let server = server(&runtime, None).await;
+    let mut socket = Framing::WebSocket(websocket(&server.addr).await);
+    assert_eq!(converse(&mut socket).await, reference, "WebSocket");
+
+    // The read-only framings carry what the subscription carried.
+    let end = reference.answers[2]["result"]["cursor"].clone();
+    for path in ["/events", "/stream"] {
+        assert_eq!(
+            streamed(&server.addr, path, &end).await,
+            reference.subscribed,
+            "{path}"
+        );
+    }
+}

@@ -458,7 +458,7 @@ enum Framing {
         input: tokio::io::DuplexStream,
         lines: mpsc::Receiver<String>,
     },
-    WebSocket(Socket),
+    WebSocket(Box<Socket>),
 }
 
 impl Framing {
@@ -663,7 +663,7 @@ async fn one_conversation_gets_the_same_answers_and_events_over_every_framing() 
 
     let runtime = sequential();
     let server = server(&runtime, None).await;
-    let mut socket = Framing::WebSocket(websocket(&server.addr).await);
+    let mut socket = Framing::WebSocket(Box::new(websocket(&server.addr).await));
     assert_eq!(converse(&mut socket).await, reference, "WebSocket");
 
     // The read-only framings carry what the subscription carried.

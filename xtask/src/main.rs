@@ -10,6 +10,7 @@ use std::process::{Command, ExitCode};
 use anyhow::{Context, Result, bail};
 
 mod api;
+mod clients;
 mod e2e_llm;
 mod examples;
 mod openapi;
@@ -19,11 +20,14 @@ const USAGE: &str = "usage: cargo xtask <command>
 
 commands:
   ci                   fmt check, clippy, nextest, doctests, rustdoc, tidy,
-                       api, examples, openapi, bench --quick (what CI runs)
+                       api, examples, openapi, clients, bench --quick (what
+                       CI runs)
   examples             run the four examples under examples/ and check what
                        they print
   api [--bless]        compare each library's public API with api/*.txt
                        (--bless: write them)
+  clients              drive spool serve's JSON-RPC framings with Python's
+                       websockets (installed by pip under target/) and curl
   tidy                 check the crate layering and file conventions
   openapi              check docs/openapi.json against spool serve with
                        schemathesis (installed by pip under target/)
@@ -41,6 +45,7 @@ fn main() -> ExitCode {
         Some("ci") => ci(),
         Some("tidy") => tidy::run(&root()),
         Some("openapi") => openapi::run(&root()),
+        Some("clients") => clients::run(&root()),
         Some("examples") => examples::run(&root()),
         Some("api") => api::run(&root(), args.get(1).map(String::as_str) == Some("--bless")),
         Some("bench") => bench(&args[1..]),
@@ -119,6 +124,7 @@ fn ci() -> Result<()> {
     api::run(&root, false)?;
     examples::run(&root)?;
     openapi::run(&root)?;
+    clients::run(&root)?;
     // The benchmarks must keep working; their figures are not judged here.
     bench(&["--quick".to_owned()])?;
     say("xtask ci: all checks passed");

@@ -26,7 +26,7 @@ pub(crate) fn run(root: &Path) -> Result<()> {
     section("openapi: schemathesis against spool serve");
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map_or_else(|| root.join("target"), std::path::PathBuf::from);
-    let st = install(&target.join("schemathesis"))?;
+    let st = install(&target.join("schemathesis"), SCHEMATHESIS)?.join("st");
     let status = cargo()
         .args(["build", "--locked", "-p", "spool-cli"])
         .current_dir(root)
@@ -35,7 +35,7 @@ pub(crate) fn run(root: &Path) -> Result<()> {
         bail!("building spool failed ({status})");
     }
     let spool = target.join("debug").join("spool");
-    let work = tempfile_dir(&target)?;
+    let work = tempfile_dir(&target, "openapi")?;
     let tokens = work.join("tokens");
     let issued = Command::new(&spool)
         .args(["token", "new", "schemathesis", "--trigger", "--token-file"])
@@ -89,15 +89,15 @@ pub(crate) fn run(root: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The `st` command of a virtual environment under `dir`, made and filled
-/// by pip the first time.
-fn install(dir: &Path) -> Result<std::path::PathBuf> {
-    let st = dir.join("bin").join("st");
-    let marker = dir.join(SCHEMATHESIS);
-    if st.exists() && marker.exists() {
-        return Ok(st);
+/// The `bin` directory of a virtual environment under `dir` holding
+/// `requirement`, made and filled by pip the first time.
+pub(crate) fn install(dir: &Path, requirement: &str) -> Result<std::path::PathBuf> {
+    let bin = dir.join("bin");
+    let marker = dir.join(requirement);
+    if marker.exists() {
+        return Ok(bin);
     }
-    say(&format!("installing {SCHEMATHESIS} into {}", dir.display()));
+    say(&format!("installing {requirement} into {}", dir.display()));
     let status = Command::new("python3")
         .args(["-m", "venv"])
         .arg(dir)
@@ -106,28 +106,28 @@ fn install(dir: &Path) -> Result<std::path::PathBuf> {
     if !status.success() {
         bail!("python3 -m venv failed ({status})");
     }
-    let status = Command::new(dir.join("bin").join("pip"))
+    let status = Command::new(bin.join("pip"))
         .args([
             "install",
             "--quiet",
             "--disable-pip-version-check",
-            SCHEMATHESIS,
+            requirement,
         ])
         .status()
         .context("starting pip")?;
     if !status.success() {
-        bail!("pip install {SCHEMATHESIS} failed ({status})");
+        bail!("pip install {requirement} failed ({status})");
     }
     std::fs::write(&marker, b"")?;
-    Ok(st)
+    Ok(bin)
 }
 
-/// A fresh directory under the target directory for the server's journal
-/// and tokens.
-fn tempfile_dir(target: &Path) -> Result<std::path::PathBuf> {
+/// A fresh directory under the target directory for a server's journal
+/// and tokens, named for the check.
+pub(crate) fn tempfile_dir(target: &Path, check: &str) -> Result<std::path::PathBuf> {
     let dir = target
-        .join("openapi-check")
-        .join(std::process::id().to_string());
+        .join("xtask-servers")
+        .join(format!("{check}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
     Ok(dir)
@@ -135,7 +135,7 @@ fn tempfile_dir(target: &Path) -> Result<std::path::PathBuf> {
 
 /// Reads the server's stderr until it says where it listens, then keeps
 /// draining it so the server never blocks on a full pipe.
-fn listening_address(server: &mut std::process::Child) -> Result<String> {
+pub(crate) fn listening_address(server: &mut std::process::Child) -> Result<String> {
     let stderr = server.stderr.take().context("the server's stderr")?;
     let mut lines = BufReader::new(stderr).lines();
     let mut addr = None;

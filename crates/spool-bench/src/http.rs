@@ -304,7 +304,7 @@ async fn park(runtime: &Runtime, count: usize) -> anyhow::Result<()> {
 }
 
 /// This process's resident set, from `/proc/self/statm`.
-fn resident_bytes() -> anyhow::Result<u64> {
+pub(crate) fn resident_bytes() -> anyhow::Result<u64> {
     let statm = std::fs::read_to_string("/proc/self/statm").context("reading /proc/self/statm")?;
     let pages: u64 = statm
         .split_whitespace()
@@ -383,14 +383,14 @@ pub(crate) fn fanout(scale: Scale) -> anyhow::Result<Vec<Row>> {
 }
 
 /// A child process of this binary that holds connections to the server.
-struct Peer {
+pub(crate) struct Peer {
     child: tokio::process::Child,
     stdout: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
 }
 
 impl Peer {
     /// Starts `spool-bench ARGS` and waits until it says `ready`.
-    async fn start(args: &[String]) -> anyhow::Result<Self> {
+    pub(crate) async fn start(args: &[String]) -> anyhow::Result<Self> {
         use tokio::io::AsyncBufReadExt;
         let mut child = tokio::process::Command::new(std::env::current_exe()?)
             .args(args)
@@ -411,7 +411,7 @@ impl Peer {
         Ok(peer)
     }
 
-    async fn line(&mut self) -> anyhow::Result<String> {
+    pub(crate) async fn line(&mut self) -> anyhow::Result<String> {
         self.stdout
             .next_line()
             .await?
@@ -419,7 +419,7 @@ impl Peer {
     }
 
     /// Closes its stdin (the signal to let go) and waits for it.
-    async fn finish(mut self) -> anyhow::Result<()> {
+    pub(crate) async fn finish(mut self) -> anyhow::Result<()> {
         drop(self.child.stdin.take());
         let status = self.child.wait().await?;
         anyhow::ensure!(status.success(), "the client process failed ({status})");
@@ -469,7 +469,7 @@ async fn latencies(
 /// (stamped as it is made) to `subscribers` plain loopback sockets in turn,
 /// `rounds` times, each once the reader process has every line of the last;
 /// returns every line's latency (seconds, sorted) at every reader.
-async fn bare_fanout(subscribers: usize, rounds: usize) -> anyhow::Result<Vec<f64>> {
+pub(crate) async fn bare_fanout(subscribers: usize, rounds: usize) -> anyhow::Result<Vec<f64>> {
     use tokio::io::AsyncWriteExt;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?.to_string();
@@ -519,22 +519,7 @@ async fn bare_fanout(subscribers: usize, rounds: usize) -> anyhow::Result<Vec<f6
 async fn open_streams(client: &Client, url: &str, count: usize) -> anyhow::Result<Row> {
     // The bare connections first, then dropped, so both figures start from
     // a process that has already had that many sockets.
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?.to_string();
-    let before = resident_bytes()?;
-    let accepting = tokio::spawn(async move {
-        let mut held = Vec::with_capacity(count);
-        for _ in 0..count {
-            held.push(listener.accept().await?.0);
-        }
-        anyhow::Ok(held)
-    });
-    let peer = Peer::start(&["connect".into(), addr, count.to_string()]).await?;
-    let held = accepting.await??;
-    let bare = resident_bytes()?.saturating_sub(before) as f64 / count as f64;
-    peer.finish().await?;
-    drop(held);
-
+    let bare = bare_connection_bytes(count).await?;
     let ensured: spool_wire::http::AddressReply =
         client.post("/addresses/fanout-held", &json!({})).await?;
     let cursor = ensured.cursor.map_or(-1, |c| c as i64);
@@ -560,6 +545,27 @@ async fn open_streams(client: &Client, url: &str, count: usize) -> anyhow::Resul
     .lower_is_better()
     // 10 k streams in 200 MiB.
     .figure_at_most(200.0 * 1024.0 * 1024.0 / 10_000.0))
+}
+
+/// This process's resident bytes per bare loopback TCP connection it
+/// accepts, `count` of them held open by another process.
+pub(crate) async fn bare_connection_bytes(count: usize) -> anyhow::Result<f64> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?.to_string();
+    let before = resident_bytes()?;
+    let accepting = tokio::spawn(async move {
+        let mut held = Vec::with_capacity(count);
+        for _ in 0..count {
+            held.push(listener.accept().await?.0);
+        }
+        anyhow::Ok(held)
+    });
+    let peer = Peer::start(&["connect".into(), addr, count.to_string()]).await?;
+    let held = accepting.await??;
+    let bare = resident_bytes()?.saturating_sub(before) as f64 / count as f64;
+    peer.finish().await?;
+    drop(held);
+    Ok(bare)
 }
 
 /// `spool-bench subscribe URL RUN CURSOR COUNT RESPONSES`: opens COUNT
@@ -616,7 +622,7 @@ pub(crate) fn subscribe(args: &[String]) -> anyhow::Result<()> {
 
 /// Says `turn` each time all `count` readers have had one more answer,
 /// then every latency the readers saw, as one JSON array.
-async fn collect(
+pub(crate) async fn collect(
     readers: Vec<tokio::task::JoinHandle<anyhow::Result<Vec<f64>>>>,
     mut answers: tokio::sync::mpsc::UnboundedReceiver<()>,
     count: usize,
@@ -700,7 +706,7 @@ async fn connect_all(addr: &str, count: usize) -> std::io::Result<Vec<tokio::net
 }
 
 /// One line to the parent process.
-fn say(line: &str) -> anyhow::Result<()> {
+pub(crate) fn say(line: &str) -> anyhow::Result<()> {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
     writeln!(out, "{line}")?;

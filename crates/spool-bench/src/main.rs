@@ -13,6 +13,7 @@ mod http;
 mod journal;
 mod long;
 mod report;
+mod rpc;
 mod wire;
 
 use report::Row;
@@ -42,6 +43,7 @@ const BENCHES: &[(&str, Bench)] = &[
     ("soak", http::soak),
     ("parked-runs", http::parked),
     ("stream-fanout", http::fanout),
+    ("rpc-fanout", rpc::fanout),
     ("long-run", long::run),
 ];
 
@@ -56,12 +58,14 @@ fn main() -> ExitCode {
 }
 
 fn run() -> anyhow::Result<()> {
-    // The client processes `stream-fanout` starts: this binary again.
+    // The client processes `stream-fanout` and `rpc-fanout` start: this
+    // binary again.
     let all: Vec<String> = std::env::args().skip(1).collect();
     match all.first().map(String::as_str) {
         Some("subscribe") => return http::subscribe(&all[1..]),
         Some("connect") => return http::connect(&all[1..]),
         Some("lines") => return http::lines(&all[1..]),
+        Some("ws-subscribe") => return rpc::subscribe(&all[1..]),
         _ => {}
     }
     let mut scale = Scale { quick: false };

@@ -2,11 +2,12 @@
 //! channel on the same listener and behind the same authenticator:
 //!
 //! - `GET /version`: the version document;
-//! - `GET /events?run_id=…&cursor=…`: `text/event-stream`, each
-//!   `events.append` as `id: <cursor>` and `data: <envelope>`; a reconnect
-//!   with `Last-Event-ID` resumes after that position;
-//! - `GET /stream?run_id=…&cursor=…`: `application/x-ndjson`, one envelope
-//!   per line.
+//! - `GET /events?run_id=…&cursor=…&channels=…`: `text/event-stream`,
+//!   each `events.append` and `state.patch` as `id: <cursor>` and `data:
+//!   <envelope>`; a reconnect with `Last-Event-ID` resumes after that
+//!   position;
+//! - `GET /stream?run_id=…&cursor=…&channels=…`: `application/x-ndjson`,
+//!   one envelope per line.
 //!
 //! Both streams are one `subscribe` of a [`Connection`](crate::Connection) whose outbox is
 //! written to the response as it comes; the client going away ends it.

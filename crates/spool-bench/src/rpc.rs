@@ -1,0 +1,194 @@
+//! `rpc-fanout`: many JSON-RPC clients on WebSockets (`/ws`), each
+//! subscribed to one busy run, held by a second process (this binary, as
+//! `spool-bench ws-subscribe`) so the server's work and memory are
+//! measured apart from its clients'. As `stream-fanout` does for NDJSON:
+//! the latency of each `events.append` is its arrival time minus its
+//! `timeUnixNano` (the time the journal recorded the event, or a live
+//! delta's sending time), at every subscriber, one turn at a time; the
+//! baseline is the machine's floor, the same number of lines written to
+//! plain loopback sockets. Then the server's resident memory per
+//! subscribed WebSocket after the turns, beside a bare loopback TCP
+//! connection's: what shows an outbox that grows without bound.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use spool_http::{Client, HttpChannel};
+use spool_journal::store::sqlite::{Options, SqliteJournal};
+use spool_runtime::Runtime;
+use tokio::sync::watch;
+use tokio_tungstenite::tungstenite::Message;
+
+use crate::Scale;
+use crate::http::{
+    Peer, bare_connection_bytes, bare_fanout, collect, percentile, resident_bytes, say, start,
+    tokio,
+};
+use crate::report::Row;
+
+pub(crate) fn fanout(scale: Scale) -> anyhow::Result<Vec<Row>> {
+    let subscribers = scale.pick(1_000usize, 50);
+    let turns = scale.pick(20usize, 3);
+    let tokio = tokio()?;
+    let dir = tempfile::tempdir()?;
+    tokio.block_on(async {
+        let runtime = Runtime::builder(Arc::new(SqliteJournal::open(
+            dir.path(),
+            Options::default(),
+        )?))
+        .build();
+        let (close_streams, closing) = watch::channel(false);
+        let dispatcher = spool_rpc::Dispatcher::new(runtime.clone());
+        let mut channel = HttpChannel::new(runtime, closing.clone());
+        for (prefix, handler) in spool_rpc::http::routes(&dispatcher, &closing) {
+            channel = channel.mount(prefix, handler)?;
+        }
+        let (url, stop) = start(channel.handler()).await?;
+        let client = Client::new(&url)?;
+        let bare_bytes = bare_connection_bytes(subscribers).await?;
+
+        let ensured: spool_wire::http::AddressReply =
+            client.post("/addresses/rpc-fanout", &json!({})).await?;
+        let before = resident_bytes()?;
+        let mut peer = Peer::start(&[
+            "ws-subscribe".into(),
+            url.clone(),
+            ensured.run_id.clone(),
+            subscribers.to_string(),
+            turns.to_string(),
+        ])
+        .await?;
+        for turn in 0..turns {
+            let _: Value = client
+                .post(
+                    &format!("/runs/{}", ensured.run_id),
+                    &json!({"text": format!("turn {turn}")}),
+                )
+                .await?;
+            anyhow::ensure!(peer.line().await? == "turn", "the subscribers lost a turn");
+        }
+        let per_client = resident_bytes()?.saturating_sub(before) as f64 / subscribers as f64;
+        let mut many: Vec<f64> = serde_json::from_str(&peer.line().await?)?;
+        peer.finish().await?;
+        many.sort_by(f64::total_cmp);
+        let bare = bare_fanout(subscribers, turns).await?;
+
+        let mut rows = Vec::new();
+        for (label, p) in [("p50", 0.5), ("p99", 0.99), ("max", 1.0)] {
+            let mut row = Row::new(
+                format!("rpc-fanout/{subscribers} WebSocket subscribers {label}"),
+                percentile(&many, p) * 1e3,
+                "ms",
+                format!("bare sockets {label}"),
+                percentile(&bare, p) * 1e3,
+            )
+            .lower_is_better();
+            if label == "p99" {
+                // The target `stream-fanout` has.
+                row = row.figure_at_most(2.0);
+            }
+            rows.push(row);
+        }
+        rows.push(
+            Row::new(
+                format!("rpc-fanout/{subscribers} WebSocket subscribers, server"),
+                per_client,
+                "B/client",
+                "bare TCP, server side",
+                bare_bytes,
+            )
+            .lower_is_better()
+            // As an NDJSON stream's: 10 k in 200 MiB.
+            .figure_at_most(200.0 * 1024.0 * 1024.0 / 10_000.0),
+        );
+        close_streams.send_replace(true);
+        stop.send_replace(true);
+        anyhow::Ok(rows)
+    })
+}
+
+type Socket = tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>;
+
+/// `spool-bench ws-subscribe URL RUN COUNT RESPONSES`: opens COUNT
+/// WebSockets to URL's `/ws`, subscribes each to RUN, says `ready`, reads
+/// each until it has seen RESPONSES `run:end` events, and prints every
+/// event's latency as one JSON array.
+pub(crate) fn subscribe(args: &[String]) -> anyhow::Result<()> {
+    let [url, run, count, responses] = args else {
+        anyhow::bail!("usage: spool-bench ws-subscribe URL RUN COUNT RESPONSES");
+    };
+    let addr = url
+        .strip_prefix("http://")
+        .context("the URL is http://HOST:PORT")?
+        .to_owned();
+    let count: usize = count.parse()?;
+    let responses: usize = responses.parse()?;
+    tokio()?.block_on(async {
+        let mut sockets = Vec::with_capacity(count);
+        for i in 0..count {
+            sockets.push(subscribed(&addr, run).await.with_context(|| {
+                format!("opening WebSocket {i} of {count} (each is an open file: `ulimit -n` must allow {count} and more)")
+            })?);
+        }
+        say("ready")?;
+        let (answered, answers) = tokio::sync::mpsc::unbounded_channel();
+        let mut readers = Vec::with_capacity(count);
+        for mut socket in sockets {
+            let answered = answered.clone();
+            readers.push(tokio::spawn(async move {
+                let mut seen = Vec::new();
+                let mut ends = 0;
+                while ends < responses {
+                    let message = socket.next().await.context("a socket closed early")??;
+                    let Message::Text(text) = message else {
+                        continue;
+                    };
+                    let envelope: Value = serde_json::from_str(text.as_str())?;
+                    if envelope["method"] != "events.append" {
+                        continue;
+                    }
+                    let event = &envelope["params"];
+                    let sent: i128 = event["timeUnixNano"]
+                        .as_str()
+                        .context("an event has its time")?
+                        .parse()?;
+                    let now = time::OffsetDateTime::now_utc().unix_timestamp_nanos();
+                    seen.push((now - sent) as f64 / 1e9);
+                    if event["spool.kind"] == "run:end" {
+                        ends += 1;
+                        let _ = answered.send(());
+                    }
+                }
+                anyhow::Ok(seen)
+            }));
+        }
+        drop(answered);
+        collect(readers, answers, count, responses).await
+    })
+}
+
+/// A WebSocket to `addr`'s `/ws`, subscribed to `run`.
+async fn subscribed(addr: &str, run: &str) -> anyhow::Result<Socket> {
+    let stream = tokio::net::TcpStream::connect(addr).await?;
+    let (mut socket, _) =
+        tokio_tungstenite::client_async(format!("ws://{addr}/ws"), stream).await?;
+    let request =
+        json!({"jsonrpc": "2.0", "id": 1, "method": "subscribe", "params": {"run_id": run}});
+    socket.send(Message::text(request.to_string())).await?;
+    loop {
+        let message = socket
+            .next()
+            .await
+            .context("the server closed the socket")??;
+        if let Message::Text(text) = message {
+            let answer: Value = serde_json::from_str(text.as_str())?;
+            anyhow::ensure!(
+                answer["result"]["subscribed"] == run,
+                "subscribing failed: {answer}"
+            );
+            return Ok(socket);
+        }
+    }
+}

@@ -490,15 +490,20 @@ impl Connection {
             .await
             .map_err(runtime_error)?;
         let mut mapper = Mapper::new(run);
+        // The last journal position sent.
+        let mut sent = before;
         let boundary = runtime.wait_for(run, turn);
         tokio::pin!(boundary);
-        loop {
+        let view = loop {
             tokio::select! {
                 // Events first: everything up to the boundary goes out
                 // before the answer.
                 biased;
                 item = items.next() => match item {
                     Some(item) => {
+                        if let StreamItem::Event(envelope) = &item {
+                            sent = Some(envelope.seq);
+                        }
                         if self.forward(run, &mut mapper, item, legacy).await.is_break() {
                             // Lagged: the answer still comes.
                             return boundary.await.map_err(runtime_error);
@@ -506,18 +511,30 @@ impl Connection {
                     }
                     None => return boundary.await.map_err(runtime_error),
                 },
-                view = &mut boundary => {
-                    let view = view.map_err(runtime_error)?;
-                    // What the journal holds up to the boundary, not yet sent.
-                    while let Some(item) = items.ready() {
-                        if self.forward(run, &mut mapper, item, legacy).await.is_break() {
-                            break;
-                        }
-                    }
-                    return Ok(view);
-                }
+                view = &mut boundary => break view.map_err(runtime_error)?,
+            }
+        };
+        // The boundary is known before its events reach the subscription:
+        // what the journal holds up to it goes out before the answer.
+        let Some(last) = view.cursor else {
+            return Ok(view);
+        };
+        while sent.is_none_or(|sent| sent < last) {
+            let Some(item) = items.next().await else {
+                break;
+            };
+            if let StreamItem::Event(envelope) = &item {
+                sent = Some(envelope.seq);
+            }
+            if self
+                .forward(run, &mut mapper, item, legacy)
+                .await
+                .is_break()
+            {
+                break;
             }
         }
+        Ok(view)
     }
 
     /// Sends a journal event's `events.append` notifications.

@@ -330,3 +330,33 @@ async fn a_client_that_floods_requests_without_reading_is_read_no_faster_than_it
     ids.insert(client.next().await["id"].as_u64().unwrap());
     assert_eq!(ids.len(), taken + 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_run_sends_every_event_of_the_turn_before_its_answer() {
+    // On a durable journal, as `spool serve` runs.
+    let dir = tempfile::tempdir().unwrap();
+    let journal = spool_journal::store::sqlite::SqliteJournal::open(
+        dir.path(),
+        spool_journal::store::sqlite::Options::default(),
+    )
+    .unwrap();
+    let runtime = Runtime::builder(Arc::new(journal)).build();
+    let mut client = Client::new(&runtime);
+    // The turn's last events reach the hub's readers after the boundary is
+    // known: many turns give a late one every chance to be overtaken.
+    for id in 1..=50 {
+        client
+            .send(json!({"jsonrpc": "2.0", "id": id, "method": "submit.run", "params": {"text": format!("turn {id}")}}))
+            .await;
+        let (events, reply) = client.until_response(id).await;
+        let kinds = kinds(&events);
+        assert_eq!(
+            kinds.iter().rev().take(2).map(String::as_str).collect::<Vec<_>>(),
+            ["run:status", "run:end"],
+            "turn {id} ends with run:end and its status before the answer: {kinds:?}"
+        );
+        let last = events.last().unwrap();
+        assert_eq!(last["params"]["body"], "completed");
+        assert_eq!(reply["result"]["state"], "completed");
+    }
+}

@@ -5,10 +5,14 @@
 //!
 //! Limits: a message or frame over 1 MiB ends the session (the WebSocket
 //! close code says so); a binary message is answered −32600 and the
-//! session goes on; pings are answered by the WebSocket layer, one pending
-//! pong at a time, so a ping flood costs nothing that grows; a client that
-//! stops reading for [`WRITE_TIMEOUT`] is dropped; the server's shutdown
-//! closes the session.
+//! session goes on; pings are answered by the WebSocket layer; a client
+//! that stops reading for [`WRITE_TIMEOUT`] is dropped; the server's
+//! shutdown closes the session.
+//!
+//! What the server buffers for a client is bounded by [`WRITE_BUFFER`]:
+//! messages longer than [`FRAME`] go out in fragments of that size, and
+//! the pongs of a client that floods pings without reading them are not
+//! queued past the bound (the latest replaces the one waiting).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,15 +31,23 @@ use tokio::sync::watch;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
-use tokio_tungstenite::tungstenite::protocol::{
-    CloseFrame, Role, WebSocketConfig, frame::coding::CloseCode,
-};
+use tokio_tungstenite::tungstenite::protocol::frame::Frame;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::{CloseCode, Data as OpData, OpCode};
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
 
 use crate::dispatch::{Dispatcher, Outgoing};
 
 /// How long one message may take to reach a client before it is dropped as
 /// one that stopped reading.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The largest frame the server writes: a longer message goes out in
+/// fragments of this size.
+pub const FRAME: usize = 64 * 1024;
+
+/// What the server holds for one client's socket at most: a frame and a
+/// pong.
+pub const WRITE_BUFFER: usize = FRAME + 1024;
 
 /// The `/ws` route, to mount on the HTTP channel. `closing` turning true
 /// closes open sessions.
@@ -100,9 +112,7 @@ fn upgrade(
     tokio::spawn(async move {
         match upgrading.await {
             Ok(upgraded) => {
-                let config = WebSocketConfig::default()
-                    .max_message_size(Some(DEFAULT_MAX_LINE_BYTES))
-                    .max_frame_size(Some(DEFAULT_MAX_LINE_BYTES));
+                let config = config();
                 let socket = WebSocketStream::from_raw_socket(
                     TokioIo::new(upgraded),
                     Role::Server,
@@ -127,6 +137,42 @@ fn upgrade(
     reply
 }
 
+/// The session's limits: what it reads (1 MiB a message) and what it holds
+/// for the client ([`WRITE_BUFFER`], each frame written at once).
+fn config() -> WebSocketConfig {
+    WebSocketConfig::default()
+        .max_message_size(Some(DEFAULT_MAX_LINE_BYTES))
+        .max_frame_size(Some(DEFAULT_MAX_LINE_BYTES))
+        .write_buffer_size(0)
+        .max_write_buffer_size(WRITE_BUFFER)
+}
+
+/// Writes one message, in fragments of [`FRAME`] bytes when it is longer.
+async fn write<S>(sink: &mut S, text: String) -> Result<(), tokio_tungstenite::tungstenite::Error>
+where
+    S: futures_util::Sink<Message, Error = tokio_tungstenite::tungstenite::Error> + Unpin,
+{
+    if text.len() <= FRAME {
+        return sink.send(Message::text(text)).await;
+    }
+    // A text message's fragments may split a character: the message, not
+    // each fragment, is UTF-8 (RFC 6455 §5.6).
+    let bytes = bytes::Bytes::from(text);
+    let mut start = 0;
+    while start < bytes.len() {
+        let end = (start + FRAME).min(bytes.len());
+        let opcode = if start == 0 {
+            OpCode::Data(OpData::Text)
+        } else {
+            OpCode::Data(OpData::Continue)
+        };
+        let frame = Frame::message(bytes.slice(start..end), opcode, end == bytes.len());
+        sink.feed(Message::Frame(frame)).await?;
+        start = end;
+    }
+    sink.flush().await
+}
+
 /// One WebSocket session: messages in to a connection, its outbox out.
 async fn session<S>(
     dispatcher: &Dispatcher,
@@ -147,8 +193,7 @@ async fn session<S>(
     let writer = tokio::spawn(async move {
         while let Some(message) = outgoing.recv().await {
             let sent =
-                tokio::time::timeout(WRITE_TIMEOUT, sink.send(Message::text(message.to_json())))
-                    .await;
+                tokio::time::timeout(WRITE_TIMEOUT, write(&mut sink, message.to_json())).await;
             match sent {
                 Ok(Ok(())) => {}
                 Ok(Err(_)) => {
@@ -207,4 +252,132 @@ async fn session<S>(
     ended.send_replace(close);
     drop(connection);
     let _ = writer.await;
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use futures_util::{SinkExt, StreamExt};
+    use spool_journal::store::memory::MemoryJournal;
+    use spool_runtime::Runtime;
+    use tokio::sync::watch;
+    use tokio_tungstenite::WebSocketStream;
+    use tokio_tungstenite::tungstenite::Message;
+    use tokio_tungstenite::tungstenite::protocol::Role;
+
+    use crate::Dispatcher;
+
+    /// A session on one end of an in-memory pipe of `buffer` bytes, and a
+    /// client on the other.
+    async fn pair(
+        buffer: usize,
+    ) -> (
+        tokio::task::JoinHandle<()>,
+        WebSocketStream<tokio::io::DuplexStream>,
+        watch::Sender<bool>,
+    ) {
+        let (server, client) = tokio::io::duplex(buffer);
+        let dispatcher = Dispatcher::new(Runtime::builder(Arc::new(MemoryJournal::new())).build());
+        let (stop, closing) = watch::channel(false);
+        let server =
+            WebSocketStream::from_raw_socket(server, Role::Server, Some(super::config())).await;
+        let session = tokio::spawn(async move {
+            super::session(&dispatcher, None, server, closing).await;
+        });
+        let client = WebSocketStream::from_raw_socket(client, Role::Client, None).await;
+        (session, client, stop)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_never_reads_is_dropped_after_the_write_timeout() {
+        let (session, mut client, _stop) = pair(4096).await;
+        // Answers far larger than the pipe holds, never read.
+        let text = "x".repeat(64 * 1024);
+        for id in 0..8 {
+            let request = format!(
+                r#"{{"jsonrpc":"2.0","id":{id},"method":"submit.run","params":{{"text":"{text}"}}}}"#
+            );
+            client.send(Message::text(request)).await.unwrap();
+        }
+        // Paused time runs ahead whenever everything waits: the session
+        // ends once a write has waited out its timeout, and no sooner.
+        let started = tokio::time::Instant::now();
+        tokio::time::timeout(super::WRITE_TIMEOUT * 4, session)
+            .await
+            .expect("the session ends")
+            .unwrap();
+        assert!(started.elapsed() >= super::WRITE_TIMEOUT);
+    }
+
+    #[tokio::test]
+    async fn a_ping_flood_from_a_client_that_does_not_read_queues_no_pongs_past_the_write_buffer() {
+        let (_session, client, _stop) = pair(4096).await;
+        let (mut sink, mut source) = client.split();
+        let pings = 10_000;
+        // Sent without reading a pong: the server keeps reading.
+        let flood = tokio::spawn(async move {
+            for _ in 0..pings {
+                sink.send(Message::Ping(vec![7u8; 125].into()))
+                    .await
+                    .unwrap();
+            }
+            sink.send(Message::text(r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#))
+                .await
+                .unwrap();
+            sink
+        });
+        // Were the server to stop reading until its pongs are taken, the
+        // flood would never finish.
+        let _sink = tokio::time::timeout(Duration::from_secs(60), flood)
+            .await
+            .expect("the server reads the whole flood without its pongs being read")
+            .unwrap();
+        let mut pongs = 0;
+        let answer = tokio::time::timeout(Duration::from_secs(60), async {
+            loop {
+                match source.next().await.unwrap().unwrap() {
+                    Message::Pong(_) => pongs += 1,
+                    Message::Text(text) => break text,
+                    other => panic!("a pong or the answer, not {other:?}"),
+                }
+            }
+        })
+        .await
+        .expect("the request after the flood is answered");
+        assert!(answer.as_str().contains(r#""result":"pong""#), "{answer}");
+        assert!(
+            pongs < pings / 10,
+            "{pongs} pongs for {pings} pings: unanswered pings are not queued"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_message_longer_than_a_frame_arrives_whole_in_fragments() {
+        let (_session, mut client, _stop) = pair(4096).await;
+        // Four frames' worth, with characters of several bytes, so a
+        // fragment boundary falls inside one.
+        let text = "é€x".repeat(super::FRAME * 4 / 6);
+        let request = format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"submit.run","params":{{"text":"{text}"}}}}"#
+        );
+        client.send(Message::text(request)).await.unwrap();
+        let answer = tokio::time::timeout(Duration::from_secs(60), async {
+            loop {
+                let Message::Text(message) = client.next().await.unwrap().unwrap() else {
+                    continue;
+                };
+                let message: serde_json::Value = serde_json::from_str(message.as_str()).unwrap();
+                if message["id"] == 1 {
+                    break message;
+                }
+            }
+        })
+        .await
+        .expect("the answer in time");
+        assert_eq!(answer["result"]["response"], format!("echo: {text}"));
+    }
 }

@@ -351,7 +351,12 @@ async fn submit_run_sends_every_event_of_the_turn_before_its_answer() {
         let (events, reply) = client.until_response(id).await;
         let kinds = kinds(&events);
         assert_eq!(
-            kinds.iter().rev().take(2).map(String::as_str).collect::<Vec<_>>(),
+            kinds
+                .iter()
+                .rev()
+                .take(2)
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
             ["run:status", "run:end"],
             "turn {id} ends with run:end and its status before the answer: {kinds:?}"
         );

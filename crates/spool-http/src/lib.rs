@@ -9,7 +9,7 @@
 pub mod body;
 pub mod channel;
 pub mod client;
-mod lines;
+pub mod lines;
 mod refusals;
 pub mod schedules;
 pub mod server;

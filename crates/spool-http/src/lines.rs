@@ -1,6 +1,8 @@
 //! Encoded stream lines shared by every subscriber of a run: a journal
 //! event's line depends on the event alone, so when an append wakes a
 //! thousand subscribers the first encodes it and the rest copy its bytes.
+//! Any transport with per-subscriber streams uses it (the JSON-RPC
+//! framings keep their notifications here).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Mutex, PoisonError};
@@ -9,39 +11,52 @@ use bytes::Bytes;
 use spool_journal::{Envelope, RunId, Seq};
 
 /// How many encoded lines are kept, across runs; the oldest go first.
-pub(crate) const CACHED_LINES: usize = 1024;
+pub const CACHED_LINES: usize = 1024;
 
-/// The most recently encoded journal-event lines, by run and position.
-/// A position's event never changes (the journal only appends), so a line
-/// kept here is never stale.
-#[derive(Debug, Default)]
-pub(crate) struct LineCache {
-    inner: Mutex<Lines>,
+/// The most recently encoded lines, by run and position (`V`: what one
+/// position encodes to). A position's event never changes (the journal
+/// only appends), so a line kept here is never stale.
+#[derive(Debug)]
+pub struct LineCache<V = Bytes> {
+    inner: Mutex<Lines<V>>,
 }
 
-#[derive(Debug, Default)]
-struct Lines {
+impl<V> Default for LineCache<V> {
+    fn default() -> Self {
+        Self {
+            inner: Mutex::new(Lines {
+                by_run: HashMap::new(),
+                oldest_first: VecDeque::new(),
+            }),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Lines<V> {
     /// By run, then position: a lookup borrows the run's id, so the
     /// thousand subscribers asking for one line allocate nothing.
-    by_run: HashMap<RunId, HashMap<Seq, Bytes>>,
+    by_run: HashMap<RunId, HashMap<Seq, V>>,
     oldest_first: VecDeque<(RunId, Seq)>,
 }
 
-impl LineCache {
-    /// The event's stream line with its newline, encoded by `encode` the
-    /// first time it is asked for.
-    pub(crate) fn line(
-        &self,
-        envelope: &Envelope,
-        encode: impl FnOnce(&Envelope) -> Bytes,
-    ) -> Bytes {
-        let (run, seq) = (&envelope.run_id, envelope.seq);
+impl<V: Clone> LineCache<V> {
+    /// The event's encoding, made by `encode` the first time it is asked
+    /// for.
+    pub fn line(&self, envelope: &Envelope, encode: impl FnOnce(&Envelope) -> V) -> V {
+        self.get_or_encode(&envelope.run_id, envelope.seq, || encode(envelope))
+    }
+
+    /// The encoding kept for `run` at `seq`, made by `encode` the first
+    /// time it is asked for. `seq` need not be a journal position: a cache
+    /// of live deltas keys them by their own counter.
+    pub fn get_or_encode(&self, run: &RunId, seq: Seq, encode: impl FnOnce() -> V) -> V {
         if let Some(line) = self.lock().get(run, seq) {
             return line;
         }
         // Encoded outside the lock: two subscribers missing at once both
-        // encode, and the bytes they get are the same.
-        let line = encode(envelope);
+        // encode, and what they get is the same.
+        let line = encode();
         let mut lines = self.lock();
         if lines.get(run, seq).is_none() {
             if lines.oldest_first.len() == CACHED_LINES
@@ -63,7 +78,7 @@ impl LineCache {
         line
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Lines> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Lines<V>> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -73,8 +88,8 @@ impl LineCache {
     }
 }
 
-impl Lines {
-    fn get(&self, run: &RunId, seq: Seq) -> Option<Bytes> {
+impl<V: Clone> Lines<V> {
+    fn get(&self, run: &RunId, seq: Seq) -> Option<V> {
         self.by_run.get(run)?.get(&seq).cloned()
     }
 }
@@ -96,7 +111,7 @@ mod tests {
 
     #[test]
     fn an_events_line_is_encoded_once_however_many_subscribers_ask() {
-        let cache = LineCache::default();
+        let cache: LineCache = LineCache::default();
         let mut encoded = 0;
         for _ in 0..1000 {
             let line = cache.line(&envelope("r", 3), |_| {
@@ -110,7 +125,7 @@ mod tests {
 
     #[test]
     fn the_cache_keeps_at_most_its_bound_and_forgets_the_oldest_first() {
-        let cache = LineCache::default();
+        let cache: LineCache = LineCache::default();
         for seq in 0..(CACHED_LINES as u64 + 10) {
             cache.line(&envelope("r", seq), |e| Bytes::from(e.seq.to_string()));
         }
@@ -131,7 +146,7 @@ mod tests {
 
     #[test]
     fn lines_of_different_runs_at_the_same_position_are_kept_apart() {
-        let cache = LineCache::default();
+        let cache: LineCache = LineCache::default();
         let a = cache.line(&envelope("a", 1), |_| Bytes::from_static(b"a"));
         let b = cache.line(&envelope("b", 1), |_| Bytes::from_static(b"b"));
         assert_eq!((&a[..], &b[..]), (&b"a"[..], &b"b"[..]));

@@ -13,12 +13,14 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use bytes::Bytes;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
+use spool_http::lines::LineCache;
 use spool_journal::event::Answer;
 use spool_journal::{Address, Principal, RunId, Seq, TurnId};
-use spool_runtime::hub::StreamItem;
+use spool_runtime::hub::{LiveDelta, StreamItem};
 use spool_runtime::{
     Accepted, CancelOutcome, ErrorKind, MessageRequest, RunView, Runtime, RuntimeError,
     StartRequest,
@@ -62,13 +64,15 @@ pub const METHODS: [&str; 10] = [
 pub enum Outgoing {
     /// One response or notification.
     One(Envelope),
-    /// An `events.append` of a run, with the last journal position it
-    /// reflects: what a reconnecting client resumes after (SSE's `id`).
+    /// A run's notification (`events.append`, `state.patch`), encoded,
+    /// with the last journal position it reflects: what a reconnecting
+    /// client resumes after (SSE's `id`). Encoded once and shared by every
+    /// subscriber it goes to.
     Event {
         /// The position.
         cursor: u64,
-        /// The notification.
-        envelope: Envelope,
+        /// The notification as compact JSON.
+        text: Bytes,
     },
     /// The answers to a batch, in order.
     Batch(Vec<Envelope>),
@@ -83,9 +87,32 @@ impl Outgoing {
     #[must_use]
     pub fn to_json(&self) -> String {
         match self {
-            Self::One(envelope) | Self::Event { envelope, .. } => rpc::encode_ws(envelope),
+            Self::One(envelope) => rpc::encode_ws(envelope),
+            Self::Event { text, .. } => String::from_utf8_lossy(text).into_owned(),
             Self::Batch(envelopes) => rpc::encode_batch(envelopes),
             Self::Legacy(message) => message.to_string(),
+        }
+    }
+
+    /// [`Outgoing::to_json`] as bytes, shared rather than copied for a
+    /// run's notification.
+    #[must_use]
+    pub fn to_bytes(&self) -> Bytes {
+        match self {
+            Self::Event { text, .. } => text.clone(),
+            other => Bytes::from(other.to_json()),
+        }
+    }
+
+    /// A run's notification at `cursor`.
+    fn event(cursor: u64, method: &str, params: Value) -> Self {
+        let envelope = Envelope::Notification(Notification {
+            method: method.to_owned(),
+            params: Some(params),
+        });
+        Self::Event {
+            cursor,
+            text: Bytes::from(rpc::encode_ws(&envelope)),
         }
     }
 }
@@ -94,13 +121,26 @@ impl Outgoing {
 #[derive(Clone, Debug)]
 pub struct Dispatcher {
     runtime: Runtime,
+    encoded: Arc<Encoded>,
+}
+
+/// Notifications encoded once for every subscription of a run: a journal
+/// event's `events.append` depend on the run's log up to it alone (every
+/// subscription reads the log from its start), a live delta's on the delta.
+#[derive(Debug, Default)]
+struct Encoded {
+    events: LineCache<Arc<[Outgoing]>>,
+    deltas: LineCache<Option<Outgoing>>,
 }
 
 impl Dispatcher {
     /// A dispatcher over `runtime`.
     #[must_use]
     pub fn new(runtime: Runtime) -> Self {
-        Self { runtime }
+        Self {
+            runtime,
+            encoded: Arc::default(),
+        }
     }
 
     /// A connection for a caller the transport authenticated as `principal`
@@ -111,6 +151,7 @@ impl Dispatcher {
         let connection = Connection {
             inner: Arc::new(ConnectionInner {
                 runtime: self.runtime.clone(),
+                encoded: Arc::clone(&self.encoded),
                 principal,
                 outbox,
                 subscriptions: Mutex::new(HashMap::new()),
@@ -134,6 +175,7 @@ pub struct Connection {
 #[derive(Debug)]
 struct ConnectionInner {
     runtime: Runtime,
+    encoded: Arc<Encoded>,
     principal: Option<Principal>,
     outbox: mpsc::Sender<Outgoing>,
     /// Subscriptions by run, each ended by its token.
@@ -296,14 +338,7 @@ impl Connection {
 
     /// Sends a run's notification with the journal position it reflects.
     async fn notify_at(&self, cursor: u64, method: &str, params: Value) {
-        self.send(Outgoing::Event {
-            cursor,
-            envelope: Envelope::Notification(Notification {
-                method: method.to_owned(),
-                params: Some(params),
-            }),
-        })
-        .await;
+        self.send(Outgoing::event(cursor, method, params)).await;
     }
 
     /// Calls `method` with `params` in-process, as a request would: how a
@@ -537,6 +572,48 @@ impl Connection {
         Ok(view)
     }
 
+    /// A journal event's `events.append` notifications for a subscription,
+    /// encoded by the first subscription of the run to reach it.
+    fn encoded_events(
+        &self,
+        mapper: &mut Mapper,
+        envelope: &spool_journal::Envelope,
+    ) -> Arc<[Outgoing]> {
+        let mut mapped = false;
+        let encoded = self.inner.encoded.events.line(envelope, |envelope| {
+            mapped = true;
+            mapper
+                .envelope(envelope)
+                .iter()
+                .map(|event| {
+                    Outgoing::event(envelope.seq.0, rpc::METHOD_EVENTS_APPEND, to_value(event))
+                })
+                .collect()
+        });
+        if !mapped {
+            mapper.advance(envelope);
+        }
+        encoded
+    }
+
+    /// A live delta's `events.append`, encoded once for the run's
+    /// subscriptions (with the time the first of them sent it).
+    fn encoded_delta(&self, run: &RunId, mapper: &Mapper, delta: &LiveDelta) -> Option<Outgoing> {
+        self.inner
+            .encoded
+            .deltas
+            .get_or_encode(run, Seq(delta.n), || {
+                let event = mapper.delta(delta, now_nanos())?;
+                // Live only: a client resuming from here gets what the journal
+                // holds after the last durable position.
+                Some(Outgoing::event(
+                    delta.after.0.saturating_sub(1),
+                    rpc::METHOD_EVENTS_APPEND,
+                    to_value(&event),
+                ))
+            })
+    }
+
     /// Sends a journal event's `events.append` notifications.
     async fn send_events(
         &self,
@@ -637,7 +714,7 @@ impl Connection {
                 if let StreamItem::Event(envelope) = &item
                     && cursor.is_some_and(|cursor| envelope.seq.0 <= cursor)
                 {
-                    mapper.envelope(envelope);
+                    mapper.advance(envelope);
                     if let Some(patcher) = &mut patcher {
                         patcher.skip(envelope);
                     }
@@ -648,7 +725,11 @@ impl Connection {
                         // A position's events go out before its patch: a
                         // client resuming after it has both.
                         if channels.events {
-                            connection.send_events(&mut mapper, &envelope, None).await;
+                            for event in connection.encoded_events(&mut mapper, &envelope).iter() {
+                                connection.send(event.clone()).await;
+                            }
+                        } else {
+                            mapper.advance(&envelope);
                         }
                         if let Some(patch) = patcher.as_mut().and_then(|p| p.apply(&envelope)) {
                             connection
@@ -662,6 +743,13 @@ impl Connection {
                         std::ops::ControlFlow::Continue(())
                     }
                     StreamItem::Delta(_) if !channels.events => std::ops::ControlFlow::Continue(()),
+                    StreamItem::Delta(delta) => {
+                        if let Some(event) = connection.encoded_delta(&subscribed, &mapper, &delta)
+                        {
+                            connection.send(event).await;
+                        }
+                        std::ops::ControlFlow::Continue(())
+                    }
                     item => {
                         connection
                             .forward(&subscribed, &mut mapper, item, None)

@@ -77,6 +77,19 @@ impl Mapper {
             .with_attribute("cicd.worker.id", "spool")
     }
 
+    /// Follows one journal event without mapping it: what the mapper
+    /// remembers (the model call in progress) moves on as
+    /// [`Mapper::envelope`] would move it.
+    pub fn advance(&mut self, envelope: &Envelope) {
+        match &envelope.event {
+            Event::ModelCallRequested(_) => {
+                self.model_span = Some(span_id(&self.run, &format!("model:{}", envelope.seq.0)));
+            }
+            Event::ModelCallCompleted(_) => self.model_span = None,
+            _ => {}
+        }
+    }
+
     /// The wire events of one journal event (none for a record nobody
     /// outside the runtime reads: a schedule's firing records).
     pub fn envelope(&mut self, envelope: &Envelope) -> Vec<WireEvent> {
@@ -247,7 +260,7 @@ impl Mapper {
     /// The wire event of a live delta: streamed text is the model call's
     /// `task:stdout`; thinking is marked as such; tool-call pieces are left
     /// to the tool call's own events.
-    pub fn delta(&mut self, delta: &LiveDelta, nanos: u64) -> Option<WireEvent> {
+    pub fn delta(&self, delta: &LiveDelta, nanos: u64) -> Option<WireEvent> {
         let span = self.model_span.clone()?;
         let (text, stream) = match &delta.delta {
             Delta::Text(text) => (text.clone(), "text"),

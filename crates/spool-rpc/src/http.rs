@@ -165,13 +165,21 @@ async fn open(
                 _ = closing.wait_for(|closing| *closing) => None,
             };
             let Some(message) = message else { break };
-            let framed = match (framing, &message) {
+            let text = message.to_bytes();
+            let mut framed = Vec::with_capacity(text.len() + 32);
+            match (framing, &message) {
                 (Framing::Sse, Outgoing::Event { cursor, .. }) => {
-                    format!("id: {cursor}\ndata: {}\n\n", message.to_json())
+                    framed.extend_from_slice(format!("id: {cursor}\ndata: ").as_bytes());
                 }
-                (Framing::Sse, _) => format!("data: {}\n\n", message.to_json()),
-                (Framing::Ndjson, _) => format!("{}\n", message.to_json()),
-            };
+                (Framing::Sse, _) => framed.extend_from_slice(b"data: "),
+                (Framing::Ndjson, _) => {}
+            }
+            framed.extend_from_slice(&text);
+            framed.extend_from_slice(if framing == Framing::Sse {
+                b"\n\n"
+            } else {
+                b"\n"
+            });
             if sender.send(Bytes::from(framed)).await.is_err() {
                 // The client went away.
                 break;

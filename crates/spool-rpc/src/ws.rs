@@ -147,17 +147,21 @@ fn config() -> WebSocketConfig {
         .max_write_buffer_size(WRITE_BUFFER)
 }
 
-/// Writes one message, in fragments of [`FRAME`] bytes when it is longer.
-async fn write<S>(sink: &mut S, text: String) -> Result<(), tokio_tungstenite::tungstenite::Error>
+/// Writes one message (compact JSON), in fragments of [`FRAME`] bytes when
+/// it is longer.
+async fn write<S>(
+    sink: &mut S,
+    bytes: bytes::Bytes,
+) -> Result<(), tokio_tungstenite::tungstenite::Error>
 where
     S: futures_util::Sink<Message, Error = tokio_tungstenite::tungstenite::Error> + Unpin,
 {
-    if text.len() <= FRAME {
-        return sink.send(Message::text(text)).await;
+    if bytes.len() <= FRAME {
+        let text = tokio_tungstenite::tungstenite::Utf8Bytes::try_from(bytes)?;
+        return sink.send(Message::Text(text)).await;
     }
     // A text message's fragments may split a character: the message, not
     // each fragment, is UTF-8 (RFC 6455 §5.6).
-    let bytes = bytes::Bytes::from(text);
     let mut start = 0;
     while start < bytes.len() {
         let end = (start + FRAME).min(bytes.len());
@@ -193,7 +197,7 @@ async fn session<S>(
     let writer = tokio::spawn(async move {
         while let Some(message) = outgoing.recv().await {
             let sent =
-                tokio::time::timeout(WRITE_TIMEOUT, write(&mut sink, message.to_json())).await;
+                tokio::time::timeout(WRITE_TIMEOUT, write(&mut sink, message.to_bytes())).await;
             match sent {
                 Ok(Ok(())) => {}
                 Ok(Err(_)) => {

@@ -365,3 +365,48 @@ async fn submit_run_sends_every_event_of_the_turn_before_its_answer() {
         assert_eq!(reply["result"]["state"], "completed");
     }
 }
+
+#[tokio::test]
+async fn a_runs_notifications_are_encoded_once_for_all_its_subscriptions() {
+    let runtime = echo();
+    let dispatcher = Dispatcher::new(runtime.clone());
+    let (driver, mut driven) = dispatcher.connect(None);
+    driver
+        .receive(r#"{"jsonrpc":"2.0","id":1,"method":"submit.run","params":{"text":"hi"}}"#)
+        .await;
+    let run = loop {
+        let message: Value = serde_json::from_str(&driven.recv().await.unwrap().to_json()).unwrap();
+        if message["id"] == 1 {
+            break message["result"]["run_id"].as_str().unwrap().to_owned();
+        }
+    };
+    // Two subscriptions on two connections of one dispatcher.
+    let mut texts = Vec::new();
+    for _ in 0..2 {
+        let (connection, mut outgoing) = dispatcher.connect(None);
+        connection
+            .request("subscribe", json!({"run_id": run}))
+            .await
+            .unwrap();
+        let mut events = Vec::new();
+        loop {
+            let message = tokio::time::timeout(PATIENCE, outgoing.recv())
+                .await
+                .unwrap()
+                .unwrap();
+            let Outgoing::Event { text, .. } = message else {
+                continue;
+            };
+            let done = String::from_utf8_lossy(&text).contains(r#""spool.kind":"run:end""#);
+            events.push(text);
+            if done {
+                break;
+            }
+        }
+        texts.push(events);
+    }
+    assert_eq!(texts[0], texts[1]);
+    for (a, b) in texts[0].iter().zip(&texts[1]) {
+        assert_eq!(a.as_ptr(), b.as_ptr(), "one encoding, shared");
+    }
+}

@@ -7,8 +7,9 @@
 //! delta's sending time), at every subscriber, one turn at a time; the
 //! baseline is the machine's floor, the same number of lines written to
 //! plain loopback sockets. Then the server's resident memory per
-//! subscribed WebSocket after the turns, beside a bare loopback TCP
-//! connection's: what shows an outbox that grows without bound.
+//! subscribed WebSocket, idle (beside a bare loopback TCP connection's),
+//! and after the turns (beside the idle figure): what would show a buffer
+//! that grows without bound.
 
 use std::sync::Arc;
 
@@ -60,6 +61,9 @@ pub(crate) fn fanout(scale: Scale) -> anyhow::Result<Vec<Row>> {
             turns.to_string(),
         ])
         .await?;
+        // Subscribed and idle, as `stream-fanout`'s open streams are
+        // measured; then again after the turns, with what they left behind.
+        let idle = resident_bytes()?.saturating_sub(before) as f64 / subscribers as f64;
         for turn in 0..turns {
             let _: Value = client
                 .post(
@@ -94,7 +98,7 @@ pub(crate) fn fanout(scale: Scale) -> anyhow::Result<Vec<Row>> {
         rows.push(
             Row::new(
                 format!("rpc-fanout/{subscribers} WebSocket subscribers, server"),
-                per_client,
+                idle,
                 "B/client",
                 "bare TCP, server side",
                 bare_bytes,
@@ -102,6 +106,18 @@ pub(crate) fn fanout(scale: Scale) -> anyhow::Result<Vec<Row>> {
             .lower_is_better()
             // As an NDJSON stream's: 10 k in 200 MiB.
             .figure_at_most(200.0 * 1024.0 * 1024.0 / 10_000.0),
+        );
+        rows.push(
+            Row::new(
+                format!(
+                    "rpc-fanout/{subscribers} WebSocket subscribers, server after {turns} turns"
+                ),
+                per_client,
+                "B/client",
+                "the same, before the turns",
+                idle,
+            )
+            .lower_is_better(),
         );
         close_streams.send_replace(true);
         stop.send_replace(true);

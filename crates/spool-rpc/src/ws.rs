@@ -12,7 +12,8 @@
 //! What the server buffers for a client is bounded by [`WRITE_BUFFER`]:
 //! messages longer than [`FRAME`] go out in fragments of that size, and
 //! the pongs of a client that floods pings without reading them are not
-//! queued past the bound (the latest replaces the one waiting).
+//! queued past the bound (the latest replaces the one waiting). Messages
+//! already waiting in the outbox go out in one write.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -45,9 +46,16 @@ pub const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// fragments of this size.
 pub const FRAME: usize = 64 * 1024;
 
-/// What the server holds for one client's socket at most: a frame and a
-/// pong.
-pub const WRITE_BUFFER: usize = FRAME + 1024;
+/// What the server gathers before writing to a client's socket: the
+/// messages already waiting go out together.
+const GATHER: usize = 4 * 1024;
+
+/// What the server holds for one client's socket at most: what it gathers,
+/// a frame and a pong.
+pub const WRITE_BUFFER: usize = GATHER + FRAME + 1024;
+
+/// How many waiting messages one write takes at most.
+const BATCH: usize = 64;
 
 /// The `/ws` route, to mount on the HTTP channel. `closing` turning true
 /// closes open sessions.
@@ -137,19 +145,21 @@ fn upgrade(
     reply
 }
 
-/// The session's limits: what it reads (1 MiB a message) and what it holds
-/// for the client ([`WRITE_BUFFER`], each frame written at once).
+/// The session's limits: what it reads (1 MiB a message, into a buffer
+/// that starts small: most clients send little) and what it holds for the
+/// client ([`WRITE_BUFFER`]).
 fn config() -> WebSocketConfig {
     WebSocketConfig::default()
+        .read_buffer_size(4 * 1024)
         .max_message_size(Some(DEFAULT_MAX_LINE_BYTES))
         .max_frame_size(Some(DEFAULT_MAX_LINE_BYTES))
-        .write_buffer_size(0)
+        .write_buffer_size(GATHER)
         .max_write_buffer_size(WRITE_BUFFER)
 }
 
-/// Writes one message (compact JSON), in fragments of [`FRAME`] bytes when
-/// it is longer.
-async fn write<S>(
+/// Queues one message (compact JSON) for the socket, in fragments of
+/// [`FRAME`] bytes when it is longer; the caller flushes.
+async fn feed<S>(
     sink: &mut S,
     bytes: bytes::Bytes,
 ) -> Result<(), tokio_tungstenite::tungstenite::Error>
@@ -158,7 +168,7 @@ where
 {
     if bytes.len() <= FRAME {
         let text = tokio_tungstenite::tungstenite::Utf8Bytes::try_from(bytes)?;
-        return sink.send(Message::Text(text)).await;
+        return sink.feed(Message::Text(text)).await;
     }
     // A text message's fragments may split a character: the message, not
     // each fragment, is UTF-8 (RFC 6455 §5.6).
@@ -174,7 +184,7 @@ where
         sink.feed(Message::Frame(frame)).await?;
         start = end;
     }
-    sink.flush().await
+    Ok(())
 }
 
 /// One WebSocket session: messages in to a connection, its outbox out.
@@ -196,9 +206,21 @@ async fn session<S>(
     let giving_up = gave_up.clone();
     let writer = tokio::spawn(async move {
         while let Some(message) = outgoing.recv().await {
-            let sent =
-                tokio::time::timeout(WRITE_TIMEOUT, write(&mut sink, message.to_bytes())).await;
-            match sent {
+            // What else is already waiting goes out in the same write:
+            // one event reaching a thousand clients is a thousand writes,
+            // not one per message.
+            let batch = async {
+                feed(&mut sink, message.to_bytes()).await?;
+                let mut fed = 1;
+                while fed < BATCH
+                    && let Ok(message) = outgoing.try_recv()
+                {
+                    feed(&mut sink, message.to_bytes()).await?;
+                    fed += 1;
+                }
+                sink.flush().await
+            };
+            match tokio::time::timeout(WRITE_TIMEOUT, batch).await {
                 Ok(Ok(())) => {}
                 Ok(Err(_)) => {
                     giving_up.cancel();

@@ -14,6 +14,7 @@ mod clients;
 mod e2e_llm;
 mod examples;
 mod openapi;
+mod served;
 mod tidy;
 
 const USAGE: &str = "usage: cargo xtask <command>

@@ -6,13 +6,13 @@
 //! is left out (its reads end only by timeout), and so is `compact`, whose
 //! 501 on the echo engine the seed mandates and the document declares.
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
-use crate::{cargo, say, section};
+use crate::served::{self, Served};
+use crate::{say, section};
 
 /// The schemathesis release the check is pinned to.
 const SCHEMATHESIS: &str = "schemathesis==4.32.5";
@@ -24,18 +24,9 @@ const SEED: &str = "1";
 
 pub(crate) fn run(root: &Path) -> Result<()> {
     section("openapi: schemathesis against spool serve");
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(|| root.join("target"), std::path::PathBuf::from);
-    let st = install(&target.join("schemathesis"), SCHEMATHESIS)?.join("st");
-    let status = cargo()
-        .args(["build", "--locked", "-p", "spool-cli"])
-        .current_dir(root)
-        .status()?;
-    if !status.success() {
-        bail!("building spool failed ({status})");
-    }
-    let spool = target.join("debug").join("spool");
-    let work = tempfile_dir(&target, "openapi")?;
+    let st = install(&served::target(root).join("schemathesis"), SCHEMATHESIS)?.join("st");
+    let spool = served::spool(root)?;
+    let work = served::work_dir(root, "openapi")?;
     let tokens = work.join("tokens");
     let issued = Command::new(&spool)
         .args(["token", "new", "schemathesis", "--trigger", "--token-file"])
@@ -55,16 +46,12 @@ pub(crate) fn run(root: &Path) -> Result<()> {
         work.join("spool.toml"),
         "[[schedule]]\nname = \"nightly\"\ncron = \"0 3 1 1 *\"\ntext = \"Run the nightly checks.\"\naddress = \"nightly\"\noverlap = \"queue\"\n",
     )?;
-    let mut server = Command::new(&spool)
-        .args(["serve", "--addr", "127.0.0.1:0", "--journal"])
-        .arg(work.join("journal"))
-        .arg("--token-file")
-        .arg(&tokens)
-        .current_dir(&work)
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("starting spool serve")?;
-    let addr = listening_address(&mut server)?;
+    let server = Served::start(
+        &spool,
+        work.clone(),
+        &["--token-file".as_ref(), tokens.as_ref()],
+    )?;
+    let addr = &server.addr;
     let outcome = Command::new(&st)
         .arg("--config-file")
         .arg(root.join("xtask").join("schemathesis.toml"))
@@ -79,9 +66,7 @@ pub(crate) fn run(root: &Path) -> Result<()> {
         .current_dir(&work)
         .status()
         .context("starting schemathesis");
-    let _ = server.kill();
-    let _ = server.wait();
-    let _ = std::fs::remove_dir_all(&work);
+    drop(server);
     let status = outcome?;
     if !status.success() {
         bail!("schemathesis found the server and docs/openapi.json disagreeing ({status})");
@@ -120,32 +105,4 @@ pub(crate) fn install(dir: &Path, requirement: &str) -> Result<std::path::PathBu
     }
     std::fs::write(&marker, b"")?;
     Ok(bin)
-}
-
-/// A fresh directory under the target directory for a server's journal
-/// and tokens, named for the check.
-pub(crate) fn tempfile_dir(target: &Path, check: &str) -> Result<std::path::PathBuf> {
-    let dir = target
-        .join("xtask-servers")
-        .join(format!("{check}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir)?;
-    Ok(dir)
-}
-
-/// Reads the server's stderr until it says where it listens, then keeps
-/// draining it so the server never blocks on a full pipe.
-pub(crate) fn listening_address(server: &mut std::process::Child) -> Result<String> {
-    let stderr = server.stderr.take().context("the server's stderr")?;
-    let mut lines = BufReader::new(stderr).lines();
-    let mut addr = None;
-    for line in lines.by_ref().take(10) {
-        let line = line?;
-        if let Some(rest) = line.strip_prefix("spool: listening on ") {
-            addr = rest.split(' ').next().map(str::to_owned);
-            break;
-        }
-    }
-    std::thread::spawn(move || for _ in lines {});
-    addr.context("spool serve did not say where it listens")
 }

@@ -360,26 +360,58 @@ pub(crate) fn fanout(scale: Scale) -> anyhow::Result<Vec<Row>> {
         let client = Client::new(&url)?;
         let many = latencies(&client, &url, "fanout-many", subscribers, turns).await?;
         let bare = bare_fanout(subscribers, turns).await?;
-        let mut rows = Vec::new();
-        for (label, p) in [("p50", 0.5), ("p99", 0.99), ("max", 1.0)] {
-            let mut row = Row::new(
-                format!("stream-fanout/{subscribers} subscribers {label}"),
-                percentile(&many, p) * 1e3,
-                "ms",
-                format!("bare sockets {label}"),
-                percentile(&bare, p) * 1e3,
-            )
-            .lower_is_better();
-            if label == "p99" {
-                row = row.figure_at_most(2.0);
-            }
-            rows.push(row);
-        }
+        let mut rows = latency_rows(
+            &format!("stream-fanout/{subscribers} subscribers"),
+            &many,
+            &bare,
+        );
         rows.push(open_streams(&client, &url, held).await?);
         close_streams.send_replace(true);
         stop.send_replace(true);
         anyhow::Ok(rows)
     })
+}
+
+/// A fan-out's p50, p99 and max latencies (seconds, sorted) beside the
+/// bare-socket floor's, named `PREFIX p50` and so on; the p99 has the
+/// fan-out target.
+pub(crate) fn latency_rows(prefix: &str, many: &[f64], bare: &[f64]) -> Vec<Row> {
+    let mut rows = Vec::new();
+    for (label, p) in [("p50", 0.5), ("p99", 0.99), ("max", 1.0)] {
+        let mut row = Row::new(
+            format!("{prefix} {label}"),
+            percentile(many, p) * 1e3,
+            "ms",
+            format!("bare sockets {label}"),
+            percentile(bare, p) * 1e3,
+        )
+        .lower_is_better();
+        if label == "p99" {
+            row = row.figure_at_most(2.0);
+        }
+        rows.push(row);
+    }
+    rows
+}
+
+/// Sends `turns` messages to `run`, each once `peer` says its
+/// subscribers have the last one's answer.
+pub(crate) async fn drive_turns(
+    client: &Client,
+    run: &str,
+    turns: usize,
+    peer: &mut Peer,
+) -> anyhow::Result<()> {
+    for turn in 0..turns {
+        let _: Value = client
+            .post(
+                &format!("/runs/{run}"),
+                &json!({"text": format!("turn {turn}")}),
+            )
+            .await?;
+        anyhow::ensure!(peer.line().await? == "turn", "the subscribers lost a turn");
+    }
+    Ok(())
 }
 
 /// A child process of this binary that holds connections to the server.
@@ -450,15 +482,7 @@ async fn latencies(
         turns.to_string(),
     ])
     .await?;
-    for turn in 0..turns {
-        let _: Value = client
-            .post(
-                &format!("/runs/{}", ensured.run_id),
-                &json!({"text": format!("turn {turn}")}),
-            )
-            .await?;
-        anyhow::ensure!(peer.line().await? == "turn", "the subscribers lost a turn");
-    }
+    drive_turns(client, &ensured.run_id, turns, &mut peer).await?;
     let mut all: Vec<f64> = serde_json::from_str(&peer.line().await?)?;
     peer.finish().await?;
     all.sort_by(f64::total_cmp);

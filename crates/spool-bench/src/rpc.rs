@@ -24,8 +24,8 @@ use tokio_tungstenite::tungstenite::Message;
 
 use crate::Scale;
 use crate::http::{
-    Peer, bare_connection_bytes, bare_fanout, collect, percentile, resident_bytes, say, start,
-    tokio,
+    Peer, bare_connection_bytes, bare_fanout, collect, drive_turns, latency_rows, resident_bytes,
+    say, start, tokio,
 };
 use crate::report::Row;
 
@@ -64,37 +64,18 @@ pub(crate) fn fanout(scale: Scale) -> anyhow::Result<Vec<Row>> {
         // Subscribed and idle, as `stream-fanout`'s open streams are
         // measured; then again after the turns, with what they left behind.
         let idle = resident_bytes()?.saturating_sub(before) as f64 / subscribers as f64;
-        for turn in 0..turns {
-            let _: Value = client
-                .post(
-                    &format!("/runs/{}", ensured.run_id),
-                    &json!({"text": format!("turn {turn}")}),
-                )
-                .await?;
-            anyhow::ensure!(peer.line().await? == "turn", "the subscribers lost a turn");
-        }
+        drive_turns(&client, &ensured.run_id, turns, &mut peer).await?;
         let per_client = resident_bytes()?.saturating_sub(before) as f64 / subscribers as f64;
         let mut many: Vec<f64> = serde_json::from_str(&peer.line().await?)?;
         peer.finish().await?;
         many.sort_by(f64::total_cmp);
         let bare = bare_fanout(subscribers, turns).await?;
 
-        let mut rows = Vec::new();
-        for (label, p) in [("p50", 0.5), ("p99", 0.99), ("max", 1.0)] {
-            let mut row = Row::new(
-                format!("rpc-fanout/{subscribers} WebSocket subscribers {label}"),
-                percentile(&many, p) * 1e3,
-                "ms",
-                format!("bare sockets {label}"),
-                percentile(&bare, p) * 1e3,
-            )
-            .lower_is_better();
-            if label == "p99" {
-                // The target `stream-fanout` has.
-                row = row.figure_at_most(2.0);
-            }
-            rows.push(row);
-        }
+        let mut rows = latency_rows(
+            &format!("rpc-fanout/{subscribers} WebSocket subscribers"),
+            &many,
+            &bare,
+        );
         rows.push(
             Row::new(
                 format!("rpc-fanout/{subscribers} WebSocket subscribers, server"),

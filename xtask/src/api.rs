@@ -19,13 +19,14 @@ use serde_json::Value;
 use crate::{cargo, section};
 
 /// The libraries whose API is held to a snapshot.
-const LIBRARIES: [&str; 6] = [
+const LIBRARIES: [&str; 7] = [
     "spool-wire",
     "spool-journal",
     "spool-runtime",
     "spool-http",
     "spool-engines",
     "spool-rpc",
+    "spool-pod",
 ];
 
 pub(crate) fn run(root: &Path, bless: bool) -> Result<()> {

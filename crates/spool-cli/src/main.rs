@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod agent;
+mod pod;
 mod rpc;
 mod runs;
 mod serve;
@@ -51,6 +52,11 @@ enum Command {
     /// Serve JSON-RPC 2.0 (seed 001) on stdin and stdout, one envelope per
     /// line, on the local journal.
     Rpc(rpc::RpcArgs),
+    /// Serve a pod (seed 003) on a Unix socket, or list the pods served.
+    Pod {
+        #[command(subcommand)]
+        command: pod::PodCommand,
+    },
     /// Read runs from a journal (read-only; safe beside a running server).
     Runs {
         #[command(subcommand)]
@@ -71,6 +77,7 @@ fn main() -> ExitCode {
         Command::Wire { command } => wire::run(command),
         Command::Runs { command } => runs::run(command),
         Command::Rpc(args) => rpc::run(args),
+        Command::Pod { command } => pod::run(command),
         Command::Agent { command } => agent::run(command),
         Command::Serve(args) => serve::run(args),
         Command::Run(args) => talk::run(args),

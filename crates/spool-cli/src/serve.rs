@@ -45,6 +45,14 @@ pub(crate) struct ServeArgs {
     /// `--token-file`.
     #[arg(long, value_enum, default_value = "any")]
     run_access: RunAccessArg,
+    /// Also serve pod NAME (seed 003) on a Unix socket in its runtime
+    /// directory; repeatable.
+    #[arg(long = "pod", value_name = "NAME")]
+    pods: Vec<String>,
+    /// The root of the pods' runtime directories
+    /// (default: $XDG_RUNTIME_DIR/spool/pods).
+    #[arg(long)]
+    runtime_dir: Option<PathBuf>,
 }
 
 /// `--run-access`.
@@ -149,6 +157,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     .await
     .context("starting the schedules")?;
     let (stop, closing) = tokio::sync::watch::channel(false);
+    let pods =
+        crate::pod::serve_pods(&runtime, &args.pods, args.runtime_dir.as_deref(), &closing).await?;
     // JSON-RPC (seed 001) on the same listener, behind the same
     // authenticator: /version, /events (SSE), /stream (NDJSON).
     let rpc = spool_rpc::Dispatcher::new(runtime.clone());
@@ -194,6 +204,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         stop.send_replace(true);
     };
     channel.serve(listener, shutdown).await?;
+    pods.close();
+    pods.wait().await;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -285,7 +297,7 @@ pub(crate) async fn recover(runtime: &Runtime) -> anyhow::Result<usize> {
     Ok(recovery.resumed)
 }
 
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut interrupt), Ok(mut terminate)) = (
         signal(SignalKind::interrupt()),

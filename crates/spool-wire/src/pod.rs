@@ -5,7 +5,7 @@
 //! ```
 //! use spool_wire::pod::{Event, Method, TextData};
 //!
-//! assert_eq!(Method::decode(r#"{"method": "resume"}"#).unwrap(), Method::Resume);
+//! assert_eq!(Method::decode(r#"{"method": "resume"}"#).unwrap(), Method::Resume { answer: None });
 //! assert_eq!(
 //!     Method::decode(r#"{"method": "run", "params": {"input": "Hi"}}"#).unwrap(),
 //!     Method::Run { input: "Hi".into() },
@@ -28,14 +28,30 @@ pub enum Method {
         /// The user's input.
         input: String,
     },
-    /// Resume a paused pod.
-    Resume,
+    /// Resume a paused pod. A pause that asks a person (a question, an
+    /// approval) needs an answer: `{"text", "approved"?}` as `params`, an
+    /// addition to the seed, whose `resume` carries none.
+    Resume {
+        /// The answer, when the pause asks for one.
+        answer: Option<ResumeAnswer>,
+    },
     /// Cancel the running turn.
     Cancel,
     /// Ask for a `status` event.
     GetStatus,
     /// Ask for a `history` event.
     GetHistory,
+}
+
+/// The answer a `resume` carries.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResumeAnswer {
+    /// The answer's text.
+    #[serde(default)]
+    pub text: String,
+    /// For an approval: `true` approves, `false` rejects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approved: Option<bool>,
 }
 
 string_enum! {
@@ -91,7 +107,7 @@ impl Method {
     pub fn name(&self) -> &'static str {
         match self {
             Self::Run { .. } => "run",
-            Self::Resume => "resume",
+            Self::Resume { .. } => "resume",
             Self::Cancel => "cancel",
             Self::GetStatus => "get_status",
             Self::GetHistory => "get_history",
@@ -141,7 +157,17 @@ impl Method {
                     input: input.to_owned(),
                 })
             }
-            "resume" => Ok(Self::Resume),
+            "resume" => {
+                // `{}` is no answer, as absent params are.
+                let answer = params
+                    .filter(|p| !p.is_empty())
+                    .map(|p| {
+                        serde_util::from_value::<ResumeAnswer>(Value::Object(p.clone()))
+                            .map_err(|e| invalid(format!("`resume` params: {e}")))
+                    })
+                    .transpose()?;
+                Ok(Self::Resume { answer })
+            }
             "cancel" => Ok(Self::Cancel),
             "get_status" => Ok(Self::GetStatus),
             "get_history" => Ok(Self::GetHistory),
@@ -160,10 +186,16 @@ impl Serialize for Method {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let mut map = serializer.serialize_map(None)?;
         map.serialize_entry("method", self.name())?;
-        if let Self::Run { input } = self {
-            let mut params = Map::new();
-            params.insert("input".into(), Value::String(input.clone()));
-            map.serialize_entry("params", &params)?;
+        match self {
+            Self::Run { input } => {
+                let mut params = Map::new();
+                params.insert("input".into(), Value::String(input.clone()));
+                map.serialize_entry("params", &params)?;
+            }
+            Self::Resume {
+                answer: Some(answer),
+            } => map.serialize_entry("params", answer)?,
+            _ => {}
         }
         map.end()
     }

@@ -187,7 +187,12 @@ fn wire_event() -> impl Strategy<Value = rpc::WireEvent> {
 fn pod_method() -> impl Strategy<Value = pod::Method> {
     prop_oneof![
         text().prop_map(|input| pod::Method::Run { input }),
-        Just(pod::Method::Resume),
+        Just(pod::Method::Resume { answer: None }),
+        (text(), proptest::option::of(any::<bool>())).prop_map(|(text, approved)| {
+            pod::Method::Resume {
+                answer: Some(pod::ResumeAnswer { text, approved }),
+            }
+        }),
         Just(pod::Method::Cancel),
         Just(pod::Method::GetStatus),
         Just(pod::Method::GetHistory),

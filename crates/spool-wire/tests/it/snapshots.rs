@@ -73,7 +73,7 @@ fn pod_methods() {
         pod::Method::Run {
             input: "What is the capital of France?".into(),
         },
-        pod::Method::Resume,
+        pod::Method::Resume { answer: None },
         pod::Method::Cancel,
         pod::Method::GetStatus,
         pod::Method::GetHistory,

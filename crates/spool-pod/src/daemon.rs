@@ -1,0 +1,142 @@
+//! The daemon: a pod on a Unix socket, JSONL both ways. A connection is a
+//! listener (every event, from a `status` on); each line it sends is a
+//! method. A line that does not decode (not JSON, not UTF-8, over 1 MiB,
+//! an unknown method, `run` without `input`) is answered `invalid_request`
+//! to that connection alone, and the connection stays usable.
+
+use std::future::Future;
+
+use spool_wire::line::{DEFAULT_MAX_LINE_BYTES, LineCodec};
+use spool_wire::pod::{ErrorCode, Event, Method};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{UnixListener, UnixStream};
+use tokio_util::task::TaskTracker;
+
+use crate::pod::Pod;
+
+/// Serves `pod` on `listener` until `shutdown` resolves; then stops
+/// taking connections, closes the open ones and returns.
+pub async fn serve(pod: Pod, listener: UnixListener, shutdown: impl Future<Output = ()>) {
+    let connections = TaskTracker::new();
+    let closing = tokio_util::sync::CancellationToken::new();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let pod = pod.clone();
+                    let closing = closing.clone();
+                    connections.spawn(async move { connection(pod, stream, closing).await });
+                }
+                Err(error) => {
+                    tracing::warn!(target: "spool::pod", %error, "accepting a pod connection failed");
+                }
+            },
+        }
+    }
+    closing.cancel();
+    connections.close();
+    connections.wait().await;
+}
+
+/// One connection: its listener's events out, its lines in.
+async fn connection(pod: Pod, stream: UnixStream, closing: tokio_util::sync::CancellationToken) {
+    let (mut reader, mut writer) = stream.into_split();
+    let mut listener = pod.listen();
+    let id = listener.id();
+    let writing = tokio::spawn(async move {
+        while let Some(event) = listener.recv().await {
+            if writer
+                .write_all(event.encode_line().as_bytes())
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+        // The listener ends (it fell behind, or the pod closed) or the
+        // client went away: the connection is done either way.
+        let _ = writer.shutdown().await;
+    });
+    let mut codec = LineCodec::new(DEFAULT_MAX_LINE_BYTES);
+    let mut chunk = vec![0u8; 16 * 1024];
+    loop {
+        let read = tokio::select! {
+            () = closing.cancelled() => break,
+            read = reader.read(&mut chunk) => read,
+        };
+        let n = match read {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        for line in codec.push(&chunk[..n]) {
+            match line
+                .text
+                .map_err(|e| e.to_string())
+                .and_then(|text| Method::decode(&text).map_err(|rejection| rejection.message))
+            {
+                Ok(method) => pod.call(method).await,
+                Err(reason) => pod.tell(
+                    id,
+                    Event::error(
+                        ErrorCode::InvalidRequest,
+                        format!("line {}: {reason}", line.number),
+                    ),
+                ),
+            }
+        }
+        if writing.is_finished() {
+            break;
+        }
+    }
+    // Unregisters the listener (dropped with the writer task) and closes.
+    writing.abort();
+    let _ = writing.await;
+}
+
+/// Serves `pod` in its runtime directory until `shutdown` resolves: the
+/// socket, and `status.json` kept to the pod's state. The directory's
+/// files go when `dir` is dropped, after this returns.
+///
+/// # Errors
+///
+/// When the socket cannot be bound.
+pub async fn serve_in(
+    pod: Pod,
+    dir: &crate::dir::PodDir,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), crate::dir::DirError> {
+    let listener = dir.bind()?;
+    let mut watcher = pod.listen();
+    let write = |state: spool_wire::pod::PodState, session: String| {
+        let status = crate::dir::StatusFile {
+            pod_name: pod.name().to_owned(),
+            state: state.as_str().to_owned(),
+            session_id: session,
+            pid: std::process::id(),
+        };
+        if let Err(error) = dir.write_status(&status) {
+            tracing::warn!(target: "spool::pod", %error, "status.json was not written");
+        }
+    };
+    let keep_status = async {
+        while let Some(event) = watcher.recv().await {
+            if let Event::Status(status) = event {
+                write(status.state, status.session_id);
+            }
+        }
+    };
+    let serving = serve(pod.clone(), listener, shutdown);
+    tokio::pin!(serving, keep_status);
+    let mut keeping = true;
+    loop {
+        tokio::select! {
+            () = &mut serving => return Ok(()),
+            () = &mut keep_status, if keeping => {
+                keeping = false;
+                tracing::warn!(target: "spool::pod", pod = pod.name(), "status.json is no longer kept up to date");
+            }
+        }
+    }
+}

@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod agent;
+mod pod;
 mod rpc;
 mod runs;
 mod serve;

@@ -2,7 +2,8 @@
 //! listener (every event, from a `status` on); each line it sends is a
 //! method. A line that does not decode (not JSON, not UTF-8, over 1 MiB,
 //! an unknown method, `run` without `input`) is answered `invalid_request`
-//! to that connection alone, and the connection stays usable.
+//! to that connection alone, and the connection stays usable. A client
+//! that takes no event for [`WRITE_TIMEOUT`] is disconnected.
 
 use std::future::Future;
 
@@ -13,6 +14,10 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio_util::task::TaskTracker;
 
 use crate::pod::Pod;
+
+/// How long one event may take to reach a client before the connection is
+/// closed as one that stopped reading.
+pub const WRITE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Serves `pod` on `listener` until `shutdown` resolves; then stops
 /// taking connections, closes the open ones and returns.
@@ -45,7 +50,7 @@ async fn connection(pod: Pod, stream: UnixStream, closing: tokio_util::sync::Can
     let (mut reader, mut writer) = stream.into_split();
     let mut listener = pod.listen();
     let id = listener.id();
-    let writing = tokio::spawn(async move {
+    let mut writing = tokio::spawn(async move {
         while let Some(event) = listener.recv().await {
             if writer
                 .write_all(event.encode_line().as_bytes())
@@ -61,9 +66,15 @@ async fn connection(pod: Pod, stream: UnixStream, closing: tokio_util::sync::Can
     });
     let mut codec = LineCodec::new(DEFAULT_MAX_LINE_BYTES);
     let mut chunk = vec![0u8; 16 * 1024];
+    let mut written = false;
     loop {
         let read = tokio::select! {
             () = closing.cancelled() => break,
+            // Dropped (it fell behind): reading on would serve no one.
+            _ = &mut writing => {
+                written = true;
+                break;
+            }
             read = reader.read(&mut chunk) => read,
         };
         let n = match read {
@@ -86,13 +97,12 @@ async fn connection(pod: Pod, stream: UnixStream, closing: tokio_util::sync::Can
                 ),
             }
         }
-        if writing.is_finished() {
-            break;
-        }
     }
-    // Unregisters the listener (dropped with the writer task) and closes.
-    writing.abort();
-    let _ = writing.await;
+    if !written {
+        // Unregisters the listener (dropped with the writer task).
+        writing.abort();
+        let _ = writing.await;
+    }
 }
 
 /// Serves `pod` in its runtime directory until `shutdown` resolves: the

@@ -105,19 +105,16 @@ async fn connection(pod: Pod, stream: UnixStream, closing: tokio_util::sync::Can
     }
 }
 
-/// Serves `pod` in its runtime directory until `shutdown` resolves: the
-/// socket, and `status.json` kept to the pod's state. The directory's
-/// files go when `dir` is dropped, after this returns.
-///
-/// # Errors
-///
-/// When the socket cannot be bound.
+/// Serves `pod` on `listener` (bound by [`crate::dir::PodDir::bind`],
+/// before the host says it is ready) until `shutdown` resolves, keeping
+/// `status.json` in `dir` to the pod's state. The directory's files go
+/// when `dir` is dropped, after this returns.
 pub async fn serve_in(
     pod: Pod,
     dir: &crate::dir::PodDir,
+    listener: UnixListener,
     shutdown: impl Future<Output = ()>,
-) -> Result<(), crate::dir::DirError> {
-    let listener = dir.bind()?;
+) {
     let mut watcher = pod.listen();
     let write = |state: spool_wire::pod::PodState, session: String| {
         let status = crate::dir::StatusFile {
@@ -142,7 +139,7 @@ pub async fn serve_in(
     let mut keeping = true;
     loop {
         tokio::select! {
-            () = &mut serving => return Ok(()),
+            () = &mut serving => return,
             () = &mut keep_status, if keeping => {
                 keeping = false;
                 tracing::warn!(target: "spool::pod", pod = pod.name(), "status.json is no longer kept up to date");

@@ -123,3 +123,77 @@ fn a_pod_killed_mid_turn_resumes_the_turn_on_restart_with_nothing_repeated() {
         "a graceful stop removes the socket"
     );
 }
+
+#[test]
+fn spool_pod_attach_in_a_terminal_runs_what_is_typed_and_streams_the_answer() {
+    use std::io::Read;
+    use std::process::{Command, Stdio};
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("pods");
+    let root_arg = root.to_str().unwrap();
+    let server = serve(dir.path(), &["--pod", "term", "--runtime-dir", root_arg]);
+    // `script` gives the client a pseudo-terminal, as a person's shell
+    // would.
+    let attach = format!(
+        "{} pod attach term --runtime-dir {root_arg}",
+        env!("CARGO_BIN_EXE_spool")
+    );
+    let mut child = Command::new("script")
+        .args(["-qfec", &attach, "/dev/null"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("util-linux's `script` runs the client in a pseudo-terminal");
+    let mut stdout = child.stdout.take().unwrap();
+    let (sender, lines) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        let mut chunk = [0u8; 4096];
+        while let Ok(n) = stdout.read(&mut chunk) {
+            if n == 0 {
+                break;
+            }
+            bytes.extend_from_slice(&chunk[..n]);
+            while let Some(at) = bytes.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = bytes.drain(..=at).collect();
+                let line = String::from_utf8_lossy(&line).trim_end().to_owned();
+                if sender.send(line).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    let until = |text: &str| -> Vec<String> {
+        let mut seen = Vec::new();
+        loop {
+            let line = lines
+                .recv_timeout(Duration::from_secs(30))
+                .unwrap_or_else(|_| panic!("`{text}` in time; saw {seen:?}"));
+            let done = line.contains(text);
+            seen.push(line);
+            if done {
+                return seen;
+            }
+        }
+    };
+    // Connected: the pod's state comes first.
+    until("[idle]");
+    let mut stdin = child.stdin.take().unwrap();
+    writeln!(stdin, "hello there").unwrap();
+    let turn = until("[turn 1 finished]");
+    assert!(
+        turn.iter().any(|l| l == "echo: hello there"),
+        "the answer, streamed onto one line: {turn:?}"
+    );
+    writeln!(stdin, "/quit").unwrap();
+    let (sender, exited) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = sender.send(child.wait());
+    });
+    let status = exited
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the client quits on /quit")
+        .unwrap();
+    assert!(status.success(), "{status}");
+    assert!(terminate(server).success());
+}

@@ -131,8 +131,11 @@ pub enum SuspendStep {
 /// The answer to a sleep.
 #[derive(Debug, PartialEq)]
 pub enum SleepStep {
-    /// The recorded wake-up.
-    Woke,
+    /// The recorded wake-up; `early`: when it came before its time.
+    Woke {
+        /// When the sleep was ended early, if it was.
+        early: Option<time::OffsetDateTime>,
+    },
     /// Recorded and not yet woken: the run stays parked until this record's
     /// `wake_at`.
     Sleeping(SleepStarted),
@@ -306,8 +309,10 @@ impl ReplayCursor {
                 match self.take_completion(
                     |e| matches!(e, Event::SleepCompleted(c) if c.call_id == call_id),
                 ) {
-                    Some(_) => Ok(SleepStep::Woke),
-                    None => Ok(SleepStep::Sleeping(recorded)),
+                    Some(Event::SleepCompleted(woke)) => Ok(SleepStep::Woke {
+                        early: woke.woken_at,
+                    }),
+                    _ => Ok(SleepStep::Sleeping(recorded)),
                 }
             }
             _ => Err(self.diverged(at, format!("sleep for call {call_id}"))),

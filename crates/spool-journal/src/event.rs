@@ -305,6 +305,14 @@ pub struct SleepStarted {
 pub struct SleepCompleted {
     /// The tool call that slept.
     pub call_id: String,
+    /// When the sleep was ended before its time (a pod's `resume`): the
+    /// tool's result says this instant. Absent when it woke at its time.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "time::serde::rfc3339::option"
+    )]
+    pub woken_at: Option<OffsetDateTime>,
 }
 
 /// `cancel_requested`.

@@ -4,7 +4,7 @@
 //! turn's start and end, state changes), so a listener that missed the
 //! deltas still gets every `*_done`.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use spool_journal::fold::Status as RunStatus;
 use spool_journal::{Envelope, Event as Journal};
@@ -38,6 +38,11 @@ pub struct Translator {
     /// Tool calls announced by a live delta: their `tool_call_start` and
     /// `tool_call_done` are not sent again from the journal.
     announced: HashSet<String>,
+    /// The tool call a question or approval is parked on: its answer is
+    /// that call's result.
+    asked: Option<String>,
+    /// Sleeping tool calls and when each wakes: its end is its result.
+    sleeping: HashMap<String, time::OffsetDateTime>,
 }
 
 impl Translator {
@@ -51,6 +56,8 @@ impl Translator {
             turns: 0,
             state: PodState::Idle,
             announced: HashSet::new(),
+            asked: None,
+            sleeping: HashMap::new(),
         }
     }
 
@@ -147,6 +154,29 @@ impl Translator {
                     is_error: false,
                 })),
             },
+            Journal::Suspended(suspended) => self.asked.clone_from(&suspended.call_id),
+            Journal::Resumed(resumed) => {
+                if let Some(call) = self.asked.take() {
+                    events.push(Event::ToolResult(ToolResult {
+                        id: call,
+                        output: spool_runtime::view::answers_output(&resumed.answers),
+                        is_error: false,
+                    }));
+                }
+            }
+            Journal::SleepStarted(sleep) => {
+                self.sleeping.insert(sleep.call_id.clone(), sleep.wake_at);
+            }
+            Journal::SleepCompleted(woke) => {
+                if let Some(wake_at) = self.sleeping.remove(&woke.call_id) {
+                    let slept = sentinel::slept_output(woke.woken_at.unwrap_or(wake_at));
+                    events.push(Event::ToolResult(ToolResult {
+                        id: woke.call_id.clone(),
+                        output: sentinel::content_string(&slept),
+                        is_error: false,
+                    }));
+                }
+            }
             Journal::ToolCallResolved(resolved) => events.push(Event::ToolResult(ToolResult {
                 id: resolved.call_id.clone(),
                 output: sentinel::content_string(&resolved.output),
@@ -160,11 +190,6 @@ impl Translator {
                     .unwrap_or_else(|| "abandoned by an operator".into()),
                 is_error: true,
             })),
-            Journal::Suspended(_) | Journal::SleepStarted(_) | Journal::BudgetExceeded(_)
-                if moved.as_ref() == Some(&PodState::Paused) =>
-            {
-                events.push(self.turn_end(TurnResult::Paused));
-            }
             Journal::TurnCompleted(_) | Journal::TurnCancelled(_) => {
                 events.push(self.turn_end(TurnResult::Finished));
             }
@@ -176,6 +201,14 @@ impl Translator {
                 events.push(self.turn_end(TurnResult::Finished));
             }
             _ => {}
+        }
+        // A pause ends the turn's run for now: `turn_end` paused.
+        if matches!(
+            envelope.event,
+            Journal::Suspended(_) | Journal::SleepStarted(_) | Journal::BudgetExceeded(_)
+        ) && moved.as_ref() == Some(&PodState::Paused)
+        {
+            events.push(self.turn_end(TurnResult::Paused));
         }
         // A turn's end is announced before the state it leaves the pod in.
         if let Some(state) = moved

@@ -203,6 +203,21 @@ impl Pod {
         }
     }
 
+    /// Registers `callback` as a listener: called with each event, in
+    /// order, on a task of its own, until it returns `false`, the listener
+    /// falls behind (its last call is the `error` saying so) or the pod
+    /// closes. A callback that blocks holds up only itself.
+    pub fn listen_with(&self, mut callback: impl FnMut(Event) -> bool + Send + 'static) {
+        let mut listener = self.listen();
+        self.inner.tasks.spawn(async move {
+            while let Some(event) = listener.recv().await {
+                if !callback(event) {
+                    break;
+                }
+            }
+        });
+    }
+
     /// Sends `event` to one listener alone (the reply to a line that does
     /// not decode goes to its sender only).
     pub fn tell(&self, listener: u64, event: Event) {
@@ -236,9 +251,10 @@ impl Pod {
     /// Stops following the session and disconnects every listener.
     pub async fn close(&self) {
         self.inner.stop.cancel();
+        // Listeners first: a callback's task ends when its events do.
+        self.shared().listeners.clear();
         self.inner.tasks.close();
         self.inner.tasks.wait().await;
-        self.shared().listeners.clear();
     }
 
     fn shared(&self) -> std::sync::MutexGuard<'_, Shared> {
@@ -302,11 +318,9 @@ impl Pod {
                 text: answer.as_ref().map(|a| a.text.clone()).unwrap_or_default(),
                 approved: Some(answer.and_then(|a| a.approved).unwrap_or(true)),
             },
+            // A durable sleep needs no answer: resuming wakes it now.
             (SuspendKind::Sleep, _) => {
-                return Err(Event::error(
-                    ErrorCode::InvalidRequest,
-                    "the pod sleeps until its wake time: a durable sleep is not resumed early (cancel ends it)",
-                ));
+                return runtime.wake(&session).await.map_err(|e| self.refusal(e));
             }
             (SuspendKind::Reconciliation, _) => {
                 return Err(Event::error(

@@ -2,7 +2,7 @@
 //! boundary result, and the conversation for display.
 
 use serde_json::{Value, json};
-use spool_journal::event::{Suspended, Usage};
+use spool_journal::event::{Answer, Suspended, Usage};
 use spool_journal::fold::{State, Status};
 use spool_journal::{Envelope, Event, RunId, Seq, TurnId};
 use spool_wire::run::SuspendKind;
@@ -180,9 +180,10 @@ impl Conversation {
                     .position(|(call, _)| *call == woke.call_id)
                 {
                     let (call, wake_at) = self.sleeping.swap_remove(at);
+                    let woke = woke.woken_at.unwrap_or(wake_at);
                     self.settled.push(tool_result_message(
                         &call,
-                        sentinel::content_string(&sentinel::slept_output(wake_at)),
+                        sentinel::content_string(&sentinel::slept_output(woke)),
                         false,
                     ));
                 }
@@ -310,6 +311,24 @@ impl Document {
     #[must_use]
     pub fn conversation(&self) -> &Conversation {
         &self.conversation
+    }
+}
+
+/// Answers as the model sees them (the suspended tool's result): one plain
+/// answer as its text; a verdict or several answers as canonical JSON.
+#[must_use]
+pub fn answers_output(answers: &[Answer]) -> String {
+    match answers {
+        [
+            Answer {
+                text,
+                approved: None,
+            },
+        ] => text.clone(),
+        [one] => sentinel::content_string(&json!({"approved": one.approved, "text": one.text})),
+        many => {
+            sentinel::content_string(&serde_json::to_value(many).expect("answers are plain JSON"))
+        }
     }
 }
 

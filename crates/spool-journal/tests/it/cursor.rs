@@ -251,9 +251,23 @@ fn a_sleep_replays_its_wake_up_or_keeps_sleeping() {
         Event::SleepStarted(sleep.clone()),
         Event::SleepCompleted(SleepCompleted {
             call_id: "c1".into(),
+            woken_at: None,
         }),
     ]);
-    assert_eq!(c.sleep("c1").unwrap(), SleepStep::Woke);
+    assert_eq!(c.sleep("c1").unwrap(), SleepStep::Woke { early: None });
+    // Woken before its time: the cursor says when.
+    let early = wake_at - time::Duration::minutes(5);
+    let mut c = cursor(vec![
+        Event::SleepStarted(sleep.clone()),
+        Event::SleepCompleted(SleepCompleted {
+            call_id: "c1".into(),
+            woken_at: Some(early),
+        }),
+    ]);
+    assert_eq!(
+        c.sleep("c1").unwrap(),
+        SleepStep::Woke { early: Some(early) }
+    );
     let mut c = cursor(vec![Event::SleepStarted(sleep.clone())]);
     assert_eq!(c.sleep("c1").unwrap(), SleepStep::Sleeping(sleep));
     let mut c = cursor(vec![]);

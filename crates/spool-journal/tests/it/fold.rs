@@ -56,6 +56,7 @@ fn sleep_budget_failure_and_cancellation_each_have_their_state() {
         (
             Event::SleepCompleted(SleepCompleted {
                 call_id: "c".into(),
+                woken_at: None,
             }),
             Status::Running,
         ),

@@ -299,3 +299,72 @@ async fn a_second_daemon_for_a_live_pod_is_refused_and_a_stale_socket_is_replace
     ));
     assert_eq!(std::fs::read(odd.join("sock")).unwrap(), b"mine");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resuming_a_sleeping_pod_wakes_it_now() {
+    let served = serve(
+        runtime(Some(
+            r#"{"tool_calls":[{"id":"s","name":"sleep","arguments":{"seconds":3600}}]}
+{"text":"Awake."}"#,
+        )),
+        "nap",
+    )
+    .await;
+    let (mut client, _) = Client::connect(&served).await;
+    client
+        .call(&Method::Run {
+            input: "sleep an hour".into(),
+        })
+        .await;
+    client
+        .until(|e| matches!(e, Event::Status(s) if s.state == PodState::Paused))
+        .await;
+    client.call(&Method::Resume { answer: None }).await;
+    let rest = client
+        .until(|e| matches!(e, Event::Status(s) if s.state == PodState::Idle))
+        .await;
+    assert!(
+        rest.iter()
+            .any(|e| matches!(e, Event::TextDone(t) if t.text == "Awake.")),
+        "{rest:?}"
+    );
+    assert!(
+        rest.iter().any(
+            |e| matches!(e, Event::ToolResult(r) if r.id == "s" && r.output.contains("slept_until"))
+        ),
+        "the sleep's end is the sleeping call's result: {rest:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_listens_with_a_callback_and_calls_methods_in_process() {
+    let pod = Pod::open(runtime(None), "embedded").await.unwrap();
+    let (sender, mut events) = tokio::sync::mpsc::unbounded_channel();
+    pod.listen_with(move |event| sender.send(event).is_ok());
+    pod.call(Method::Run { input: "hi".into() }).await;
+    let mut seen = Vec::new();
+    loop {
+        let event = tokio::time::timeout(PATIENCE, events.recv())
+            .await
+            .expect("an event in time")
+            .expect("the callback is called");
+        let done = matches!(&event, Event::TurnEnd(_));
+        seen.push(event);
+        if done {
+            break;
+        }
+    }
+    assert!(
+        matches!(&seen[0], Event::Status(s) if s.state == PodState::Idle),
+        "{seen:?}"
+    );
+    assert!(
+        seen.iter()
+            .any(|e| matches!(e, Event::TextDone(t) if t.text == "echo: hi")),
+        "{seen:?}"
+    );
+    // Closing ends the callback's task.
+    tokio::time::timeout(PATIENCE, pod.close())
+        .await
+        .expect("the pod closes");
+}

@@ -255,11 +255,15 @@ impl Inner {
     /// Wakes a sleeping run at its instant: a timer per sleeping run, armed
     /// from the journal (on sleep and on recovery), never a scan of logs.
     pub(crate) fn arm_sleep(self: &Arc<Self>, run: &RunId, sleep: SleepStarted) {
+        // Keyed by the sleep's call as well as the run: a sleep ended early
+        // leaves its timer to run out harmlessly, and a later sleep of the
+        // same run still gets a timer of its own.
+        let key = (run.clone(), sleep.call_id.clone());
         if !self
             .sleeping
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(run.clone())
+            .insert(key.clone())
         {
             return;
         }
@@ -272,8 +276,8 @@ impl Inner {
                 .sleeping
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .remove(&run);
-            if let Err(error) = inner.wake(&run, &sleep).await
+                .remove(&key);
+            if let Err(error) = inner.wake(&run, &sleep, None).await
                 && !inner.stall_on(&run, &error)
             {
                 tracing::error!(run_id = %run, %error, "a sleeping run cannot be woken");
@@ -281,9 +285,15 @@ impl Inner {
         });
     }
 
-    /// Records the end of `sleep` if the run still sleeps on it, and
-    /// drives the run on.
-    async fn wake(self: &Arc<Self>, run: &RunId, sleep: &SleepStarted) -> Result<(), RuntimeError> {
+    /// Records the end of `sleep` if the run still sleeps on it (`early`:
+    /// ended before its time, at that instant), and drives the run on.
+    /// `false` when the run no longer sleeps on it.
+    pub(crate) async fn wake(
+        self: &Arc<Self>,
+        run: &RunId,
+        sleep: &SleepStarted,
+        early: Option<time::OffsetDateTime>,
+    ) -> Result<bool, RuntimeError> {
         let mut locked = self.lock(run).await?;
         let still_sleeping = locked
             .state()
@@ -291,15 +301,16 @@ impl Inner {
             .as_ref()
             .is_some_and(|s| s.call_id == sleep.call_id);
         if !still_sleeping {
-            return Ok(());
+            return Ok(false);
         }
         let woke = Event::SleepCompleted(SleepCompleted {
             call_id: sleep.call_id.clone(),
+            woken_at: early,
         });
         locked.append(&*self.journal, vec![woke]).await?;
         drop(locked);
         Arc::clone(self).ensure_driver(run);
-        Ok(())
+        Ok(true)
     }
 }
 

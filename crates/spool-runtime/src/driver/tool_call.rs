@@ -6,12 +6,12 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use serde_json::{Value, json};
+use serde_json::Value;
 use spool_journal::Event;
 use spool_journal::cursor::{SleepStep, SuspendStep, ToolStep};
 use spool_journal::event::{
-    Answer, Effect, SleepStarted, Suspended, ToolCallAbandoned, ToolCallCompleted,
-    ToolCallRequested, TurnFailed,
+    Effect, SleepStarted, Suspended, ToolCallAbandoned, ToolCallCompleted, ToolCallRequested,
+    TurnFailed,
 };
 use spool_journal::store::{CallRef, Claim, ClaimKey};
 use spool_wire::run::{FailureCode, SuspendKind};
@@ -333,7 +333,7 @@ impl Inner {
                     .map_err(|d| corrupt(d.to_string()))?
                 {
                     SuspendStep::Replayed(resumed) => {
-                        Ok(Step::Result(render_answers(&resumed.answers)))
+                        Ok(Step::Result(crate::view::answers_output(&resumed.answers)))
                     }
                     SuspendStep::Parked => Ok(Step::Parked),
                     SuspendStep::Live(_) => Err(corrupt("a recorded suspension vanished".into())),
@@ -345,8 +345,8 @@ impl Inner {
                     .sleep(&call.id)
                     .map_err(|d| corrupt(d.to_string()))?
                 {
-                    SleepStep::Woke => Ok(Step::Result(sentinel::content_string(
-                        &sentinel::slept_output(sleep.wake_at),
+                    SleepStep::Woke { early } => Ok(Step::Result(sentinel::content_string(
+                        &sentinel::slept_output(early.unwrap_or(sleep.wake_at)),
                     ))),
                     SleepStep::Sleeping(started) => {
                         self.arm_sleep(&ctx.run, started);
@@ -368,22 +368,5 @@ fn outcome_name(output: &Value, step: &Step) -> &'static str {
         (Step::Parked, _) => "parked",
         (_, true) => "failed",
         _ => "output",
-    }
-}
-
-/// Answers as the model sees them: one plain answer as its text; a verdict
-/// or several answers as canonical JSON.
-fn render_answers(answers: &[Answer]) -> String {
-    match answers {
-        [
-            Answer {
-                text,
-                approved: None,
-            },
-        ] => text.clone(),
-        [one] => sentinel::content_string(&json!({"approved": one.approved, "text": one.text})),
-        many => {
-            sentinel::content_string(&serde_json::to_value(many).expect("answers are plain JSON"))
-        }
     }
 }

@@ -262,6 +262,29 @@ impl Runtime {
         self.append_and_drive(locked, vec![resumed]).await
     }
 
+    /// Ends a durable sleep now, before its time: the sleeping tool's
+    /// result says when it was woken, and the turn goes on. A sleep wakes
+    /// by itself at its time; this is for whoever will not wait.
+    ///
+    /// # Errors
+    ///
+    /// `RunNotFound`; `RunNotWaiting` when the run is not asleep.
+    pub async fn wake(&self, run: &RunId) -> Result<(), RuntimeError> {
+        let not_asleep = || RuntimeError::RunNotWaiting {
+            run: run.clone(),
+            turn: None,
+        };
+        let locked = self.inner.lock(run).await?;
+        let sleep = locked.state().sleep.clone().ok_or_else(not_asleep)?;
+        drop(locked);
+        let now = time::OffsetDateTime::now_utc();
+        if self.inner.wake(run, &sleep, Some(now)).await? {
+            Ok(())
+        } else {
+            Err(not_asleep())
+        }
+    }
+
     /// Asks the running turn to stop. Durable: a cancel recorded before a
     /// crash is applied on recovery. Cooperative: the model stream stops at
     /// once and running tools are signalled; the turn ends `cancelled`.

@@ -59,7 +59,7 @@ pub(crate) struct Inner {
     /// The runs in memory, each with the lock its appends take.
     pub(crate) runs: Runs,
     /// Runs with a wake-up armed.
-    pub(crate) sleeping: Mutex<HashSet<RunId>>,
+    pub(crate) sleeping: Mutex<HashSet<(RunId, String)>>,
     /// Whether the journal writes, and the runs waiting until it does.
     pub(crate) storage: Arc<crate::storage::Storage>,
 }

@@ -254,3 +254,62 @@ async fn a_sleeping_run_wakes_after_a_restart() {
     assert_eq!(view.response.as_deref(), Some("woke up"));
     assert_eq!(view.turn_id, Some(turn));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sleep_woken_early_says_when_and_a_later_sleep_of_the_run_still_wakes_by_itself() {
+    let journal: Arc<dyn Journal> = Arc::new(MemoryJournal::new());
+    let script = r#"{"tool_calls": [{"id": "c1", "name": "sleep", "arguments": {"seconds": 3600}}]}
+{"text": "woke up"}
+{"tool_calls": [{"id": "c2", "name": "sleep", "arguments": {"seconds": 0.2}}]}
+{"text": "woke again"}"#;
+    let runtime = runtime_with(journal, script, spool_runtime::Tools::builtin());
+    let (run, turn) = begin(&runtime, "nap for an hour").await;
+    assert_eq!(
+        settle(&runtime, &run, &turn).await.status,
+        Status::Waiting(SuspendKind::Sleep)
+    );
+    let before = time::OffsetDateTime::now_utc();
+    runtime.wake(&run).await.unwrap();
+    let view = until(&runtime, &run, |view| view.status == Status::Completed).await;
+    assert_eq!(view.response.as_deref(), Some("woke up"));
+    // The tool's result says when the sleep ended, not the hour it asked.
+    let snapshot = runtime.snapshot(&run).await.unwrap();
+    let slept = snapshot
+        .messages
+        .iter()
+        .find(|m| m["role"] == "tool")
+        .unwrap()["content"][0]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let until_text: serde_json::Value = serde_json::from_str(&slept).unwrap();
+    let woke = time::OffsetDateTime::parse(
+        until_text["slept_until"].as_str().unwrap(),
+        &time::format_description::well_known::Rfc3339,
+    )
+    .unwrap();
+    assert!(
+        woke - before < time::Duration::minutes(1),
+        "woken now, not in an hour: {slept}"
+    );
+    // Nothing left to wake.
+    assert!(matches!(
+        runtime.wake(&run).await,
+        Err(spool_runtime::RuntimeError::RunNotWaiting { .. })
+    ));
+    // A second sleep of the same run, while the first one's timer still
+    // runs, is armed and wakes by itself.
+    let message = spool_runtime::MessageRequest {
+        text: "nap briefly".into(),
+        context: Vec::new(),
+        policy: None,
+    };
+    let Accepted::Started { .. } = runtime.send(&run, message).await.unwrap() else {
+        panic!("a new turn");
+    };
+    let view = until(&runtime, &run, |view| {
+        view.response.as_deref() == Some("woke again")
+    })
+    .await;
+    assert_eq!(view.status, Status::Completed);
+}

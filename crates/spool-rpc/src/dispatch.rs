@@ -130,7 +130,8 @@ pub struct Dispatcher {
 #[derive(Debug, Default)]
 struct Encoded {
     events: LineCache<Arc<[Outgoing]>>,
-    deltas: LineCache<Option<Outgoing>>,
+    /// By the hub's counter, with the position each follows.
+    deltas: LineCache<(Seq, Option<Outgoing>)>,
 }
 
 impl Dispatcher {
@@ -599,19 +600,29 @@ impl Connection {
     /// A live delta's `events.append`, encoded once for the run's
     /// subscriptions (with the time the first of them sent it).
     fn encoded_delta(&self, run: &RunId, mapper: &Mapper, delta: &LiveDelta) -> Option<Outgoing> {
-        self.inner
+        let encode = || {
+            let event = mapper.delta(delta, now_nanos())?;
+            // Live only: a client resuming from here gets what the journal
+            // holds after the last durable position.
+            Some(Outgoing::event(
+                delta.after.0.saturating_sub(1),
+                rpc::METHOD_EVENTS_APPEND,
+                to_value(&event),
+            ))
+        };
+        // Kept by the hub's counter, which starts over when a run's turns
+        // go unwatched for a while: what is kept is this delta only if it
+        // follows the same journal position.
+        let (after, encoded) = self
+            .inner
             .encoded
             .deltas
-            .get_or_encode(run, Seq(delta.n), || {
-                let event = mapper.delta(delta, now_nanos())?;
-                // Live only: a client resuming from here gets what the journal
-                // holds after the last durable position.
-                Some(Outgoing::event(
-                    delta.after.0.saturating_sub(1),
-                    rpc::METHOD_EVENTS_APPEND,
-                    to_value(&event),
-                ))
-            })
+            .get_or_encode(run, Seq(delta.n), || (delta.after, encode()));
+        if after == delta.after {
+            encoded
+        } else {
+            encode()
+        }
     }
 
     /// Sends a journal event's `events.append` notifications.
@@ -708,6 +719,9 @@ impl Connection {
             loop {
                 let item = tokio::select! {
                     () = token.cancelled() => break,
+                    // Nobody reads the connection any more (a host dropped
+                    // it without closing it): the subscription ends.
+                    () = connection.inner.outbox.closed() => break,
                     item = items.next() => item,
                 };
                 let Some(item) = item else { break };

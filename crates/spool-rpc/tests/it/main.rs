@@ -410,3 +410,84 @@ async fn a_runs_notifications_are_encoded_once_for_all_its_subscriptions() {
         assert_eq!(a.as_ptr(), b.as_ptr(), "one encoding, shared");
     }
 }
+
+#[tokio::test]
+async fn a_later_turns_deltas_are_its_own_after_the_hub_forgot_the_run() {
+    let runtime = echo();
+    let dispatcher = Dispatcher::new(runtime.clone());
+    // The deltas a subscription sees during one turn of `run`.
+    async fn watched_turn(
+        dispatcher: &Dispatcher,
+        runtime: &Runtime,
+        run: &RunId,
+        text: &str,
+    ) -> Vec<String> {
+        let (connection, mut outgoing) = dispatcher.connect(None);
+        connection
+            .request("subscribe", json!({"run_id": run.as_str()}))
+            .await
+            .unwrap();
+        let message = spool_runtime::MessageRequest {
+            text: text.into(),
+            context: Vec::new(),
+            policy: None,
+        };
+        let spool_runtime::Accepted::Started { turn, .. } =
+            runtime.send(run, message).await.unwrap()
+        else {
+            panic!("a turn");
+        };
+        let mut deltas = Vec::new();
+        loop {
+            let message = tokio::time::timeout(PATIENCE, outgoing.recv())
+                .await
+                .unwrap()
+                .unwrap();
+            let message: Value = serde_json::from_str(&message.to_json()).unwrap();
+            let params = &message["params"];
+            if params["attributes"]["spool.stream"] == "text" {
+                deltas.push(params["body"].as_str().unwrap().to_owned());
+            }
+            if params["spool.kind"] == "run:end"
+                && params["attributes"]["spool.turn_id"] == turn.as_str()
+            {
+                return deltas;
+            }
+        }
+    }
+    let first = runtime
+        .start(spool_runtime::StartRequest {
+            text: "zero".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let run = first.run().clone();
+    let turn = runtime.get(&run).await.unwrap().turn_id.unwrap();
+    runtime.wait_for(&run, &turn).await.unwrap();
+    let seen = watched_turn(&dispatcher, &runtime, &run, "one").await;
+    assert!(seen.iter().any(|d| d.contains("one")), "{seen:?}");
+    // A turn nobody watches: the hub forgets the run at its end, and its
+    // delta counter starts over.
+    let accepted = runtime
+        .send(
+            &run,
+            spool_runtime::MessageRequest {
+                text: "unwatched".into(),
+                context: Vec::new(),
+                policy: None,
+            },
+        )
+        .await
+        .unwrap();
+    let spool_runtime::Accepted::Started { turn, .. } = accepted else {
+        panic!("a turn")
+    };
+    runtime.wait_for(&run, &turn).await.unwrap();
+    let seen = watched_turn(&dispatcher, &runtime, &run, "three").await;
+    assert!(seen.iter().any(|d| d.contains("three")), "{seen:?}");
+    assert!(
+        !seen.iter().any(|d| d.contains("one")),
+        "no delta of an earlier turn: {seen:?}"
+    );
+}

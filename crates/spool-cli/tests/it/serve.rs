@@ -34,6 +34,14 @@ fn serve_runs_the_echo_agent_by_default_keeps_runs_across_a_restart_and_stops_on
     assert_eq!(status, 200, "{reply}");
     assert!(reply.contains(r#""response":"echo: hello""#), "{reply}");
     assert!(terminate(running).success(), "a graceful stop exits 0");
+    // Everything is in the journal's file: its write-ahead log was emptied
+    // (SQLite removes it with the last connection).
+    let wal = dir.path().join("journal").join("journal.db-wal");
+    assert_eq!(
+        std::fs::metadata(&wal).map_or(0, |m| m.len()),
+        0,
+        "a graceful stop leaves the write-ahead log empty"
+    );
     let again = serve(dir.path(), &[]);
     let (status, reply) = post(
         &again.addr,

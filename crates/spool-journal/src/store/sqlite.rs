@@ -101,6 +101,9 @@ struct Counters {
 pub struct SqliteJournal {
     counters: Arc<Counters>,
     writer: Option<mpsc::Sender<Op>>,
+    /// The writer thread, joined when the journal is dropped: it commits
+    /// what is queued, then empties the write-ahead log.
+    writer_thread: Option<thread::JoinHandle<()>>,
     readers: Arc<ReadPool>,
     watchers: Arc<Watchers>,
     path: PathBuf,
@@ -112,6 +115,17 @@ impl std::fmt::Debug for SqliteJournal {
             .field("path", &self.path)
             .field("read_only", &self.writer.is_none())
             .finish_non_exhaustive()
+    }
+}
+
+impl Drop for SqliteJournal {
+    fn drop(&mut self) {
+        // The writer's queue closes with its last sender; it commits what
+        // is queued, empties the write-ahead log and ends.
+        self.writer = None;
+        if let Some(thread) = self.writer_thread.take() {
+            let _ = thread.join();
+        }
     }
 }
 
@@ -290,13 +304,14 @@ impl SqliteJournal {
             clock: options.clock,
             max_batch: options.max_batch.max(1),
         };
-        thread::Builder::new()
+        let writer_thread = thread::Builder::new()
             .name("spool-journal-writer".into())
             .spawn(move || writer.run())
             .map_err(|e| JournalError::storage(format!("starting the writer thread: {e}")))?;
         Ok(Self {
             counters,
             writer: Some(sender),
+            writer_thread: Some(writer_thread),
             readers: Arc::new(ReadPool::new(path.clone(), false)),
             watchers,
             path,
@@ -359,6 +374,7 @@ impl SqliteJournal {
         Ok(Self {
             counters: Arc::default(),
             writer: None,
+            writer_thread: None,
             readers: Arc::new(readers),
             watchers: Arc::new(Watchers::default()),
             path,
@@ -569,6 +585,12 @@ impl Writer {
                 }
             }
             self.commit(batch);
+        }
+        // A clean stop leaves everything in the database file and the
+        // write-ahead log empty (it reached tens of MiB under load, and
+        // stayed that size on disk after a stop).
+        if let Err(error) = self.conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)") {
+            tracing::warn!(target: "spool::journal", %error, "the write-ahead log was not emptied at close");
         }
     }
 

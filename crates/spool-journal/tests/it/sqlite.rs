@@ -29,6 +29,41 @@ async fn the_journal_lives_in_one_file_named_journal_db_in_its_directory() {
 }
 
 #[tokio::test]
+async fn a_closed_journal_leaves_its_write_ahead_log_empty() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = three_events(dir.path()).await;
+    // A reader open beside the writer, as a server's are.
+    journal.read(&run("r"), Seq(0)).await.unwrap();
+    for turn in 0..50 {
+        let seq = Seq(3 + turn * 2);
+        journal
+            .append(
+                &run("r"),
+                seq,
+                vec![
+                    started(&format!("t{turn}x"), "again"),
+                    turn_done(&format!("t{turn}x"), "done"),
+                ],
+            )
+            .await
+            .unwrap();
+    }
+    let wal = dir.path().join(format!("{FILE_NAME}-wal"));
+    assert!(
+        std::fs::metadata(&wal).map_or(0, |m| m.len()) > 0,
+        "the log holds the appends while the journal is open"
+    );
+    drop(journal);
+    assert_eq!(
+        std::fs::metadata(&wal).map_or(0, |m| m.len()),
+        0,
+        "emptied at close"
+    );
+    let reopened = SqliteJournal::open(dir.path(), Options::default()).unwrap();
+    assert_eq!(reopened.read(&run("r"), Seq(0)).await.unwrap().len(), 103);
+}
+
+#[tokio::test]
 async fn acknowledged_appends_are_there_after_reopening() {
     let dir = tempfile::tempdir().unwrap();
     let before = three_events(dir.path())

@@ -1,0 +1,365 @@
+//! The bus server: `POST /api/talk` runs a delegated prompt as a run of
+//! its own and answers with its outcome; `GET /api/health` says who
+//! answers, so a caller checks it before sending its secret.
+//!
+//! Checks, in order, each answered with a v1 envelope and its status: a
+//! body over 256 KiB (counted while reading) is 413 `request_too_large`; a
+//! bus that is not enabled 403 `bus_disabled`; a bearer that is not the
+//! secret (compared in constant time) 401 `auth_failed`; a body that is not
+//! the request's schema 400 `invalid_request`; a caller not among the peers
+//! 403 `peer_not_allowed`; `depth` at the maximum 429
+//! `max_depth_exceeded`. What the delegation itself ends in is 200, with
+//! `success` and the code; a panic is 500 `internal_error`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http::{Method, Request, Response, StatusCode, header};
+use hyper::body::Incoming;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use spool_http::body::{self, Body};
+use spool_http::server::Handler;
+use spool_journal::fold::Status;
+use spool_journal::{Event, Principal, RunId, Seq};
+use spool_runtime::hub::StreamItem;
+use spool_runtime::{Accepted, Runtime, RuntimeError, StartRequest};
+use spool_wire::bus::{
+    BusRequest, BusResponse, ErrorCode, HEALTH_PATH, MAX_REQUEST_BYTES, PROTOCOL_VERSION, TALK_PATH,
+};
+use spool_wire::run::FailureCode;
+
+/// How long a request's body may take to arrive.
+const BODY_DEADLINE: Duration = Duration::from_secs(30);
+
+/// The key in `ext.spool` naming a delegation: a retry under the same one
+/// gets the first one's outcome, and the prompt runs once.
+pub const DELEGATION_ID: &str = "delegation_id";
+
+/// A bus server's settings.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// This instance's name (`fromInstance` on every reply).
+    pub instance: String,
+    /// The instances allowed to delegate here.
+    pub peers: Vec<String>,
+    /// Requests arriving at this depth or deeper are refused.
+    pub max_depth: u64,
+    /// The bearer a caller must send.
+    pub secret: String,
+}
+
+/// The bus server over a runtime (or disabled, answering every talk
+/// `bus_disabled`).
+#[derive(Clone, Debug)]
+pub struct BusServer {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    instance: String,
+    settings: Option<Settings>,
+    runtime: Option<Runtime>,
+}
+
+impl BusServer {
+    /// A server delegating to `runtime`.
+    #[must_use]
+    pub fn new(runtime: Runtime, settings: Settings) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                instance: settings.instance.clone(),
+                settings: Some(settings),
+                runtime: Some(runtime),
+            }),
+        }
+    }
+
+    /// A server for an instance whose bus is off: it answers health, and
+    /// every talk `bus_disabled`.
+    #[must_use]
+    pub fn disabled(instance: impl Into<String>) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                instance: instance.into(),
+                settings: None,
+                runtime: None,
+            }),
+        }
+    }
+
+    /// The routes, to serve with `spool_http::serve`.
+    #[must_use]
+    pub fn handler(&self) -> Handler {
+        let server = self.clone();
+        Arc::new(move |request: Request<Incoming>| {
+            let server = server.clone();
+            Box::pin(async move { server.route(request).await })
+        })
+    }
+
+    async fn route(&self, request: Request<Incoming>) -> Response<Body> {
+        let started = Instant::now();
+        match (request.method(), request.uri().path()) {
+            (&Method::GET, HEALTH_PATH) => body::json(
+                StatusCode::OK,
+                &json!({
+                    "status": "ok",
+                    "kind": "spool",
+                    "instance": self.inner.instance,
+                    "protocolVersion": PROTOCOL_VERSION,
+                }),
+            ),
+            (&Method::POST, TALK_PATH) => {
+                let response = match self.talk(request, started).await {
+                    Ok(response) | Err(response) => response,
+                };
+                envelope(&response)
+            }
+            // Every reply is an envelope, an unknown route's too.
+            _ => body::json(
+                StatusCode::NOT_FOUND,
+                &self.failure(
+                    ErrorCode::InvalidRequest,
+                    format!("the bus answers POST {TALK_PATH} and GET {HEALTH_PATH}"),
+                    started,
+                ),
+            ),
+        }
+    }
+
+    fn failure(
+        &self,
+        code: ErrorCode,
+        message: impl Into<String>,
+        started: Instant,
+    ) -> BusResponse {
+        BusResponse::failure(&self.inner.instance, code, message, elapsed(started))
+    }
+
+    /// The checks in order, then the delegation.
+    async fn talk(
+        &self,
+        request: Request<Incoming>,
+        started: Instant,
+    ) -> Result<BusResponse, BusResponse> {
+        let (parts, incoming) = request.into_parts();
+        let bytes = body::read_capped(incoming, MAX_REQUEST_BYTES, BODY_DEADLINE)
+            .await
+            .map_err(|reply| {
+                if reply.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                    self.failure(
+                        ErrorCode::RequestTooLarge,
+                        format!("the request is over {MAX_REQUEST_BYTES} bytes"),
+                        started,
+                    )
+                } else {
+                    self.failure(
+                        ErrorCode::InvalidRequest,
+                        "the request's body could not be read",
+                        started,
+                    )
+                }
+            })?;
+        let (Some(settings), Some(runtime)) = (&self.inner.settings, &self.inner.runtime) else {
+            return Err(self.failure(
+                ErrorCode::BusDisabled,
+                format!("the bus is not enabled on instance {}", self.inner.instance),
+                started,
+            ));
+        };
+        let bearer = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or_default();
+        if !same_secret(bearer, &settings.secret) {
+            return Err(self.failure(
+                ErrorCode::AuthFailed,
+                "the bearer is not this bus's secret",
+                started,
+            ));
+        }
+        let text = std::str::from_utf8(&bytes).map_err(|_| {
+            self.failure(
+                ErrorCode::InvalidRequest,
+                "the request is not UTF-8",
+                started,
+            )
+        })?;
+        let request = BusRequest::decode(text).map_err(|rejection| {
+            self.failure(ErrorCode::InvalidRequest, rejection.message, started)
+        })?;
+        if !settings.peers.contains(&request.from_instance) {
+            return Err(self.failure(
+                ErrorCode::PeerNotAllowed,
+                format!(
+                    "instance `{}` is not a peer of {}",
+                    request.from_instance, self.inner.instance
+                ),
+                started,
+            ));
+        }
+        if request.depth >= settings.max_depth {
+            return Err(self.failure(
+                ErrorCode::MaxDepthExceeded,
+                format!(
+                    "depth {} reaches this instance's maximum of {}",
+                    request.depth, settings.max_depth
+                ),
+                started,
+            ));
+        }
+        // A panic in the delegation is the caller's 500, not a dropped
+        // connection.
+        let delegation = tokio::spawn(delegate(runtime.clone(), request));
+        match delegation.await {
+            Ok(Ok(text)) => Ok(BusResponse::success(
+                &self.inner.instance,
+                text,
+                elapsed(started),
+            )),
+            Ok(Err((code, message))) => Ok(self.failure(code, message, started)),
+            Err(_) => Err(self.failure(
+                ErrorCode::InternalError,
+                "the delegation failed unexpectedly",
+                started,
+            )),
+        }
+    }
+}
+
+/// The reply to a talk: the envelope, with the status its code has (200
+/// for what the delegation ended in).
+fn envelope(response: &BusResponse) -> Response<Body> {
+    let status = response
+        .code()
+        .and_then(|code| code.http_status())
+        .and_then(|status| StatusCode::from_u16(status).ok())
+        .unwrap_or(StatusCode::OK);
+    body::json(status, response)
+}
+
+fn elapsed(started: Instant) -> u64 {
+    u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Compares a bearer with the secret in time that depends on neither:
+/// their digests, byte by byte, every byte.
+fn same_secret(bearer: &str, secret: &str) -> bool {
+    let (a, b) = (
+        Sha256::digest(bearer.as_bytes()),
+        Sha256::digest(secret.as_bytes()),
+    );
+    a.iter()
+        .zip(b.iter())
+        .fold(0u8, |diff, (x, y)| diff | (x ^ y))
+        == 0
+}
+
+/// Runs a delegation: a fresh run, made once per delegation id (the
+/// caller's, from `ext.spool.delegation_id`, or one of its own), whose
+/// first turn's outcome is the answer.
+async fn delegate(runtime: Runtime, request: BusRequest) -> Result<String, (ErrorCode, String)> {
+    let internal = |error: RuntimeError| (ErrorCode::InternalError, error.to_string());
+    let delegation = request
+        .ext
+        .as_ref()
+        .and_then(|ext| ext.get("spool"))
+        .and_then(|spool| spool.get(DELEGATION_ID))
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    let principal = Principal {
+        authenticator: "bus".into(),
+        kind: "instance".into(),
+        id: request.from_instance.clone(),
+        attributes: std::collections::BTreeMap::new(),
+    };
+    let start = StartRequest {
+        text: request.prompt.clone(),
+        operation_id: delegation.clone(),
+        principal: Some(principal),
+        title: Some(format!("delegated by {}", request.from_instance)),
+        kind: Some("bus".into()),
+        ..StartRequest::default()
+    };
+    let (run, turn) = match runtime.start(start).await.map_err(internal)? {
+        Accepted::Started { run, turn } => (run, turn),
+        // The same delegation again: its run's outcome.
+        Accepted::Replayed { run, .. } => {
+            let view = runtime.get(&run).await.map_err(internal)?;
+            let turn = view.turn_id.ok_or_else(|| {
+                (
+                    ErrorCode::InternalError,
+                    format!("delegated run {run} has no turn"),
+                )
+            })?;
+            (run, turn)
+        }
+        other => {
+            return Err((
+                ErrorCode::InternalError,
+                format!("a delegation made no turn of its own: {other:?}"),
+            ));
+        }
+    };
+    let view = runtime.wait_for(&run, &turn).await.map_err(internal)?;
+    match view.status {
+        Status::Completed => Ok(view.response.unwrap_or_default()),
+        Status::Waiting(kind) => {
+            let prompt = view.suspend.map(|s| s.prompt).unwrap_or_default();
+            Err((
+                ErrorCode::WorkflowState,
+                format!(
+                    "delegated run {run} waits for a {} ({prompt}): answer it on this instance, then send the same delegation again",
+                    kind.as_str()
+                ),
+            ))
+        }
+        Status::Failed => {
+            let (code, message) = failure_of(&runtime, &run, view.cursor).await;
+            Err((code, message))
+        }
+        other => Err((
+            ErrorCode::InternalError,
+            format!("delegated run {run} ended {}", other.state().as_str()),
+        )),
+    }
+}
+
+/// The bus code and message of a run's failed turn: its last event.
+async fn failure_of(runtime: &Runtime, run: &RunId, cursor: Option<Seq>) -> (ErrorCode, String) {
+    let unknown = || {
+        (
+            ErrorCode::InternalError,
+            format!("delegated run {run} failed"),
+        )
+    };
+    let Some(cursor) = cursor else {
+        return unknown();
+    };
+    let after = cursor.0.checked_sub(1).map(Seq);
+    let Ok(mut items) = runtime.subscribe(run, after).await else {
+        return unknown();
+    };
+    while let Some(item) = items.next().await {
+        if let StreamItem::Event(envelope) = item {
+            if let Event::TurnFailed(failed) = &envelope.event {
+                let code = match failed.code {
+                    FailureCode::Auth => ErrorCode::Auth,
+                    FailureCode::Timeout => ErrorCode::Timeout,
+                    FailureCode::ProviderError | FailureCode::EngineCli => ErrorCode::EngineCli,
+                    FailureCode::Budget => ErrorCode::BudgetExhausted,
+                    _ => ErrorCode::InternalError,
+                };
+                return (code, failed.message.clone());
+            }
+            if envelope.seq >= cursor {
+                break;
+            }
+        }
+    }
+    unknown()
+}

@@ -1,0 +1,259 @@
+//! The bus server driven over loopback HTTP as another instance would:
+//! every check in its order with its status and code, and delegations.
+
+// Everything in this binary is test code: a helper that unwraps fails the
+// test on the line that broke, which is what it is for.
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http_body_util::BodyExt;
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+use spool_bus::{BusServer, Settings};
+use spool_journal::store::memory::MemoryJournal;
+use spool_runtime::Runtime;
+use spool_runtime::engines::ScriptedEngine;
+use tokio::sync::watch;
+
+const PATIENCE: Duration = Duration::from_secs(20);
+const SECRET: &str = "s3cret-of-the-worker";
+
+fn runtime(script: Option<&str>) -> Runtime {
+    let mut builder = Runtime::builder(Arc::new(MemoryJournal::new()));
+    if let Some(script) = script {
+        builder = builder.engine(Arc::new(ScriptedEngine::from_jsonl(script).unwrap()));
+    }
+    builder.build()
+}
+
+fn settings() -> Settings {
+    Settings {
+        instance: "worker".into(),
+        peers: vec!["reviewer".into()],
+        max_depth: 3,
+        secret: SECRET.into(),
+    }
+}
+
+/// A server on a free loopback port; it stops when the sender is dropped.
+async fn serve(server: &BusServer) -> (String, watch::Sender<bool>) {
+    let listener = spool_http::Listener::tcp("127.0.0.1:0").await.unwrap();
+    let addr = listener.describe();
+    let (stop, mut stopped) = watch::channel(false);
+    tokio::spawn(spool_http::serve(listener, server.handler(), async move {
+        let _ = stopped.wait_for(|s| *s).await;
+    }));
+    (addr, stop)
+}
+
+/// One request: its status and JSON body.
+async fn call(
+    addr: &str,
+    method: &str,
+    path: &str,
+    bearer: Option<&str>,
+    body: Vec<u8>,
+) -> (u16, Value) {
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let mut request = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "x")
+        .header("content-type", "application/json");
+    if let Some(bearer) = bearer {
+        request = request.header("authorization", format!("Bearer {bearer}"));
+    }
+    let request = request
+        .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+        .unwrap();
+    let response = tokio::time::timeout(PATIENCE, sender.send_request(request))
+        .await
+        .expect("an answer in time")
+        .unwrap();
+    let status = response.status().as_u16();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    (status, serde_json::from_slice(&bytes).unwrap())
+}
+
+async fn talk(addr: &str, bearer: Option<&str>, request: &Value) -> (u16, Value) {
+    call(
+        addr,
+        "POST",
+        "/api/talk",
+        bearer,
+        request.to_string().into_bytes(),
+    )
+    .await
+}
+
+fn request(from: &str, depth: u64) -> Value {
+    json!({"fromInstance": from, "prompt": "check this", "depth": depth, "protocolVersion": 1, "capabilities": ["structured-errors", "retryable-errors"]})
+}
+
+/// Asserts a v1 failure envelope from the worker with `code`.
+fn refused(reply: &(u16, Value), status: u16, code: &str) {
+    let (got, body) = reply;
+    assert_eq!(*got, status, "{body}");
+    assert_eq!(body["success"], false, "{body}");
+    assert_eq!(body["errorCode"], code, "{body}");
+    assert_eq!(body["fromInstance"], "worker");
+    assert_eq!(body["protocolVersion"], 1);
+    assert!(body["durationMs"].is_u64(), "{body}");
+    assert!(body["capabilities"].is_array(), "{body}");
+    assert!(body["retryable"].is_boolean(), "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_check_answers_in_its_order_with_its_status_and_code() {
+    let server = BusServer::new(runtime(None), settings());
+    let (addr, _stop) = serve(&server).await;
+    // Too large is refused first, whatever else is wrong.
+    let huge = vec![b'x'; 256 * 1024 + 1];
+    refused(
+        &call(&addr, "POST", "/api/talk", None, huge).await,
+        413,
+        "request_too_large",
+    );
+    // The secret before the body: a wrong one, and one of another length.
+    refused(
+        &talk(
+            &addr,
+            Some("wrong-secret-of-the-worker"),
+            &request("reviewer", 0),
+        )
+        .await,
+        401,
+        "auth_failed",
+    );
+    refused(
+        &talk(&addr, Some("x"), &request("reviewer", 0)).await,
+        401,
+        "auth_failed",
+    );
+    refused(
+        &talk(&addr, None, &json!("not even an object")).await,
+        401,
+        "auth_failed",
+    );
+    // Then the body's schema, the peer, the depth.
+    refused(
+        &call(
+            &addr,
+            "POST",
+            "/api/talk",
+            Some(SECRET),
+            b"{not json".to_vec(),
+        )
+        .await,
+        400,
+        "invalid_request",
+    );
+    refused(
+        &talk(
+            &addr,
+            Some(SECRET),
+            &json!({"fromInstance": "", "prompt": "p", "depth": 0}),
+        )
+        .await,
+        400,
+        "invalid_request",
+    );
+    refused(
+        &talk(&addr, Some(SECRET), &request("stranger", 0)).await,
+        403,
+        "peer_not_allowed",
+    );
+    refused(
+        &talk(&addr, Some(SECRET), &request("reviewer", 3)).await,
+        429,
+        "max_depth_exceeded",
+    );
+    // A legacy request (no version, no capabilities) is accepted.
+    let (status, answer) = talk(
+        &addr,
+        Some(SECRET),
+        &json!({"fromInstance": "reviewer", "prompt": "hi", "depth": 2}),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["success"], true);
+    assert_eq!(answer["text"], "echo: hi");
+    assert_eq!(answer["fromInstance"], "worker");
+    assert_eq!(answer["protocolVersion"], 1);
+    // An instance whose bus is off says so, after the size check.
+    let (addr, _stop) = serve(&BusServer::disabled("worker")).await;
+    refused(
+        &talk(&addr, Some(SECRET), &request("reviewer", 0)).await,
+        403,
+        "bus_disabled",
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_names_the_instance_so_a_caller_can_check_before_sending_its_secret() {
+    let (addr, _stop) = serve(&BusServer::new(runtime(None), settings())).await;
+    let (status, health) = call(&addr, "GET", "/api/health", None, Vec::new()).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        health,
+        json!({"status": "ok", "kind": "spool", "instance": "worker", "protocolVersion": 1})
+    );
+    let (status, body) = call(&addr, "GET", "/elsewhere", None, Vec::new()).await;
+    assert_eq!(status, 404);
+    assert_eq!(body["errorCode"], "invalid_request");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_delegation_sent_twice_runs_once_and_answers_the_same() {
+    let runtime = runtime(None);
+    let (addr, _stop) = serve(&BusServer::new(runtime.clone(), settings())).await;
+    let mut first = request("reviewer", 1);
+    first["ext"] = json!({"spool": {"delegation_id": "d-42"}});
+    let one = talk(&addr, Some(SECRET), &first).await;
+    let two = talk(&addr, Some(SECRET), &first).await;
+    assert_eq!(one.1["text"], "echo: check this");
+    assert_eq!(two.1["text"], one.1["text"]);
+    assert_eq!(
+        runtime.list().await.unwrap().len(),
+        1,
+        "one run for one delegation"
+    );
+    // Without an id, each request is a delegation of its own.
+    talk(&addr, Some(SECRET), &request("reviewer", 1)).await;
+    assert_eq!(runtime.list().await.unwrap().len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delegation_that_parks_answers_workflow_state_naming_its_run() {
+    let script =
+        r#"{"tool_calls":[{"id":"q","name":"ask_human","arguments":{"prompt":"Which region?"}}]}"#;
+    let (addr, _stop) = serve(&BusServer::new(runtime(Some(script)), settings())).await;
+    let (status, answer) = talk(&addr, Some(SECRET), &request("reviewer", 0)).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["success"], false);
+    assert_eq!(answer["errorCode"], "workflow_state");
+    assert_eq!(answer["retryable"], false);
+    let error = answer["error"].as_str().unwrap();
+    assert!(
+        error.contains("run_") && error.contains("Which region?"),
+        "{error}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_delegation_carries_the_code_of_its_failure() {
+    // A provider's failure is the seed's `engine_cli`.
+    let script = r#"{"error": "the model is down"}"#;
+    let (addr, _stop) = serve(&BusServer::new(runtime(Some(script)), settings())).await;
+    let (status, answer) = talk(&addr, Some(SECRET), &request("reviewer", 0)).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["success"], false);
+    assert_eq!(answer["errorCode"], "engine_cli", "{answer}");
+    assert!(answer["error"].as_str().unwrap().contains("the model is down"), "{answer}");
+}

@@ -1,10 +1,13 @@
 //! Spool's bus v1 (seed 000): one instance delegating a prompt to another
 //! over loopback HTTP. [`server::BusServer`] answers `POST /api/talk` and
 //! `GET /api/health`; a delegation is a run of its own, made once per
-//! delegation id. See `docs/protocol/bus.md`.
+//! delegation id. [`client::talk`] sends one, checking the other side's
+//! health first and retrying what may be retried under the same id. See
+//! `docs/protocol/bus.md`.
 
 #![warn(missing_docs)]
 
+pub mod client;
 pub mod server;
 
 pub use server::{BusServer, DELEGATION_ID, Settings};

@@ -255,5 +255,116 @@ async fn a_failed_delegation_carries_the_code_of_its_failure() {
     assert_eq!(status, 200, "{answer}");
     assert_eq!(answer["success"], false);
     assert_eq!(answer["errorCode"], "engine_cli", "{answer}");
-    assert!(answer["error"].as_str().unwrap().contains("the model is down"), "{answer}");
+    assert!(
+        answer["error"]
+            .as_str()
+            .unwrap()
+            .contains("the model is down"),
+        "{answer}"
+    );
+}
+
+mod client {
+    use std::time::Duration;
+
+    use spool_bus::client::{Options, Target, talk};
+
+    use super::*;
+
+    fn target(addr: &str, instance: &str) -> Target {
+        Target {
+            addr: addr.parse().unwrap(),
+            instance: instance.into(),
+            secret: SECRET.into(),
+        }
+    }
+
+    fn quick() -> Options {
+        Options {
+            timeout: PATIENCE,
+            attempts: 2,
+            backoff: Duration::from_millis(10),
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_delegation_reaches_the_instance_its_health_check_names() {
+        let runtime = runtime(None);
+        let (addr, _stop) = serve(&BusServer::new(runtime.clone(), settings())).await;
+        let answer = talk(
+            "reviewer",
+            &target(&addr, "worker"),
+            "hello",
+            1,
+            None,
+            &quick(),
+        )
+        .await;
+        assert!(answer.success, "{answer:?}");
+        assert_eq!(answer.text(), "echo: hello");
+        assert_eq!(answer.from_instance.as_deref(), Some("worker"));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_port_answering_as_another_instance_never_gets_the_secret() {
+        let runtime = runtime(None);
+        let (addr, _stop) = serve(&BusServer::new(runtime.clone(), settings())).await;
+        let answer = talk(
+            "reviewer",
+            &target(&addr, "someone-else"),
+            "hello",
+            1,
+            None,
+            &quick(),
+        )
+        .await;
+        assert!(!answer.success);
+        assert_eq!(
+            answer.code(),
+            Some(spool_wire::bus::ErrorCode::InstanceUnavailable)
+        );
+        assert!(
+            runtime.list().await.unwrap().is_empty(),
+            "nothing was delegated"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn nothing_listening_is_instance_unavailable_and_retryable() {
+        // A port that was free a moment ago.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        drop(listener);
+        let answer = talk(
+            "reviewer",
+            &target(&addr, "worker"),
+            "hello",
+            1,
+            None,
+            &quick(),
+        )
+        .await;
+        assert_eq!(
+            answer.code(),
+            Some(spool_wire::bus::ErrorCode::InstanceUnavailable)
+        );
+        assert!(answer.is_retryable());
+    }
+
+    #[tokio::test]
+    async fn an_address_off_this_machine_is_refused_before_any_connection() {
+        let answer = talk(
+            "reviewer",
+            &target("192.0.2.1:9", "worker"),
+            "hello",
+            1,
+            None,
+            &quick(),
+        )
+        .await;
+        assert_eq!(
+            answer.code(),
+            Some(spool_wire::bus::ErrorCode::InvalidRequest)
+        );
+    }
 }

@@ -1,0 +1,220 @@
+//! The bus client: delegates a prompt to another instance. Local checks
+//! first (the target is on loopback), then `GET /api/health` (500 ms) whose
+//! fingerprint must name the instance before the secret is sent, then
+//! `POST /api/talk`. What fails on the way is a failure envelope with the
+//! seed's code (`timeout`, `instance_unavailable`, `invalid_response`), and
+//! a retryable failure is tried again, with backoff, under the same
+//! delegation id, so the other side runs the prompt once.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Method, Request, header};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+use spool_wire::bus::{BusRequest, BusResponse, ErrorCode, HEALTH_PATH, TALK_PATH};
+
+use crate::server::DELEGATION_ID;
+
+/// How long the health check may take.
+pub const HEALTH_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Where a delegation goes.
+#[derive(Clone, Debug)]
+pub struct Target {
+    /// The instance's bus address; loopback only.
+    pub addr: SocketAddr,
+    /// Its name, as its health check must say it.
+    pub instance: String,
+    /// Its bus secret.
+    pub secret: String,
+}
+
+/// How a delegation is sent.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// How long one attempt may wait for the answer.
+    pub timeout: Duration,
+    /// Attempts in all, retryable failures being tried again.
+    pub attempts: u32,
+    /// The first retry's wait; each next one doubles, up to 5 s.
+    pub backoff: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            timeout: Duration::from_secs(60),
+            attempts: 3,
+            backoff: Duration::from_millis(200),
+        }
+    }
+}
+
+/// Delegates `prompt` from instance `from` to `target`. `depth`: the hops
+/// so far, counting this one (the caller increments it). `delegation`:
+/// the delegation's id (made here when `None`), sent on every attempt.
+pub async fn talk(
+    from: &str,
+    target: &Target,
+    prompt: &str,
+    depth: u64,
+    delegation: Option<String>,
+    options: &Options,
+) -> BusResponse {
+    let started = Instant::now();
+    let local = |code: ErrorCode, message: String| {
+        BusResponse::failure(
+            target.instance.clone(),
+            code,
+            message,
+            u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        )
+    };
+    if !target.addr.ip().is_loopback() {
+        return local(
+            ErrorCode::InvalidRequest,
+            format!("the bus is loopback-only; {} is not", target.addr),
+        );
+    }
+    let delegation = match delegation {
+        Some(id) => id,
+        None => match random_hex(16) {
+            Ok(hex) => format!("delegation_{hex}"),
+            Err(error) => {
+                return local(
+                    ErrorCode::InternalError,
+                    format!("making a delegation id: {error}"),
+                );
+            }
+        },
+    };
+    let mut request = BusRequest::new(from, prompt, depth);
+    let mut ext = serde_json::Map::new();
+    ext.insert("spool".into(), json!({ DELEGATION_ID: delegation }));
+    request.ext = Some(ext);
+    let mut wait = options.backoff;
+    let mut attempt = 1;
+    loop {
+        let response = match attempt_once(target, &request, options.timeout).await {
+            Ok(response) => response,
+            Err((code, message)) => local(code, message),
+        };
+        if response.success || !response.is_retryable() || attempt >= options.attempts.max(1) {
+            return response;
+        }
+        attempt += 1;
+        // Jittered, so callers retrying together spread out.
+        let jitter =
+            Duration::from_millis(u64::from(std::process::id() % 50) + u64::from(attempt) * 7);
+        tokio::time::sleep(wait + jitter).await;
+        wait = (wait * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// One attempt: the health check, then the talk.
+async fn attempt_once(
+    target: &Target,
+    request: &BusRequest,
+    timeout: Duration,
+) -> Result<BusResponse, (ErrorCode, String)> {
+    let (status, health) = tokio::time::timeout(
+        HEALTH_TIMEOUT,
+        exchange(target, Method::GET, HEALTH_PATH, None, Bytes::new()),
+    )
+    .await
+    .map_err(|_| {
+        (
+            ErrorCode::InstanceUnavailable,
+            format!("{} did not answer its health check in time", target.addr),
+        )
+    })??;
+    let fingerprint: Value = serde_json::from_slice(&health).unwrap_or(Value::Null);
+    if status != 200
+        || fingerprint["kind"] != "spool"
+        || fingerprint["status"] != "ok"
+        || fingerprint["instance"] != target.instance.as_str()
+    {
+        return Err((
+            ErrorCode::InstanceUnavailable,
+            format!(
+                "{} is not instance {} (its health check says {fingerprint}); the secret was not sent",
+                target.addr, target.instance
+            ),
+        ));
+    }
+    let body = Bytes::from(serde_json::to_vec(request).expect("a request is plain JSON"));
+    let (_, answer) = tokio::time::timeout(
+        timeout,
+        exchange(target, Method::POST, TALK_PATH, Some(&target.secret), body),
+    )
+    .await
+    .map_err(|_| {
+        (
+            ErrorCode::Timeout,
+            format!("{} did not answer within {timeout:?}", target.instance),
+        )
+    })??;
+    let text = std::str::from_utf8(&answer).map_err(|_| {
+        (
+            ErrorCode::InvalidResponse,
+            "the answer is not UTF-8".to_owned(),
+        )
+    })?;
+    BusResponse::decode(text).map_err(|rejection| (ErrorCode::InvalidResponse, rejection.message))
+}
+
+/// One HTTP/1.1 exchange on a fresh connection: the status and the body.
+async fn exchange(
+    target: &Target,
+    method: Method,
+    path: &str,
+    bearer: Option<&str>,
+    body: Bytes,
+) -> Result<(u16, Bytes), (ErrorCode, String)> {
+    let unavailable = |why: String| (ErrorCode::InstanceUnavailable, why);
+    let stream = tokio::net::TcpStream::connect(target.addr)
+        .await
+        .map_err(|e| unavailable(format!("connecting to {}: {e}", target.addr)))?;
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| unavailable(format!("talking to {}: {e}", target.addr)))?;
+    tokio::spawn(connection);
+    let mut request = Request::builder()
+        .method(method)
+        .uri(path)
+        .header(header::HOST, target.addr.to_string())
+        .header(header::CONTENT_TYPE, "application/json");
+    if let Some(bearer) = bearer {
+        request = request.header(header::AUTHORIZATION, format!("Bearer {bearer}"));
+    }
+    let request = request
+        .body(Full::new(body))
+        .map_err(|e| (ErrorCode::InternalError, e.to_string()))?;
+    let response = sender
+        .send_request(request)
+        .await
+        .map_err(|e| unavailable(format!("{} dropped the request: {e}", target.addr)))?;
+    let status = response.status().as_u16();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| unavailable(format!("{} dropped the answer: {e}", target.addr)))?
+        .to_bytes();
+    Ok((status, body))
+}
+
+/// `n` random bytes from the system, as hex.
+///
+/// # Errors
+///
+/// When `/dev/urandom` cannot be read.
+pub fn random_hex(n: usize) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut bytes = vec![0u8; n];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}

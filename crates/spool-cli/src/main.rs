@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod agent;
+mod bus;
 mod pod;
 mod rpc;
 mod runs;
@@ -52,6 +53,11 @@ enum Command {
     /// Serve JSON-RPC 2.0 (seed 001) on stdin and stdout, one envelope per
     /// line, on the local journal.
     Rpc(rpc::RpcArgs),
+    /// Talk to another instance over the bus (seed 000).
+    Bus {
+        #[command(subcommand)]
+        command: bus::BusCommand,
+    },
     /// Serve a pod (seed 003) on a Unix socket, or list the pods served.
     Pod {
         #[command(subcommand)]
@@ -78,6 +84,7 @@ fn main() -> ExitCode {
         Command::Runs { command } => runs::run(command),
         Command::Rpc(args) => rpc::run(args),
         Command::Pod { command } => pod::run(command),
+        Command::Bus { command } => bus::run(command),
         Command::Agent { command } => agent::run(command),
         Command::Serve(args) => serve::run(args),
         Command::Run(args) => talk::run(args),

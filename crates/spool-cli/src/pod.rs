@@ -350,7 +350,7 @@ impl Terminal {
     clippy::print_stdout,
     reason = "the pod's events, for the person at the terminal"
 )]
-fn out(text: &str, end: bool) {
+pub(crate) fn out(text: &str, end: bool) {
     let mut stdout = std::io::stdout().lock();
     let _ = if end {
         writeln!(stdout, "{text}")

@@ -53,6 +53,8 @@ pub(crate) struct ServeArgs {
     /// (default: $XDG_RUNTIME_DIR/spool/pods).
     #[arg(long)]
     runtime_dir: Option<PathBuf>,
+    #[command(flatten)]
+    bus: crate::bus::BusArgs,
 }
 
 /// `--run-access`.
@@ -159,6 +161,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let (stop, closing) = tokio::sync::watch::channel(false);
     let pods =
         crate::pod::serve_pods(&runtime, &args.pods, args.runtime_dir.as_deref(), &closing).await?;
+    let bus = crate::bus::serve_bus(&args.bus, &runtime, &args.journal, &closing).await?;
     // JSON-RPC (seed 001) on the same listener, behind the same
     // authenticator: /version, /events (SSE), /stream (NDJSON).
     let rpc = spool_rpc::Dispatcher::new(runtime.clone());
@@ -206,6 +209,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     channel.serve(listener, shutdown).await?;
     pods.close();
     pods.wait().await;
+    if let Some(bus) = bus {
+        let _ = bus.await;
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod agent;
+mod bus;
 mod pod;
 mod rpc;
 mod runs;

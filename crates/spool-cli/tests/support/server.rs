@@ -9,6 +9,12 @@ use std::time::Duration;
 pub(crate) struct Running {
     pub(crate) child: Child,
     pub(crate) addr: String,
+    /// What the server said before it listened (pods, the bus, …).
+    #[allow(
+        dead_code,
+        reason = "read by the test binaries that start a bus or pods"
+    )]
+    pub(crate) notes: Vec<String>,
 }
 
 pub(crate) fn serve(dir: &std::path::Path, extra: &[&str]) -> Running {
@@ -23,13 +29,15 @@ pub(crate) fn serve(dir: &std::path::Path, extra: &[&str]) -> Running {
         .unwrap();
     let mut stderr = BufReader::new(child.stderr.take().unwrap());
     let mut addr = None;
-    for _ in 0..5 {
+    let mut notes = Vec::new();
+    for _ in 0..10 {
         let mut line = String::new();
         stderr.read_line(&mut line).unwrap();
         if let Some(rest) = line.strip_prefix("spool: listening on ") {
             addr = rest.split(' ').next().map(str::to_owned);
             break;
         }
+        notes.push(line.trim_end().to_owned());
     }
     // Keep draining stderr so the server never blocks on a full pipe.
     std::thread::spawn(move || {
@@ -39,6 +47,7 @@ pub(crate) fn serve(dir: &std::path::Path, extra: &[&str]) -> Running {
     Running {
         child,
         addr: addr.expect("the server says where it listens"),
+        notes,
     }
 }
 

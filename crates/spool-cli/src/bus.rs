@@ -1,0 +1,206 @@
+//! `spool serve --instance NAME --bus ADDR` (the bus v1 server beside the
+//! HTTP channel, through [`serve_bus`]) and `spool bus talk`: one
+//! delegation to another instance, its answer printed.
+
+use std::net::SocketAddr;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use spool_runtime::Runtime;
+use tokio::sync::watch;
+
+use crate::serve::say;
+
+/// The bus flags of `spool serve`.
+#[derive(Debug, Args)]
+pub(crate) struct BusArgs {
+    /// This instance's name on the bus (needed with --bus).
+    #[arg(long)]
+    instance: Option<String>,
+    /// Serve the bus (seed 000) on this loopback address.
+    #[arg(long, value_name = "ADDR", requires = "instance")]
+    bus: Option<String>,
+    /// An instance allowed to delegate here; repeatable.
+    #[arg(long = "bus-peer", value_name = "NAME", requires = "bus")]
+    peers: Vec<String>,
+    /// The bus secret, in a file only its owner may read (0600). Without
+    /// it one is made and kept in JOURNAL/bus.secret.
+    #[arg(long, value_name = "FILE", requires = "bus")]
+    bus_secret_file: Option<PathBuf>,
+    /// Delegations arriving this many hops deep are refused.
+    #[arg(long, default_value_t = spool_wire::bus::DEFAULT_MAX_DEPTH, requires = "bus")]
+    bus_max_depth: u64,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum BusCommand {
+    /// Delegate a prompt to an instance and print its answer. Exits 0 on
+    /// success, 75 on a failure worth retrying later, 1 otherwise.
+    Talk(TalkArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct TalkArgs {
+    /// The instance's bus address (loopback).
+    #[arg(long)]
+    to: SocketAddr,
+    /// The instance's name, as its health check must say it.
+    #[arg(long)]
+    instance: String,
+    /// The instance's bus secret, in a file.
+    #[arg(long, value_name = "FILE")]
+    secret_file: PathBuf,
+    /// The name this delegation comes from (a peer of the instance).
+    #[arg(long, default_value = "cli")]
+    from: String,
+    /// Hops so far, counting this one.
+    #[arg(long, default_value_t = 1)]
+    depth: u64,
+    /// Seconds one attempt may wait for the answer.
+    #[arg(long, default_value_t = 60)]
+    timeout: u64,
+    /// The prompt.
+    prompt: String,
+}
+
+pub(crate) fn run(command: BusCommand) -> anyhow::Result<ExitCode> {
+    let BusCommand::Talk(args) = command;
+    let secret = read_secret(&args.secret_file)?;
+    let target = spool_bus::client::Target {
+        addr: args.to,
+        instance: args.instance,
+        secret,
+    };
+    let options = spool_bus::client::Options {
+        timeout: Duration::from_secs(args.timeout),
+        ..spool_bus::client::Options::default()
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let answer = runtime.block_on(spool_bus::client::talk(
+        &args.from,
+        &target,
+        &args.prompt,
+        args.depth,
+        None,
+        &options,
+    ));
+    if answer.success {
+        crate::pod::out(answer.text(), true);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let code = answer
+        .code()
+        .map_or("unknown", |c| c.as_str().to_owned().leak());
+    say(&format!(
+        "spool: {code}: {}",
+        answer.error.as_deref().unwrap_or("the delegation failed")
+    ));
+    Ok(if answer.is_retryable() {
+        ExitCode::from(75)
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// Starts the bus server when `--bus` is given; it stops when `closing`
+/// turns true. Bound before the server says it listens.
+///
+/// # Errors
+///
+/// A non-loopback address, a secret file others may read, a port taken.
+pub(crate) async fn serve_bus(
+    args: &BusArgs,
+    runtime: &Runtime,
+    journal: &Path,
+    closing: &watch::Receiver<bool>,
+) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
+    let (Some(addr), Some(instance)) = (&args.bus, &args.instance) else {
+        return Ok(None);
+    };
+    let parsed: SocketAddr = addr
+        .parse()
+        .with_context(|| format!("`{addr}` is not a bus address (HOST:PORT)"))?;
+    anyhow::ensure!(
+        parsed.ip().is_loopback(),
+        "the bus is loopback-only: {addr} is not a loopback address"
+    );
+    let (secret, secret_path) = match &args.bus_secret_file {
+        Some(path) => (read_secret(path)?, path.clone()),
+        None => {
+            let path = journal.join("bus.secret");
+            (make_secret(&path)?, path)
+        }
+    };
+    let listener = spool_http::Listener::tcp(addr)
+        .await
+        .with_context(|| format!("binding the bus on {addr}"))?;
+    let settings = spool_bus::Settings {
+        instance: instance.clone(),
+        peers: args.peers.clone(),
+        max_depth: args.bus_max_depth,
+        secret,
+    };
+    say(&format!(
+        "spool: bus {instance} on {} (peers: {}; secret in {})",
+        listener.describe(),
+        if args.peers.is_empty() {
+            "none".to_owned()
+        } else {
+            args.peers.join(", ")
+        },
+        secret_path.display()
+    ));
+    let handler = spool_bus::BusServer::new(runtime.clone(), settings).handler();
+    let mut closing = closing.clone();
+    Ok(Some(tokio::spawn(async move {
+        let shutdown = async move {
+            let _ = closing.wait_for(|closing| *closing).await;
+        };
+        if let Err(error) = spool_http::serve(listener, handler, shutdown).await {
+            say(&format!("spool: the bus stopped: {error}"));
+        }
+    })))
+}
+
+/// A secret from a file only its owner may read.
+fn read_secret(path: &Path) -> anyhow::Result<String> {
+    let meta = std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
+    anyhow::ensure!(
+        meta.permissions().mode() & 0o077 == 0,
+        "{} may be read by others (mode {:o}): a bus secret must be 0600",
+        path.display(),
+        meta.permissions().mode() & 0o777
+    );
+    let secret = std::fs::read_to_string(path)
+        .with_context(|| format!("reading {}", path.display()))?
+        .trim()
+        .to_owned();
+    anyhow::ensure!(!secret.is_empty(), "{} holds no secret", path.display());
+    Ok(secret)
+}
+
+/// The secret kept at `path`, made (random, 0600) the first time.
+fn make_secret(path: &Path) -> anyhow::Result<String> {
+    if path.exists() {
+        return read_secret(path);
+    }
+    let secret = spool_bus::client::random_hex(32).context("making a bus secret")?;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("creating {}", path.display()))?;
+    std::io::Write::write_all(&mut file, secret.as_bytes())?;
+    Ok(secret)
+}

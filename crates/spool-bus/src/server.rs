@@ -41,7 +41,7 @@ pub const DELEGATION_ID: &str = "delegation_id";
 pub struct Settings {
     /// This instance's name (`fromInstance` on every reply).
     pub instance: String,
-    /// The instances allowed to delegate here.
+    /// The instances allowed to delegate here (`*`: any).
     pub peers: Vec<String>,
     /// Requests arriving at this depth or deeper are refused.
     pub max_depth: u64,
@@ -192,7 +192,11 @@ impl BusServer {
         let request = BusRequest::decode(text).map_err(|rejection| {
             self.failure(ErrorCode::InvalidRequest, rejection.message, started)
         })?;
-        if !settings.peers.contains(&request.from_instance) {
+        if !settings
+            .peers
+            .iter()
+            .any(|peer| peer == "*" || *peer == request.from_instance)
+        {
             return Err(self.failure(
                 ErrorCode::PeerNotAllowed,
                 format!(

@@ -186,6 +186,19 @@ async fn every_check_answers_in_its_order_with_its_status_and_code() {
     assert_eq!(answer["text"], "echo: hi");
     assert_eq!(answer["fromInstance"], "worker");
     assert_eq!(answer["protocolVersion"], 1);
+    // `*` admits any instance.
+    let open = BusServer::new(
+        runtime(None),
+        Settings {
+            peers: vec!["*".into()],
+            ..settings()
+        },
+    );
+    let (any, _open) = serve(&open).await;
+    assert_eq!(
+        talk(&any, Some(SECRET), &request("stranger", 0)).await.0,
+        200
+    );
     // An instance whose bus is off says so, after the size check.
     let (addr, _stop) = serve(&BusServer::disabled("worker")).await;
     refused(

@@ -19,7 +19,7 @@ use serde_json::Value;
 use crate::{cargo, section};
 
 /// The libraries whose API is held to a snapshot.
-const LIBRARIES: [&str; 7] = [
+const LIBRARIES: [&str; 8] = [
     "spool-wire",
     "spool-journal",
     "spool-runtime",
@@ -27,6 +27,7 @@ const LIBRARIES: [&str; 7] = [
     "spool-engines",
     "spool-rpc",
     "spool-pod",
+    "spool-bus",
 ];
 
 pub(crate) fn run(root: &Path, bless: bool) -> Result<()> {

@@ -114,37 +114,53 @@ pub async fn talk(
     }
 }
 
-/// One attempt: the health check, then the talk.
-async fn attempt_once(
-    target: &Target,
-    request: &BusRequest,
-    timeout: Duration,
-) -> Result<BusResponse, (ErrorCode, String)> {
+/// Checks that `addr` answers as instance `instance`: its health check's
+/// fingerprint (`kind: "spool"`, `status: "ok"`, the name), within
+/// [`HEALTH_TIMEOUT`].
+///
+/// # Errors
+///
+/// `instance_unavailable`, saying why.
+pub async fn check_health(addr: SocketAddr, instance: &str) -> Result<(), (ErrorCode, String)> {
+    let probe = Target {
+        addr,
+        instance: instance.to_owned(),
+        secret: String::new(),
+    };
     let (status, health) = tokio::time::timeout(
         HEALTH_TIMEOUT,
-        exchange(target, Method::GET, HEALTH_PATH, None, Bytes::new()),
+        exchange(&probe, Method::GET, HEALTH_PATH, None, Bytes::new()),
     )
     .await
     .map_err(|_| {
         (
             ErrorCode::InstanceUnavailable,
-            format!("{} did not answer its health check in time", target.addr),
+            format!("{addr} did not answer its health check in time"),
         )
     })??;
     let fingerprint: Value = serde_json::from_slice(&health).unwrap_or(Value::Null);
     if status != 200
         || fingerprint["kind"] != "spool"
         || fingerprint["status"] != "ok"
-        || fingerprint["instance"] != target.instance.as_str()
+        || fingerprint["instance"] != instance
     {
         return Err((
             ErrorCode::InstanceUnavailable,
             format!(
-                "{} is not instance {} (its health check says {fingerprint}); the secret was not sent",
-                target.addr, target.instance
+                "{addr} is not instance {instance} (its health check says {fingerprint}); the secret was not sent"
             ),
         ));
     }
+    Ok(())
+}
+
+/// One attempt: the health check, then the talk.
+async fn attempt_once(
+    target: &Target,
+    request: &BusRequest,
+    timeout: Duration,
+) -> Result<BusResponse, (ErrorCode, String)> {
+    check_health(target.addr, &target.instance).await?;
     let body = Bytes::from(serde_json::to_vec(request).expect("a request is plain JSON"));
     let (_, answer) = tokio::time::timeout(
         timeout,

@@ -8,6 +8,7 @@
 #![warn(missing_docs)]
 
 pub mod client;
+pub mod registry;
 pub mod server;
 
 pub use server::{BusServer, DELEGATION_ID, Settings};

@@ -34,6 +34,10 @@ pub(crate) struct BusArgs {
     /// Delegations arriving this many hops deep are refused.
     #[arg(long, default_value_t = spool_wire::bus::DEFAULT_MAX_DEPTH, requires = "bus")]
     bus_max_depth: u64,
+    /// The registry file instances find each other in
+    /// (default: $XDG_RUNTIME_DIR/spool/bus-registry.json).
+    #[arg(long, value_name = "FILE")]
+    bus_registry: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -41,19 +45,32 @@ pub(crate) enum BusCommand {
     /// Delegate a prompt to an instance and print its answer. Exits 0 on
     /// success, 75 on a failure worth retrying later, 1 otherwise.
     Talk(TalkArgs),
+    /// The instances in the registry, each with its health.
+    List {
+        /// The registry file
+        /// (default: $XDG_RUNTIME_DIR/spool/bus-registry.json).
+        #[arg(long, value_name = "FILE")]
+        bus_registry: Option<PathBuf>,
+    },
 }
 
 #[derive(Debug, Args)]
 pub(crate) struct TalkArgs {
-    /// The instance's bus address (loopback).
-    #[arg(long)]
-    to: SocketAddr,
     /// The instance's name, as its health check must say it.
-    #[arg(long)]
     instance: String,
-    /// The instance's bus secret, in a file.
+    /// The prompt.
+    prompt: String,
+    /// The instance's bus address (loopback); found in the registry when
+    /// not given.
+    #[arg(long, requires = "secret_file")]
+    to: Option<SocketAddr>,
+    /// The instance's bus secret, in a file; with --to.
+    #[arg(long, value_name = "FILE", requires = "to")]
+    secret_file: Option<PathBuf>,
+    /// The registry file
+    /// (default: $XDG_RUNTIME_DIR/spool/bus-registry.json).
     #[arg(long, value_name = "FILE")]
-    secret_file: PathBuf,
+    bus_registry: Option<PathBuf>,
     /// The name this delegation comes from (a peer of the instance).
     #[arg(long, default_value = "cli")]
     from: String,
@@ -63,34 +80,81 @@ pub(crate) struct TalkArgs {
     /// Seconds one attempt may wait for the answer.
     #[arg(long, default_value_t = 60)]
     timeout: u64,
-    /// The prompt.
-    prompt: String,
 }
 
 pub(crate) fn run(command: BusCommand) -> anyhow::Result<ExitCode> {
-    let BusCommand::Talk(args) = command;
-    let secret = read_secret(&args.secret_file)?;
-    let target = spool_bus::client::Target {
-        addr: args.to,
-        instance: args.instance,
-        secret,
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    match command {
+        BusCommand::Talk(args) => runtime.block_on(talk(args)),
+        BusCommand::List { bus_registry } => runtime.block_on(list(bus_registry)),
+    }
+}
+
+async fn list(registry: Option<PathBuf>) -> anyhow::Result<ExitCode> {
+    let path = registry.unwrap_or_else(spool_bus::registry::default_path);
+    let instances =
+        spool_bus::registry::read(&path).with_context(|| format!("reading {}", path.display()))?;
+    if instances.is_empty() {
+        say(&format!("spool: no instances in {}", path.display()));
+    }
+    for (name, entry) in instances {
+        let addr = SocketAddr::from(([127, 0, 0, 1], entry.port));
+        let health = match spool_bus::client::check_health(addr, &name).await {
+            Ok(()) => "ok".to_owned(),
+            Err((_, why)) => format!("unavailable: {why}"),
+        };
+        crate::pod::out(
+            &format!("{name}\t{addr}\tpid {}\t{health}", entry.pid),
+            true,
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn talk(args: TalkArgs) -> anyhow::Result<ExitCode> {
+    let target = match (args.to, &args.secret_file) {
+        (Some(addr), Some(file)) => spool_bus::client::Target {
+            addr,
+            instance: args.instance.clone(),
+            secret: read_secret(file)?,
+        },
+        _ => {
+            let path = args
+                .bus_registry
+                .clone()
+                .unwrap_or_else(spool_bus::registry::default_path);
+            let instances = spool_bus::registry::read(&path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            let entry = instances.get(&args.instance).with_context(|| {
+                format!(
+                    "no instance {} in {} (`spool bus list` shows them; or give --to and --secret-file)",
+                    args.instance,
+                    path.display()
+                )
+            })?;
+            spool_bus::client::Target {
+                addr: SocketAddr::from(([127, 0, 0, 1], entry.port)),
+                instance: args.instance.clone(),
+                secret: entry.secret.clone(),
+            }
+        }
     };
     let options = spool_bus::client::Options {
         timeout: Duration::from_secs(args.timeout),
         ..spool_bus::client::Options::default()
     };
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
-    let answer = runtime.block_on(spool_bus::client::talk(
+    let answer = spool_bus::client::talk(
         &args.from,
         &target,
         &args.prompt,
         args.depth,
         None,
         &options,
-    ));
+    )
+    .await;
     if answer.success {
         crate::pod::out(answer.text(), true);
         return Ok(ExitCode::SUCCESS);
@@ -157,8 +221,16 @@ pub(crate) async fn serve_bus(
         },
         secret_path.display()
     ));
+    let registry = args
+        .bus_registry
+        .clone()
+        .unwrap_or_else(spool_bus::registry::default_path);
+    let port = listener_port(&listener)?;
+    spool_bus::registry::register(&registry, instance, port, &settings.secret)
+        .with_context(|| format!("registering in {}", registry.display()))?;
     let handler = spool_bus::BusServer::new(runtime.clone(), settings).handler();
     let mut closing = closing.clone();
+    let instance = instance.clone();
     Ok(Some(tokio::spawn(async move {
         let shutdown = async move {
             let _ = closing.wait_for(|closing| *closing).await;
@@ -166,7 +238,18 @@ pub(crate) async fn serve_bus(
         if let Err(error) = spool_http::serve(listener, handler, shutdown).await {
             say(&format!("spool: the bus stopped: {error}"));
         }
+        if let Err(error) = spool_bus::registry::deregister(&registry, &instance) {
+            say(&format!("spool: leaving {}: {error}", registry.display()));
+        }
     })))
+}
+
+/// The port a TCP listener is bound to.
+fn listener_port(listener: &spool_http::Listener) -> anyhow::Result<u16> {
+    match listener {
+        spool_http::Listener::Tcp(tcp) => Ok(tcp.local_addr()?.port()),
+        _ => anyhow::bail!("the bus listens on TCP"),
+    }
 }
 
 /// A secret from a file only its owner may read.

@@ -381,3 +381,58 @@ mod client {
         );
     }
 }
+
+mod registry {
+    use spool_bus::registry;
+
+    #[test]
+    fn twenty_instances_registering_at_once_are_all_there() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("spool").join("bus-registry.json");
+        let threads: Vec<_> = (0..20u16)
+            .map(|n| {
+                let path = path.clone();
+                std::thread::spawn(move || {
+                    registry::register(&path, &format!("instance-{n}"), 7000 + n, "s").unwrap();
+                })
+            })
+            .collect();
+        for thread in threads {
+            thread.join().unwrap();
+        }
+        let instances = registry::read(&path).unwrap();
+        assert_eq!(instances.len(), 20, "{instances:?}");
+        assert_eq!(instances["instance-7"].port, 7007);
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let dir_mode = std::fs::metadata(path.parent().unwrap())
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777;
+        assert_eq!(dir_mode, 0o700);
+    }
+
+    #[test]
+    fn entries_of_processes_that_are_gone_and_entries_that_do_not_decode_are_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bus-registry.json");
+        std::fs::write(
+            &path,
+            r#"{"ghost": {"port": 7001, "pid": 4000000000, "secret": "s", "updatedAt": "2026-01-01T00:00:00Z"},
+                "garbled": {"port": "not a port"}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            registry::read(&path).unwrap().len(),
+            1,
+            "the garbled entry is left out"
+        );
+        registry::register(&path, "live", 7002, "s").unwrap();
+        let instances = registry::read(&path).unwrap();
+        assert_eq!(instances.keys().collect::<Vec<_>>(), ["live"]);
+        registry::deregister(&path, "live").unwrap();
+        assert!(registry::read(&path).unwrap().is_empty());
+    }
+}

@@ -21,14 +21,21 @@ fn talk(addr: &str, secret: &std::path::Path, from: &str, prompt: &str) -> std::
         .args([
             "bus",
             "talk",
+            "worker",
+            prompt,
             "--to",
             addr,
-            "--instance",
-            "worker",
             "--secret-file",
         ])
         .arg(secret)
-        .args(["--from", from, prompt])
+        .args(["--from", from])
+        .output()
+        .unwrap()
+}
+
+fn spool(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_spool"))
+        .args(args)
         .output()
         .unwrap()
 }
@@ -40,6 +47,8 @@ fn spool_bus_talk_delegates_to_a_served_instance_and_prints_its_answer() {
     std::fs::write(&secret, "a-secret-for-the-test\n").unwrap();
     std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
     let secret_arg = secret.to_str().unwrap();
+    let registry = dir.path().join("run").join("bus-registry.json");
+    let registry_arg = registry.to_str().unwrap();
     let server = serve(
         dir.path(),
         &[
@@ -51,6 +60,8 @@ fn spool_bus_talk_delegates_to_a_served_instance_and_prints_its_answer() {
             "reviewer",
             "--bus-secret-file",
             secret_arg,
+            "--bus-registry",
+            registry_arg,
         ],
     );
     let addr = bus_addr(&server.notes);
@@ -67,7 +78,35 @@ fn spool_bus_talk_delegates_to_a_served_instance_and_prints_its_answer() {
         String::from_utf8_lossy(&refused.stderr).contains("peer_not_allowed"),
         "{refused:?}"
     );
+    // By name, through the registry: its port and secret are there.
+    let found = spool(&[
+        "bus",
+        "talk",
+        "worker",
+        "found by name",
+        "--from",
+        "reviewer",
+        "--bus-registry",
+        registry_arg,
+    ]);
+    assert!(found.status.success(), "{found:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&found.stdout).trim(),
+        "echo: found by name"
+    );
+    let listed = spool(&["bus", "list", "--bus-registry", registry_arg]);
+    let listed = String::from_utf8_lossy(&listed.stdout).into_owned();
+    assert!(
+        listed.starts_with("worker\t") && listed.contains("\tok"),
+        "{listed}"
+    );
     assert!(terminate(server).success());
+    // A graceful stop leaves the registry.
+    let listed = spool(&["bus", "list", "--bus-registry", registry_arg]);
+    assert!(
+        String::from_utf8_lossy(&listed.stdout).trim().is_empty(),
+        "{listed:?}"
+    );
 }
 
 #[test]

@@ -1,0 +1,156 @@
+//! Discovery: a registry file mapping each running instance to its bus
+//! port, pid and secret, so a caller on the same machine finds it by name.
+//! `$XDG_RUNTIME_DIR/spool/bus-registry.json` (else under a 0700 directory
+//! in the system's temporary directory named for the user id), 0600, in a
+//! 0700 directory. Every change is made under an exclusive lock on a file
+//! beside it, and written whole by rename, so instances registering at
+//! once lose nothing. Entries of processes that are gone are pruned.
+//!
+//! Every process of the same user can read every secret in it, as with
+//! the seed's reference; that is the bound of this design.
+
+use std::collections::BTreeMap;
+use std::io::ErrorKind;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// One instance in the registry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Entry {
+    /// Its bus port on loopback.
+    pub port: u16,
+    /// Its process.
+    pub pid: u32,
+    /// Its bus secret.
+    pub secret: String,
+    /// When it registered (RFC 3339).
+    pub updated_at: String,
+}
+
+/// Instances by name.
+pub type Instances = BTreeMap<String, Entry>;
+
+/// The registry's default path.
+#[must_use]
+pub fn default_path() -> PathBuf {
+    let root = match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        Some(dir) => PathBuf::from(dir).join("spool"),
+        None => {
+            // The owner of `/proc/self` is this process's user.
+            let uid = std::fs::metadata("/proc/self").map_or(0, |m| m.uid());
+            std::env::temp_dir().join(format!("spool-{uid}"))
+        }
+    };
+    root.join("bus-registry.json")
+}
+
+/// Whether process `pid` is alive.
+fn alive(pid: u32) -> bool {
+    Path::new("/proc").join(pid.to_string()).exists()
+}
+
+/// Reads the registry; a missing file is empty, an unreadable entry left
+/// out.
+///
+/// # Errors
+///
+/// When the file exists and cannot be read.
+pub fn read(path: &Path) -> std::io::Result<Instances> {
+    match std::fs::read(path) {
+        Ok(bytes) => Ok(parse(&bytes)),
+        Err(error) if error.kind() == ErrorKind::NotFound => Ok(Instances::new()),
+        Err(error) => Err(error),
+    }
+}
+
+/// Entries that do not decode are dropped, not the whole registry.
+fn parse(bytes: &[u8]) -> Instances {
+    let Ok(serde_json::Value::Object(map)) = serde_json::from_slice(bytes) else {
+        return Instances::new();
+    };
+    map.into_iter()
+        .filter_map(|(name, entry)| Some((name, serde_json::from_value(entry).ok()?)))
+        .collect()
+}
+
+/// Changes the registry under its lock: `change` gets the entries of live
+/// processes and edits them; the result is written whole.
+///
+/// # Errors
+///
+/// When the directory, the lock or the file cannot be made or written.
+pub fn update(path: &Path, change: impl FnOnce(&mut Instances)) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
+    }
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(path.with_extension("lock"))?;
+    // Released when `lock` is dropped (or the process dies).
+    lock.lock()?;
+    let mut instances = read(path)?;
+    instances.retain(|_, entry| alive(entry.pid));
+    change(&mut instances);
+    let partial = path.with_extension("partial");
+    let bytes = serde_json::to_vec_pretty(&instances).expect("entries are plain JSON");
+    {
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .write(true)
+            .mode(0o600)
+            .open(&partial)?;
+        std::io::Write::write_all(&mut file, &bytes)?;
+        file.sync_all()?;
+    }
+    std::fs::rename(&partial, path)?;
+    drop(lock);
+    Ok(())
+}
+
+/// Registers `instance` (this process) with its port and secret.
+///
+/// # Errors
+///
+/// As [`update`].
+pub fn register(path: &Path, instance: &str, port: u16, secret: &str) -> std::io::Result<()> {
+    let updated_at = time::OffsetDateTime::now_utc()
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default();
+    update(path, |instances| {
+        instances.insert(
+            instance.to_owned(),
+            Entry {
+                port,
+                pid: std::process::id(),
+                secret: secret.to_owned(),
+                updated_at,
+            },
+        );
+    })
+}
+
+/// Removes `instance` if this process registered it.
+///
+/// # Errors
+///
+/// As [`update`].
+pub fn deregister(path: &Path, instance: &str) -> std::io::Result<()> {
+    update(path, |instances| {
+        if instances
+            .get(instance)
+            .is_some_and(|entry| entry.pid == std::process::id())
+        {
+            instances.remove(instance);
+        }
+    })
+}

@@ -106,7 +106,7 @@ async fn list(registry: Option<PathBuf>) -> anyhow::Result<ExitCode> {
             Ok(()) => "ok".to_owned(),
             Err((_, why)) => format!("unavailable: {why}"),
         };
-        crate::pod::out(
+        crate::talk::out(
             &format!("{name}\t{addr}\tpid {}\t{health}", entry.pid),
             true,
         );
@@ -156,7 +156,7 @@ async fn talk(args: TalkArgs) -> anyhow::Result<ExitCode> {
     )
     .await;
     if answer.success {
-        crate::pod::out(answer.text(), true);
+        crate::talk::out(answer.text(), true);
         return Ok(ExitCode::SUCCESS);
     }
     let code = answer

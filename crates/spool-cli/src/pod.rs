@@ -181,7 +181,7 @@ async fn attach(root: &Path, name: &str) -> anyhow::Result<ExitCode> {
         })?;
     let (reader, mut writer) = stream.into_split();
     let mut events = tokio::io::BufReader::new(reader).lines();
-    let mut typed = typed_lines();
+    let mut typed = crate::talk::stdin_lines();
     let mut view = Terminal::default();
     let mut state = PodState::Idle;
     loop {
@@ -244,20 +244,6 @@ async fn attach(root: &Path, name: &str) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// Lines typed on stdin, read on a thread of their own.
-fn typed_lines() -> tokio::sync::mpsc::Receiver<String> {
-    let (sender, receiver) = tokio::sync::mpsc::channel(16);
-    std::thread::spawn(move || {
-        for line in std::io::stdin().lines() {
-            let Ok(line) = line else { break };
-            if sender.blocking_send(line).is_err() {
-                break;
-            }
-        }
-    });
-    receiver
-}
-
 /// How events are shown: text streamed as it comes, everything else one
 /// line each, summarized.
 #[derive(Debug, Default)]
@@ -283,7 +269,7 @@ impl Terminal {
         match event {
             Event::TextDelta(delta) => {
                 self.streaming = true;
-                out(&delta.text, false);
+                crate::talk::out(&delta.text, false);
             }
             // The deltas already showed the text; a block that came whole
             // (nothing streamed) is shown now.
@@ -291,7 +277,7 @@ impl Terminal {
                 if self.streaming {
                     self.end_stream();
                 } else {
-                    out(&done.text, true);
+                    crate::talk::out(&done.text, true);
                 }
             }
             Event::ThinkingDelta(_) | Event::ToolCallStart(_) | Event::ToolCallArgsDelta(_) => {}
@@ -330,32 +316,18 @@ impl Terminal {
 
     fn end_stream(&mut self) {
         if self.streaming {
-            out("", true);
+            crate::talk::out("", true);
             self.streaming = false;
         }
     }
 
     fn line(&mut self, text: &str) {
         self.end_stream();
-        out(text, true);
+        crate::talk::out(text, true);
     }
 
     fn note(&mut self, text: &str) {
         self.end_stream();
         say(&format!("spool: {text}"));
     }
-}
-
-#[allow(
-    clippy::print_stdout,
-    reason = "the pod's events, for the person at the terminal"
-)]
-pub(crate) fn out(text: &str, end: bool) {
-    let mut stdout = std::io::stdout().lock();
-    let _ = if end {
-        writeln!(stdout, "{text}")
-    } else {
-        write!(stdout, "{text}")
-    };
-    let _ = stdout.flush();
 }

@@ -137,7 +137,7 @@ fn block_on<F: Future<Output = anyhow::Result<ExitCode>>>(future: F) -> anyhow::
 /// The terminal's lines, read on a thread of their own so a turn's events
 /// and the person's typing are waited on together. The channel closes at
 /// end of input.
-fn stdin_lines() -> mpsc::Receiver<String> {
+pub(crate) fn stdin_lines() -> mpsc::Receiver<String> {
     let (sender, receiver) = mpsc::channel(16);
     std::thread::spawn(move || {
         for line in std::io::stdin().lines() {
@@ -670,9 +670,9 @@ fn fresh_address() -> String {
 
 #[allow(
     clippy::print_stdout,
-    reason = "the run's answer, for the person or a pipe"
+    reason = "an answer or an event, for the person or a pipe"
 )]
-fn out(text: &str, end: bool) {
+pub(crate) fn out(text: &str, end: bool) {
     let mut stdout = std::io::stdout().lock();
     let _ = if end {
         writeln!(stdout, "{text}")

@@ -291,6 +291,17 @@ async fn delegate(runtime: Runtime, request: BusRequest) -> Result<String, (Erro
     };
     let (run, turn) = match runtime.start(start).await.map_err(internal)? {
         Accepted::Started { run, turn } => (run, turn),
+        // The same id for another prompt is a caller's mistake, not the
+        // same delegation.
+        Accepted::Replayed { differs: true, .. } => {
+            return Err((
+                ErrorCode::InvalidRequest,
+                format!(
+                    "delegation id {} was sent before with another prompt",
+                    delegation.unwrap_or_default()
+                ),
+            ));
+        }
         // The same delegation again: its run's outcome.
         Accepted::Replayed { run, .. } => {
             let view = runtime.get(&run).await.map_err(internal)?;

@@ -362,6 +362,11 @@ pub enum HistoryItem {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         status: Option<ItemStatus>,
     },
+    /// An item of a type this version does not know (or a known type in a
+    /// shape it does not read), kept as it came: one new kind of item never
+    /// hides the rest of a history.
+    #[serde(untagged)]
+    Other(Value),
 }
 
 /// A part of a message.
@@ -378,6 +383,10 @@ pub enum ContentPart {
         /// The refusal.
         refusal: String,
     },
+    /// A part of a kind this version does not know (an image, say), kept
+    /// as it came.
+    #[serde(untagged)]
+    Other(Value),
 }
 
 string_enum! {

@@ -165,5 +165,30 @@ fn history_items_are_tagged_by_type_and_omit_absent_ids() {
         serde_json::to_value(&item).unwrap(),
         json!({"type": "tool_result", "call_id": "c1", "output": "ok"})
     );
-    assert!(serde_json::from_value::<HistoryItem>(json!({"type": "image"})).is_err());
+}
+
+#[test]
+fn a_history_with_items_and_parts_of_unknown_kinds_decodes_whole_and_keeps_them() {
+    let line = r#"{"event":"history","data":{"items":[{"type":"message","role":"user","content":[{"type":"text","text":"look"},{"type":"image","url":"x.png"}]},{"type":"web_search","query":"paris"},{"type":"tool_result","call_id":"c1","output":"ok"}]}}"#;
+    let Event::History(history) = Event::decode(line).unwrap() else {
+        panic!("a history");
+    };
+    assert_eq!(history.items.len(), 3);
+    let HistoryItem::Message { content, .. } = &history.items[0] else {
+        panic!("a message: {:?}", history.items[0]);
+    };
+    assert_eq!(
+        content[1],
+        spool_wire::pod::ContentPart::Other(json!({"type": "image", "url": "x.png"}))
+    );
+    assert_eq!(
+        history.items[1],
+        HistoryItem::Other(json!({"type": "web_search", "query": "paris"}))
+    );
+    assert!(matches!(history.items[2], HistoryItem::ToolResult { .. }));
+    // Kept as they came: the line encodes back to the same JSON.
+    let again: serde_json::Value =
+        serde_json::from_str(Event::History(history).encode_line().trim()).unwrap();
+    let original: serde_json::Value = serde_json::from_str(line).unwrap();
+    assert_eq!(again, original);
 }

@@ -81,7 +81,7 @@ pub async fn talk(
     }
     let delegation = match delegation {
         Some(id) => id,
-        None => match random_hex(16) {
+        None => match spool_http::token::fresh_token() {
             Ok(hex) => format!("delegation_{hex}"),
             Err(error) => {
                 return local(
@@ -221,16 +221,4 @@ async fn exchange(
         .map_err(|e| unavailable(format!("{} dropped the answer: {e}", target.addr)))?
         .to_bytes();
     Ok((status, body))
-}
-
-/// `n` random bytes from the system, as hex.
-///
-/// # Errors
-///
-/// When `/dev/urandom` cannot be read.
-pub fn random_hex(n: usize) -> std::io::Result<String> {
-    use std::io::Read;
-    let mut bytes = vec![0u8; n];
-    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }

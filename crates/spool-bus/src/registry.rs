@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 use std::io::ErrorKind;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -36,15 +36,7 @@ pub type Instances = BTreeMap<String, Entry>;
 /// The registry's default path.
 #[must_use]
 pub fn default_path() -> PathBuf {
-    let root = match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
-        Some(dir) => PathBuf::from(dir).join("spool"),
-        None => {
-            // The owner of `/proc/self` is this process's user.
-            let uid = std::fs::metadata("/proc/self").map_or(0, |m| m.uid());
-            std::env::temp_dir().join(format!("spool-{uid}"))
-        }
-    };
-    root.join("bus-registry.json")
+    spool_http::server::user_runtime_dir().join("bus-registry.json")
 }
 
 /// Whether process `pid` is alive.

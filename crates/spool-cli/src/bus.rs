@@ -274,7 +274,7 @@ fn make_secret(path: &Path) -> anyhow::Result<String> {
     if path.exists() {
         return read_secret(path);
     }
-    let secret = spool_bus::client::random_hex(32).context("making a bus secret")?;
+    let secret = spool_http::token::fresh_token().context("making a bus secret")?;
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }

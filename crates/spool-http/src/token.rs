@@ -298,12 +298,19 @@ pub fn trigger_authorizer() -> crate::schedules::TriggerAuthorizer {
     })
 }
 
-fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
+/// Whether two digests are equal, in time that depends on neither.
+#[must_use]
+pub fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// 32 random bytes from the OS, as 64 hex digits.
-fn fresh_token() -> std::io::Result<String> {
+/// 32 random bytes from the OS, as 64 hex digits: a token, a secret, an
+/// id nobody can guess.
+///
+/// # Errors
+///
+/// When the OS's randomness cannot be read.
+pub fn fresh_token() -> std::io::Result<String> {
     use std::io::Read;
     let mut bytes = [0u8; 32];
     std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;

@@ -6,7 +6,7 @@
 //! that is not a socket is never removed.
 
 use std::io::ErrorKind;
-use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -49,16 +49,7 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> DirError + '_ {
 /// or `<temp>/spool-<uid>/pods`.
 #[must_use]
 pub fn default_root() -> PathBuf {
-    match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
-        Some(dir) => PathBuf::from(dir).join("spool").join("pods"),
-        None => {
-            // The owner of `/proc/self` is this process's user.
-            let uid = std::fs::metadata("/proc/self").map_or(0, |m| m.uid());
-            std::env::temp_dir()
-                .join(format!("spool-{uid}"))
-                .join("pods")
-        }
-    }
+    spool_http::server::user_runtime_dir().join("pods")
 }
 
 /// What `status.json` holds.

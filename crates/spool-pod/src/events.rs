@@ -67,12 +67,6 @@ impl Translator {
         self.state.clone()
     }
 
-    /// The session's id.
-    #[must_use]
-    pub fn session(&self) -> &str {
-        &self.session
-    }
-
     /// A `status` event of the present state.
     #[must_use]
     pub fn status(&self) -> Event {

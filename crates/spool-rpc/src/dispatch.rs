@@ -130,8 +130,8 @@ pub struct Dispatcher {
 #[derive(Debug, Default)]
 struct Encoded {
     events: LineCache<Arc<[Outgoing]>>,
-    /// By the hub's counter, with the position each follows.
-    deltas: LineCache<(Seq, Option<Outgoing>)>,
+    /// By the delta's number.
+    deltas: LineCache<Option<Outgoing>>,
 }
 
 impl Dispatcher {
@@ -610,19 +610,11 @@ impl Connection {
                 to_value(&event),
             ))
         };
-        // Kept by the hub's counter, which starts over when a run's turns
-        // go unwatched for a while: what is kept is this delta only if it
-        // follows the same journal position.
-        let (after, encoded) = self
-            .inner
+        // A delta's number names it within its run.
+        self.inner
             .encoded
             .deltas
-            .get_or_encode(run, Seq(delta.n), || (delta.after, encode()));
-        if after == delta.after {
-            encoded
-        } else {
-            encode()
-        }
+            .get_or_encode(run, Seq(delta.n), encode)
     }
 
     /// Sends a journal event's `events.append` notifications.

@@ -33,7 +33,9 @@ pub struct LiveDelta {
     pub turn: TurnId,
     /// The run's next position when it was made.
     pub after: Seq,
-    /// A per-run counter, so a delta is never delivered twice.
+    /// The delta's number, increasing across the process (and so within a
+    /// run, even after the hub forgot it between turns): a delta is never
+    /// delivered twice, and a number names one delta.
     pub n: u64,
     /// The delta.
     pub delta: Delta,
@@ -73,10 +75,12 @@ struct HubRuns {
 /// The fewest entries kept before a sweep is worth running.
 const HUB_SWEEP_MIN: usize = 64;
 
+/// The next delta's number, across every run of the process.
+static NEXT_DELTA: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 struct RunDeltas {
     sender: broadcast::Sender<LiveDelta>,
     ring: VecDeque<LiveDelta>,
-    next_n: u64,
     recent: Arc<Shared>,
 }
 
@@ -160,7 +164,6 @@ impl Hub {
         let entry = runs.map.entry(run.clone()).or_insert_with(|| RunDeltas {
             sender: broadcast::channel(DELTA_QUEUE).0,
             ring: VecDeque::with_capacity(DELTA_RING),
-            next_n: 0,
             recent: Arc::default(),
         });
         f(entry)
@@ -173,10 +176,9 @@ impl Hub {
             let live = LiveDelta {
                 turn: turn.clone(),
                 after,
-                n: deltas.next_n,
+                n: NEXT_DELTA.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
                 delta,
             };
-            deltas.next_n += 1;
             if deltas.ring.len() == DELTA_RING {
                 deltas.ring.pop_front();
             }

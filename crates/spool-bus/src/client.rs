@@ -7,6 +7,7 @@
 //! delegation id, so the other side runs the prompt once.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -32,6 +33,65 @@ pub struct Target {
     pub secret: String,
 }
 
+/// How to reach an instance.
+#[derive(Clone, Debug)]
+pub enum Route {
+    /// A known address and secret.
+    Direct(Target),
+    /// By name in a registry file, looked up again on every attempt, so an
+    /// instance restarted on another port is found there.
+    Registry {
+        /// The registry file.
+        path: PathBuf,
+        /// The instance's name.
+        instance: String,
+    },
+}
+
+impl Route {
+    /// The instance's name.
+    #[must_use]
+    pub fn instance(&self) -> &str {
+        match self {
+            Self::Direct(target) => &target.instance,
+            Self::Registry { instance, .. } => instance,
+        }
+    }
+
+    /// Where the instance is now.
+    ///
+    /// # Errors
+    ///
+    /// `instance_unavailable` when the registry cannot be read or does not
+    /// name it (retryable: it may be starting).
+    pub fn locate(&self) -> Result<Target, (ErrorCode, String)> {
+        let (path, instance) = match self {
+            Self::Direct(target) => return Ok(target.clone()),
+            Self::Registry { path, instance } => (path, instance),
+        };
+        let instances = crate::registry::read(path).map_err(|e| {
+            (
+                ErrorCode::InstanceUnavailable,
+                format!("reading {}: {e}", path.display()),
+            )
+        })?;
+        let entry = instances.get(instance).ok_or_else(|| {
+            (
+                ErrorCode::InstanceUnavailable,
+                format!(
+                    "no instance {instance} in {} (`spool bus list` shows them)",
+                    path.display()
+                ),
+            )
+        })?;
+        Ok(Target {
+            addr: SocketAddr::from(([127, 0, 0, 1], entry.port)),
+            instance: instance.clone(),
+            secret: entry.secret.clone(),
+        })
+    }
+}
+
 /// How a delegation is sent.
 #[derive(Clone, Debug)]
 pub struct Options {
@@ -53,12 +113,13 @@ impl Default for Options {
     }
 }
 
-/// Delegates `prompt` from instance `from` to `target`. `depth`: the hops
-/// so far, counting this one (the caller increments it). `delegation`:
-/// the delegation's id (made here when `None`), sent on every attempt.
+/// Delegates `prompt` from instance `from` to the instance `route`
+/// reaches. `depth`: the hops so far, counting this one (the caller
+/// increments it). `delegation`: the delegation's id (made here when
+/// `None`), sent on every attempt.
 pub async fn talk(
     from: &str,
-    target: &Target,
+    route: &Route,
     prompt: &str,
     depth: u64,
     delegation: Option<String>,
@@ -67,18 +128,12 @@ pub async fn talk(
     let started = Instant::now();
     let local = |code: ErrorCode, message: String| {
         BusResponse::failure(
-            target.instance.clone(),
+            route.instance(),
             code,
             message,
             u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
         )
     };
-    if !target.addr.ip().is_loopback() {
-        return local(
-            ErrorCode::InvalidRequest,
-            format!("the bus is loopback-only; {} is not", target.addr),
-        );
-    }
     let delegation = match delegation {
         Some(id) => id,
         None => match spool_http::token::fresh_token() {
@@ -98,7 +153,7 @@ pub async fn talk(
     let mut wait = options.backoff;
     let mut attempt = 1;
     loop {
-        let response = match attempt_once(target, &request, options.timeout).await {
+        let response = match attempt_once(route, &request, options.timeout).await {
             Ok(response) => response,
             Err((code, message)) => local(code, message),
         };
@@ -154,12 +209,19 @@ pub async fn check_health(addr: SocketAddr, instance: &str) -> Result<(), (Error
     Ok(())
 }
 
-/// One attempt: the health check, then the talk.
+/// One attempt: where the instance is, its health check, then the talk.
 async fn attempt_once(
-    target: &Target,
+    route: &Route,
     request: &BusRequest,
     timeout: Duration,
 ) -> Result<BusResponse, (ErrorCode, String)> {
+    let target = &route.locate()?;
+    if !target.addr.ip().is_loopback() {
+        return Err((
+            ErrorCode::InvalidRequest,
+            format!("the bus is loopback-only; {} is not", target.addr),
+        ));
+    }
     check_health(target.addr, &target.instance).await?;
     let body = Bytes::from(serde_json::to_vec(request).expect("a request is plain JSON"));
     let (_, answer) = tokio::time::timeout(

@@ -7,8 +7,11 @@
 
 #![warn(missing_docs)]
 
+pub mod budget;
 pub mod client;
+pub mod config;
 pub mod registry;
 pub mod server;
+pub mod tool;
 
-pub use server::{BusServer, DELEGATION_ID, Settings};
+pub use server::{AUTHENTICATOR, BusServer, DELEGATION_ID, DEPTH_ATTRIBUTE, Settings};

@@ -29,8 +29,18 @@ use spool_wire::bus::{
 };
 use spool_wire::run::FailureCode;
 
+use crate::budget::Ledger;
+
 /// How long a request's body may take to arrive.
 const BODY_DEADLINE: Duration = Duration::from_secs(30);
+
+/// The authenticator of a delegated run's principal
+/// (`bus/instance/<fromInstance>`).
+pub const AUTHENTICATOR: &str = "bus";
+
+/// The principal attribute carrying a delegated run's depth, so a
+/// delegation it makes in turn goes one hop deeper.
+pub const DEPTH_ATTRIBUTE: &str = "depth";
 
 /// The key in `ext.spool` naming a delegation: a retry under the same one
 /// gets the first one's outcome, and the prompt runs once.
@@ -41,12 +51,15 @@ pub const DELEGATION_ID: &str = "delegation_id";
 pub struct Settings {
     /// This instance's name (`fromInstance` on every reply).
     pub instance: String,
-    /// The instances allowed to delegate here (`*`: any).
+    /// The instances allowed to delegate here (`*`: any); none, and the
+    /// bus is off (`bus_disabled`), as in the seed's reference.
     pub peers: Vec<String>,
     /// Requests arriving at this depth or deeper are refused.
     pub max_depth: u64,
     /// The bearer a caller must send.
     pub secret: String,
+    /// The instance budget, when there is one.
+    pub budget: Option<Arc<Ledger>>,
 }
 
 /// The bus server over a runtime (or disabled, answering every talk
@@ -162,7 +175,14 @@ impl BusServer {
                     )
                 }
             })?;
-        let (Some(settings), Some(runtime)) = (&self.inner.settings, &self.inner.runtime) else {
+        // No peers is a bus nobody may use: off, as in the seed's reference.
+        let enabled = self
+            .inner
+            .settings
+            .as_ref()
+            .filter(|settings| !settings.peers.is_empty())
+            .zip(self.inner.runtime.as_ref());
+        let Some((settings, runtime)) = enabled else {
             return Err(self.failure(
                 ErrorCode::BusDisabled,
                 format!("the bus is not enabled on instance {}", self.inner.instance),
@@ -218,7 +238,7 @@ impl BusServer {
         }
         // A panic in the delegation is the caller's 500, not a dropped
         // connection.
-        let delegation = tokio::spawn(delegate(runtime.clone(), request));
+        let delegation = tokio::spawn(delegate(runtime.clone(), settings.budget.clone(), request));
         match delegation.await {
             Ok(Ok(text)) => Ok(BusResponse::success(
                 &self.inner.instance,
@@ -262,7 +282,11 @@ fn same_secret(bearer: &str, secret: &str) -> bool {
 /// Runs a delegation: a fresh run, made once per delegation id (the
 /// caller's, from `ext.spool.delegation_id`, or one of its own), whose
 /// first turn's outcome is the answer.
-async fn delegate(runtime: Runtime, request: BusRequest) -> Result<String, (ErrorCode, String)> {
+async fn delegate(
+    runtime: Runtime,
+    budget: Option<Arc<Ledger>>,
+    request: BusRequest,
+) -> Result<String, (ErrorCode, String)> {
     let internal = |error: RuntimeError| (ErrorCode::InternalError, error.to_string());
     let delegation = request
         .ext
@@ -272,10 +296,26 @@ async fn delegate(runtime: Runtime, request: BusRequest) -> Result<String, (Erro
         .and_then(Value::as_str)
         .map(str::to_owned);
     let principal = Principal {
-        authenticator: "bus".into(),
+        authenticator: AUTHENTICATOR.into(),
         kind: "instance".into(),
         id: request.from_instance.clone(),
-        attributes: std::collections::BTreeMap::new(),
+        // Not part of the operation's scope: a retry at any depth is the
+        // same delegation.
+        attributes: [(DEPTH_ATTRIBUTE.to_owned(), request.depth.to_string())].into(),
+    };
+    // A delegation seen before is answered from its run, whatever the
+    // budget says now; a new one holds its turn's most first.
+    let seen = match &delegation {
+        Some(id) => runtime.operation(&principal, id).await.map_err(internal)?,
+        None => None,
+    };
+    let reservation = match (&budget, &seen) {
+        (Some(ledger), None) => Some(
+            ledger
+                .reserve()
+                .map_err(|why| (ErrorCode::BudgetExhausted, why))?,
+        ),
+        _ => None,
     };
     let start = StartRequest {
         text: request.prompt.clone(),
@@ -316,7 +356,20 @@ async fn delegate(runtime: Runtime, request: BusRequest) -> Result<String, (Erro
             ));
         }
     };
+    tracing::info!(
+        from = %request.from_instance,
+        depth = request.depth,
+        run_id = %run,
+        "bus: delegation accepted"
+    );
     let view = runtime.wait_for(&run, &turn).await.map_err(internal)?;
+    if let Some(ledger) = &budget {
+        let usage = runtime.usage(&run).await.map_err(internal)?;
+        match reservation {
+            Some(reservation) => reservation.settle(&run, usage),
+            None => ledger.record(&run, usage),
+        }
+    }
     match view.status {
         Status::Completed => Ok(view.response.unwrap_or_default()),
         Status::Waiting(kind) => {

@@ -26,14 +26,18 @@ pub(crate) fn run(command: AgentCommand) -> anyhow::Result<ExitCode> {
     let path = match command {
         AgentCommand::Check { path } => path,
         AgentCommand::Schema => {
-            let schema = serde_json::to_string_pretty(&spool_engines::agent_schema())?;
+            let mut schema = spool_engines::agent_schema();
+            schema["properties"]["bus"] = spool_bus::config::schema();
+            let schema = serde_json::to_string_pretty(&schema)?;
             writeln!(std::io::stdout(), "{schema}")?;
             return Ok(ExitCode::SUCCESS);
         }
     };
     let loaded = AgentDefinition::load(path.as_deref())?;
     let definition = &loaded.definition;
-    let tools = definition.tools(&loaded.base)?;
+    let bus =
+        spool_bus::config::BusSection::from_definition(definition).map_err(anyhow::Error::msg)?;
+    let tools = crate::serve::tools_of(&loaded, bus.as_ref())?;
     // Building the engine checks what a first turn would otherwise find:
     // a missing key, a bad base URL, a script that does not load.
     spool_engines::build(definition, &loaded.base)
@@ -54,6 +58,20 @@ pub(crate) fn run(command: AgentCommand) -> anyhow::Result<ExitCode> {
             .map(|t| format!("{:?}", t.effect()).to_lowercase())
             .unwrap_or_default();
         writeln!(out, "tool     {} ({effect})", spec.name)?;
+    }
+    if let Some(bus) = &bus {
+        let peers = if bus.peers.is_empty() {
+            "none: the bus is off".to_owned()
+        } else {
+            bus.peers.join(", ")
+        };
+        writeln!(
+            out,
+            "bus      {} (listen {}; peers {peers}; max depth {})",
+            bus.instance,
+            bus.listen.as_deref().unwrap_or("off"),
+            bus.max_depth
+        )?;
     }
     let budgets = &definition.budgets;
     for (name, value) in [

@@ -1,6 +1,7 @@
-//! `spool serve --instance NAME --bus ADDR` (the bus v1 server beside the
-//! HTTP channel, through [`serve_bus`]) and `spool bus talk`: one
-//! delegation to another instance, its answer printed.
+//! `spool serve --instance NAME --bus ADDR` or `[bus]` in `spool.toml`
+//! (the bus v1 server beside the HTTP channel, through [`serve_bus`]) and
+//! `spool bus talk`: one delegation to another instance, its answer
+//! printed.
 
 use std::net::SocketAddr;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
@@ -10,34 +11,80 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
+use spool_bus::client::Route;
+use spool_bus::config::BusSection;
 use spool_runtime::Runtime;
 use tokio::sync::watch;
 
-use crate::serve::say;
+use crate::serve::{Agent, say};
 
-/// The bus flags of `spool serve`.
+/// The bus flags of `spool serve`; each overrides its key in `[bus]`.
 #[derive(Debug, Args)]
 pub(crate) struct BusArgs {
-    /// This instance's name on the bus (needed with --bus).
+    /// This instance's name on the bus (`bus.instance`).
     #[arg(long)]
     instance: Option<String>,
-    /// Serve the bus (seed 000) on this loopback address.
-    #[arg(long, value_name = "ADDR", requires = "instance")]
+    /// Serve the bus (seed 000) on this loopback address (`bus.listen`).
+    #[arg(long, value_name = "ADDR")]
     bus: Option<String>,
-    /// An instance allowed to delegate here; repeatable.
-    #[arg(long = "bus-peer", value_name = "NAME", requires = "bus")]
+    /// An instance allowed to delegate here, and to be delegated to;
+    /// repeatable, `*` for any (`bus.peers`).
+    #[arg(long = "bus-peer", value_name = "NAME")]
     peers: Vec<String>,
     /// The bus secret, in a file only its owner may read (0600). Without
-    /// it one is made and kept in JOURNAL/bus.secret.
-    #[arg(long, value_name = "FILE", requires = "bus")]
+    /// it one is made and kept in JOURNAL/bus.secret (`bus.secret_file`).
+    #[arg(long, value_name = "FILE")]
     bus_secret_file: Option<PathBuf>,
-    /// Delegations arriving this many hops deep are refused.
-    #[arg(long, default_value_t = spool_wire::bus::DEFAULT_MAX_DEPTH, requires = "bus")]
-    bus_max_depth: u64,
+    /// Delegations arriving this many hops deep are refused
+    /// (`bus.max_depth`, 3 by default).
+    #[arg(long)]
+    bus_max_depth: Option<u64>,
     /// The registry file instances find each other in
-    /// (default: $XDG_RUNTIME_DIR/spool/bus-registry.json).
+    /// (`bus.registry`; default: $XDG_RUNTIME_DIR/spool/bus-registry.json).
     #[arg(long, value_name = "FILE")]
     bus_registry: Option<PathBuf>,
+}
+
+impl BusArgs {
+    /// Lays the flags over `[bus]` (making one when the file has none and
+    /// a flag names the instance).
+    pub(crate) fn apply(&self, section: &mut Option<BusSection>) -> anyhow::Result<()> {
+        if let Some(instance) = &self.instance {
+            section
+                .get_or_insert_with(|| BusSection::new(instance.clone()))
+                .instance
+                .clone_from(instance);
+        }
+        let given = self.bus.is_some()
+            || !self.peers.is_empty()
+            || self.bus_secret_file.is_some()
+            || self.bus_max_depth.is_some()
+            || self.bus_registry.is_some();
+        let Some(section) = section else {
+            anyhow::ensure!(
+                !given,
+                "the bus flags need this instance's name: --instance NAME, or `instance` in [bus]"
+            );
+            return Ok(());
+        };
+        if let Some(listen) = &self.bus {
+            section.listen = Some(listen.clone());
+        }
+        if !self.peers.is_empty() {
+            section.peers.clone_from(&self.peers);
+        }
+        if let Some(file) = &self.bus_secret_file {
+            // Relative to where the command runs, as every path flag is.
+            section.secret_file = Some(std::path::absolute(file)?);
+        }
+        if let Some(depth) = self.bus_max_depth {
+            section.max_depth = depth;
+        }
+        if let Some(registry) = &self.bus_registry {
+            section.registry = Some(registry.clone());
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -115,46 +162,26 @@ async fn list(registry: Option<PathBuf>) -> anyhow::Result<ExitCode> {
 }
 
 async fn talk(args: TalkArgs) -> anyhow::Result<ExitCode> {
-    let target = match (args.to, &args.secret_file) {
-        (Some(addr), Some(file)) => spool_bus::client::Target {
+    let route = match (args.to, &args.secret_file) {
+        (Some(addr), Some(file)) => Route::Direct(spool_bus::client::Target {
             addr,
             instance: args.instance.clone(),
             secret: read_secret(file)?,
-        },
-        _ => {
-            let path = args
+        }),
+        _ => Route::Registry {
+            path: args
                 .bus_registry
                 .clone()
-                .unwrap_or_else(spool_bus::registry::default_path);
-            let instances = spool_bus::registry::read(&path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            let entry = instances.get(&args.instance).with_context(|| {
-                format!(
-                    "no instance {} in {} (`spool bus list` shows them; or give --to and --secret-file)",
-                    args.instance,
-                    path.display()
-                )
-            })?;
-            spool_bus::client::Target {
-                addr: SocketAddr::from(([127, 0, 0, 1], entry.port)),
-                instance: args.instance.clone(),
-                secret: entry.secret.clone(),
-            }
-        }
+                .unwrap_or_else(spool_bus::registry::default_path),
+            instance: args.instance.clone(),
+        },
     };
     let options = spool_bus::client::Options {
         timeout: Duration::from_secs(args.timeout),
         ..spool_bus::client::Options::default()
     };
-    let answer = spool_bus::client::talk(
-        &args.from,
-        &target,
-        &args.prompt,
-        args.depth,
-        None,
-        &options,
-    )
-    .await;
+    let answer =
+        spool_bus::client::talk(&args.from, &route, &args.prompt, args.depth, None, &options).await;
     if answer.success {
         crate::talk::out(answer.text(), true);
         return Ok(ExitCode::SUCCESS);
@@ -173,21 +200,27 @@ async fn talk(args: TalkArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
-/// Starts the bus server when `--bus` is given; it stops when `closing`
-/// turns true. Bound before the server says it listens.
+/// Starts the bus server when `[bus]` (or `--bus`) says where it
+/// listens; it stops when `closing` turns true. Bound before the server
+/// says it listens.
 ///
 /// # Errors
 ///
-/// A non-loopback address, a secret file others may read, a port taken.
+/// A non-loopback address, a secret file others may read, a port taken,
+/// a journal whose delegated runs cannot be read for the budget.
 pub(crate) async fn serve_bus(
-    args: &BusArgs,
+    agent: &Agent,
     runtime: &Runtime,
     journal: &Path,
     closing: &watch::Receiver<bool>,
 ) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
-    let (Some(addr), Some(instance)) = (&args.bus, &args.instance) else {
+    let Some(section) = &agent.bus else {
         return Ok(None);
     };
+    let Some(addr) = &section.listen else {
+        return Ok(None);
+    };
+    let instance = &section.instance;
     let parsed: SocketAddr = addr
         .parse()
         .with_context(|| format!("`{addr}` is not a bus address (HOST:PORT)"))?;
@@ -195,36 +228,56 @@ pub(crate) async fn serve_bus(
         parsed.ip().is_loopback(),
         "the bus is loopback-only: {addr} is not a loopback address"
     );
-    let (secret, secret_path) = match &args.bus_secret_file {
-        Some(path) => (read_secret(path)?, path.clone()),
+    let (secret, secret_path) = match section.secret_path(&agent.loaded.base) {
+        Some(path) => (read_secret(&path)?, path),
         None => {
             let path = journal.join("bus.secret");
             (make_secret(&path)?, path)
         }
+    };
+    let budget = match section.budget_usd {
+        Some(cap) => {
+            let definition = &agent.loaded.definition;
+            // Both are checked with `[bus]`: a budget needs a turn's cap,
+            // and that cap needs prices.
+            let (Some(turn), Some(pricing)) =
+                (definition.budgets.cost_micro_usd(), definition.pricing)
+            else {
+                anyhow::bail!("`bus.budget_usd` needs `budgets.cost_usd` and `[pricing]`");
+            };
+            let limits = spool_bus::budget::Limits {
+                cap_micro_usd: (cap * 1e6).round() as u64,
+                turn_micro_usd: turn,
+                pricing,
+            };
+            let ledger = spool_bus::budget::Ledger::load(limits, runtime)
+                .await
+                .context("reading what delegated runs have cost")?;
+            Some(ledger)
+        }
+        None => None,
     };
     let listener = spool_http::Listener::tcp(addr)
         .await
         .with_context(|| format!("binding the bus on {addr}"))?;
     let settings = spool_bus::Settings {
         instance: instance.clone(),
-        peers: args.peers.clone(),
-        max_depth: args.bus_max_depth,
+        peers: section.peers.clone(),
+        max_depth: section.max_depth,
         secret,
+        budget,
     };
     say(&format!(
         "spool: bus {instance} on {} (peers: {}; secret in {})",
         listener.describe(),
-        if args.peers.is_empty() {
-            "none".to_owned()
+        if section.peers.is_empty() {
+            "none, so the bus is off".to_owned()
         } else {
-            args.peers.join(", ")
+            section.peers.join(", ")
         },
         secret_path.display()
     ));
-    let registry = args
-        .bus_registry
-        .clone()
-        .unwrap_or_else(spool_bus::registry::default_path);
+    let registry = section.registry_path();
     let port = listener_port(&listener)?;
     spool_bus::registry::register(&registry, instance, port, &settings.secret)
         .with_context(|| format!("registering in {}", registry.display()))?;

@@ -124,7 +124,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         );
         return Ok(ExitCode::from(2));
     }
-    let agent = load_agent(args.agent.as_deref(), args.model.as_ref())?;
+    let mut agent = load_agent(args.agent.as_deref(), args.model.as_ref())?;
+    args.bus.apply(&mut agent.bus)?;
     let tokens = match &args.token_file {
         Some(path) => Some(Arc::new(TokenFile::load(path)?)),
         None => None,
@@ -161,7 +162,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let (stop, closing) = tokio::sync::watch::channel(false);
     let pods =
         crate::pod::serve_pods(&runtime, &args.pods, args.runtime_dir.as_deref(), &closing).await?;
-    let bus = crate::bus::serve_bus(&args.bus, &runtime, &args.journal, &closing).await?;
+    let bus = crate::bus::serve_bus(&agent, &runtime, &args.journal, &closing).await?;
     // JSON-RPC (seed 001) on the same listener, behind the same
     // authenticator: /version, /events (SSE), /stream (NDJSON).
     let rpc = spool_rpc::Dispatcher::new(runtime.clone());
@@ -215,10 +216,31 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// An agent definition and the engine it names, built.
+/// An agent definition, the engine it names, built, and its `[bus]`.
 pub(crate) struct Agent {
     pub(crate) loaded: Loaded,
     pub(crate) engine: Arc<dyn Engine>,
+    /// `[bus]`, with `spool serve`'s bus flags applied.
+    pub(crate) bus: Option<spool_bus::config::BusSection>,
+}
+
+impl Agent {
+    fn tools(&self) -> anyhow::Result<spool_runtime::Tools> {
+        tools_of(&self.loaded, self.bus.as_ref())
+    }
+}
+
+/// An agent's tools: the definition's, and `delegate` when `[bus]` turns
+/// it on.
+pub(crate) fn tools_of(
+    loaded: &Loaded,
+    bus: Option<&spool_bus::config::BusSection>,
+) -> anyhow::Result<spool_runtime::Tools> {
+    let mut tools = loaded.definition.tools(&loaded.base)?;
+    if let Some(bus) = bus.filter(|bus| bus.delegate) {
+        tools.add(Arc::new(spool_bus::tool::Delegate::new(bus)))?;
+    }
+    Ok(tools)
 }
 
 /// The agent definition (`path`, `./spool.toml`, or the built-in echo
@@ -262,7 +284,13 @@ pub(crate) fn load_agent(
             std::env::var(name).ok()
         })
         .with_context(|| format!("engine `{spec}`"))?;
-    Ok(Agent { loaded, engine })
+    let bus = spool_bus::config::BusSection::from_definition(&loaded.definition)
+        .map_err(anyhow::Error::msg)?;
+    Ok(Agent {
+        loaded,
+        engine,
+        bus,
+    })
 }
 
 /// The runtime on the SQLite journal in `journal`, running `agent`, and
@@ -283,6 +311,7 @@ pub(crate) fn open_runtime(
         .with_context(|| format!("opening the journal in {}", journal.display()))?;
     let mut builder = Runtime::builder(Arc::new(store))
         .agent(&agent.loaded)?
+        .tools(agent.tools()?)
         .engine(agent.engine.clone());
     if let Some(runs) = cached_runs {
         builder = builder.cached_runs(runs);

@@ -42,6 +42,11 @@
 //! request_timeout_seconds = 600        # the whole call, first byte to last
 //! idle_timeout_seconds = 60            # the longest silence inside a streamed answer
 //! max_retries = 4                      # 429, 5xx and resets, before the first byte
+//!
+//! [bus]                                # the bus v1 (seed 000); `spool-bus` reads it
+//! instance = "reviewer"
+//! peers = ["worker"]
+//! delegate = true                      # the `delegate {instance, prompt}` tool
 //! ```
 //!
 //! Unknown keys are errors that name the key: a misspelt budget must not
@@ -85,6 +90,12 @@ pub struct AgentDefinition {
     /// Messages sent on a cron expression (`[[schedule]]`).
     #[serde(default, rename = "schedule")]
     pub schedules: Vec<crate::schedule::ScheduleDefinition>,
+    /// `[bus]`: this instance on the bus (seed 000), and the `delegate`
+    /// tool. The runtime does not read it: `spool-bus` does, and refuses a
+    /// key it does not know.
+    #[serde(default)]
+    #[schemars(schema_with = "any_table")]
+    pub bus: Option<toml::Table>,
 }
 
 /// `[pricing]`: USD per million tokens.

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 use spool_journal::event::Effect;
+use spool_journal::{Principal, RunId, TurnId};
 use spool_wire::run::SuspendKind;
 use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
@@ -113,6 +114,56 @@ pub trait Tool: Send + Sync + 'static {
         input: Value,
         cancel: &'a CancellationToken,
     ) -> BoxFuture<'a, ToolOutcome>;
+
+    /// Runs the call knowing where it is: the run, its turn, the call's id
+    /// and who created the run. The runtime calls this one; by default it
+    /// is [`Tool::call`]. A tool whose effect reaches past the process
+    /// (another instance, a service with its own idempotency keys) derives
+    /// a key from the run and call id, which a recovered call gets again.
+    fn call_in<'a>(
+        &'a self,
+        context: &'a ToolContext,
+        input: Value,
+        cancel: &'a CancellationToken,
+    ) -> BoxFuture<'a, ToolOutcome> {
+        let _ = context;
+        self.call(input, cancel)
+    }
+}
+
+/// Where a tool call runs: the same on every execution of the call, a
+/// recovered one included.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct ToolContext {
+    /// The run.
+    pub run: RunId,
+    /// The turn.
+    pub turn: TurnId,
+    /// The call's id, as the model gave it (unique within the run).
+    pub call_id: String,
+    /// Who created the run, when that was proven.
+    pub principal: Option<Principal>,
+}
+
+impl ToolContext {
+    /// The context of call `call_id` in `run`'s turn `turn`.
+    #[must_use]
+    pub fn new(run: RunId, turn: TurnId, call_id: impl Into<String>) -> Self {
+        Self {
+            run,
+            turn,
+            call_id: call_id.into(),
+            principal: None,
+        }
+    }
+
+    /// With the run's creator.
+    #[must_use]
+    pub fn with_principal(mut self, principal: Option<Principal>) -> Self {
+        self.principal = principal;
+        self
+    }
 }
 
 /// The tools of an agent, with their compiled input validators.

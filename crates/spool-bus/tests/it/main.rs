@@ -34,6 +34,7 @@ fn settings() -> Settings {
         peers: vec!["reviewer".into()],
         max_depth: 3,
         secret: SECRET.into(),
+        budget: None,
     }
 }
 
@@ -280,16 +281,16 @@ async fn a_failed_delegation_carries_the_code_of_its_failure() {
 mod client {
     use std::time::Duration;
 
-    use spool_bus::client::{Options, Target, talk};
+    use spool_bus::client::{Options, Route, Target, talk};
 
     use super::*;
 
-    fn target(addr: &str, instance: &str) -> Target {
-        Target {
+    fn target(addr: &str, instance: &str) -> Route {
+        Route::Direct(Target {
             addr: addr.parse().unwrap(),
             instance: instance.into(),
             secret: SECRET.into(),
-        }
+        })
     }
 
     fn quick() -> Options {

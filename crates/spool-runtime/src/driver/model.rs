@@ -34,6 +34,8 @@ pub(super) struct TurnCtx {
     pub(super) turn: TurnId,
     pub(super) token: CancellationToken,
     pub(super) cursor: ReplayCursor,
+    /// Who created the run, for the tools' context.
+    pub(super) principal: Option<spool_journal::Principal>,
     /// The conversation before this turn, shared with the run's cache.
     earlier: Arc<Vec<Message>>,
     /// The hash chain over `earlier` and `answered`.
@@ -81,6 +83,11 @@ impl TurnCtx {
         let (started_at, start) = start;
         Ok(Self {
             cursor: ReplayCursor::new(turn_log[1..].to_vec(), cached.next()),
+            principal: locked
+                .state()
+                .created
+                .as_ref()
+                .and_then(|created| created.principal.clone()),
             earlier: Arc::clone(cached.history.messages()),
             hasher: cached.history.hasher().clone(),
             answered: Vec::new(),

@@ -23,7 +23,7 @@ use super::model::TurnCtx;
 use crate::engine::ToolCall;
 use crate::error::RuntimeError;
 use crate::runtime::Inner;
-use crate::tool::{Tool, ToolOutcome};
+use crate::tool::{Tool, ToolContext, ToolOutcome};
 
 /// What a tool step came to.
 pub(super) enum Step {
@@ -240,13 +240,16 @@ impl Inner {
         } else {
             tool.attempts().max(1)
         };
+        let context = ToolContext::new(ctx.run.clone(), ctx.turn.clone(), &request.call_id)
+            .with_principal(ctx.principal.clone());
         let mut attempt = 0;
         let outcome = loop {
             attempt += 1;
-            let outcome = match caught(|| tool.call(request.input.clone(), &ctx.token)).await {
-                Ok(outcome) => outcome,
-                Err(panic) => return Executed::Panicked(panic),
-            };
+            let outcome =
+                match caught(|| tool.call_in(&context, request.input.clone(), &ctx.token)).await {
+                    Ok(outcome) => outcome,
+                    Err(panic) => return Executed::Panicked(panic),
+                };
             if matches!(outcome, ToolOutcome::Error(_))
                 && attempt < attempts
                 && !ctx.token.is_cancelled()

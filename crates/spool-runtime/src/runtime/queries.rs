@@ -113,6 +113,36 @@ impl Runtime {
             .and_then(|created| created.principal.clone()))
     }
 
+    /// The run `principal` created under `operation_id`, if it did: what
+    /// [`Runtime::start`] would return as [`Accepted::Replayed`](crate::Accepted),
+    /// asked without starting anything.
+    ///
+    /// # Errors
+    ///
+    /// When the journal fails.
+    pub async fn operation(
+        &self,
+        principal: &spool_journal::Principal,
+        operation_id: &str,
+    ) -> Result<Option<RunId>, RuntimeError> {
+        Ok(self
+            .inner
+            .journal
+            .find_operation(principal, operation_id)
+            .await?)
+    }
+
+    /// The tokens every model call of `run` used, over all its turns: what
+    /// a host charging a run as a whole (the bus's instance budget) prices.
+    ///
+    /// # Errors
+    ///
+    /// `RunNotFound`; a journal error when its log must be read and cannot.
+    pub async fn usage(&self, run: &RunId) -> Result<spool_journal::event::Usage, RuntimeError> {
+        let locked = self.inner.lock(run).await?;
+        Ok(locked.state().usage)
+    }
+
     /// Every run, most recently updated first.
     ///
     /// # Errors

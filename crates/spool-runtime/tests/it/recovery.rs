@@ -313,3 +313,114 @@ async fn a_sleep_woken_early_says_when_and_a_later_sleep_of_the_run_still_wakes_
     .await;
     assert_eq!(view.status, Status::Completed);
 }
+
+/// Records the context of every call it gets; the first call never
+/// returns (the crash comes while it runs), later ones answer.
+struct Witness {
+    seen: Arc<std::sync::Mutex<Vec<spool_runtime::ToolContext>>>,
+    entered: Arc<tokio::sync::Notify>,
+}
+
+impl Tool for Witness {
+    fn spec(&self) -> spool_runtime::engine::ToolSpec {
+        spool_runtime::engine::ToolSpec {
+            name: "witness".into(),
+            description: "records where it runs".into(),
+            input_schema: serde_json::json!({"type": "object"}),
+        }
+    }
+
+    fn effect(&self) -> Effect {
+        Effect::Idempotent
+    }
+
+    fn call<'a>(
+        &'a self,
+        _input: serde_json::Value,
+        _cancel: &'a tokio_util::sync::CancellationToken,
+    ) -> spool_runtime::BoxFuture<'a, spool_runtime::ToolOutcome> {
+        Box::pin(async { panic!("the runtime calls call_in") })
+    }
+
+    fn call_in<'a>(
+        &'a self,
+        context: &'a spool_runtime::ToolContext,
+        _input: serde_json::Value,
+        _cancel: &'a tokio_util::sync::CancellationToken,
+    ) -> spool_runtime::BoxFuture<'a, spool_runtime::ToolOutcome> {
+        Box::pin(async move {
+            let first = {
+                let mut seen = self.seen.lock().unwrap();
+                seen.push(context.clone());
+                seen.len() == 1
+            };
+            self.entered.notify_one();
+            if first {
+                std::future::pending::<()>().await;
+            }
+            spool_runtime::ToolOutcome::Output(serde_json::json!("seen"))
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_is_told_its_run_turn_call_and_creator_and_told_the_same_after_a_crash() {
+    let journal: Arc<dyn Journal> = Arc::new(MemoryJournal::new());
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let script = r#"{"tool_calls": [{"id": "w1", "name": "witness", "arguments": {}}]}
+{"text": "witnessed"}"#;
+    let runtime = |entered: &Arc<tokio::sync::Notify>| {
+        let witness = Arc::new(Witness {
+            seen: Arc::clone(&seen),
+            entered: Arc::clone(entered),
+        });
+        runtime_with(Arc::clone(&journal), script, tools_with(vec![witness]))
+    };
+    let principal = spool_journal::Principal {
+        authenticator: "bus".into(),
+        kind: "instance".into(),
+        id: "reviewer".into(),
+        attributes: [("depth".to_owned(), "1".to_owned())].into(),
+    };
+    let (run, turn) = tokio::task::block_in_place(|| {
+        let tokio = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let entered = Arc::new(tokio::sync::Notify::new());
+        let first = runtime(&entered);
+        let accepted = tokio.block_on(async {
+            let accepted = first
+                .start(StartRequest {
+                    text: "go".into(),
+                    principal: Some(principal.clone()),
+                    ..StartRequest::default()
+                })
+                .await
+                .unwrap();
+            tokio::time::timeout(PATIENCE, entered.notified())
+                .await
+                .expect("the witness is called");
+            accepted
+        });
+        tokio.shutdown_background();
+        match accepted {
+            Accepted::Started { run, turn } => (run, turn),
+            other => panic!("{other:?}"),
+        }
+    });
+    let second = runtime(&Arc::new(tokio::sync::Notify::new()));
+    second.recover().await.unwrap();
+    let view = settle(&second, &run, &turn).await;
+    assert_eq!(view.response.as_deref(), Some("witnessed"));
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2, "called, then called again after the crash");
+    let first = &seen[0];
+    assert_eq!(
+        (&first.run, &first.turn, first.call_id.as_str()),
+        (&run, &turn, "w1")
+    );
+    assert_eq!(first.principal.as_ref(), Some(&principal));
+    assert_eq!(seen[1], *first, "the recovered call is told the same");
+}

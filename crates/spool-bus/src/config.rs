@@ -216,3 +216,46 @@ impl BusSection {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn section(toml: &str) -> Result<Option<BusSection>, String> {
+        let definition = AgentDefinition::from_toml(toml).map_err(|e| e.to_string())?;
+        BusSection::from_definition(&definition)
+    }
+
+    #[test]
+    fn peers_read_as_the_seeds_reference_reads_them() {
+        for (peers, expected) in [
+            ("[\"worker\"]", vec!["worker"]),
+            ("\"*\"", vec!["*"]),
+            ("true", vec!["*"]),
+            ("false", vec![]),
+            ("[]", vec![]),
+        ] {
+            let read = section(&format!("[bus]\ninstance = \"a\"\npeers = {peers}\n"))
+                .unwrap()
+                .unwrap();
+            assert_eq!(read.peers, expected, "{peers}");
+        }
+        assert_eq!(
+            section("[bus]\ninstance = \"a\"\n").unwrap().unwrap().peers,
+            Vec::<String>::new(),
+            "absent: none"
+        );
+        assert!(section("[bus]\ninstance = \"a\"\npeers = \"worker\"\n").is_err());
+    }
+
+    #[test]
+    fn an_unknown_key_or_a_budget_without_a_turns_cap_is_refused_by_name() {
+        let unknown = section("[bus]\ninstance = \"a\"\nmax_dept = 2\n").unwrap_err();
+        assert!(unknown.contains("max_dept"), "{unknown}");
+        let budget = section("[bus]\ninstance = \"a\"\nbudget_usd = 5.0\n").unwrap_err();
+        assert!(budget.contains("budgets.cost_usd"), "{budget}");
+        let priced = "[pricing]\ninput_per_million = 1.0\noutput_per_million = 1.0\n[budgets]\ncost_usd = 0.5\n[bus]\ninstance = \"a\"\nbudget_usd = 5.0\n";
+        assert_eq!(section(priced).unwrap().unwrap().budget_usd, Some(5.0));
+        assert!(section("[agent]\nname = \"x\"\n").unwrap().is_none());
+    }
+}

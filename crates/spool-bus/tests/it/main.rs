@@ -278,6 +278,8 @@ async fn a_failed_delegation_carries_the_code_of_its_failure() {
     );
 }
 
+mod delegate;
+
 mod client {
     use std::time::Duration;
 

@@ -105,3 +105,53 @@ fn a_provider_engine_pointed_at_a_local_server_checks_without_a_key() {
     );
     assert!(String::from_utf8_lossy(&output.stdout).contains("engine   openai/smollm2"));
 }
+
+#[test]
+fn a_bus_section_with_delegate_on_adds_the_delegate_tool_and_its_schema_is_published() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("spool.toml"),
+        "[bus]\ninstance = \"reviewer\"\npeers = [\"worker\"]\ndelegate = true\n",
+    )
+    .unwrap();
+    let output = check(&[], dir.path());
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    for line in [
+        "tool     delegate (idempotent)",
+        "bus      reviewer (listen off; peers worker; max depth 3)",
+    ] {
+        assert!(stdout.contains(line), "missing `{line}` in:\n{stdout}");
+    }
+    // A misspelt key in [bus] fails, naming it.
+    std::fs::write(
+        dir.path().join("spool.toml"),
+        "[bus]\ninstance = \"reviewer\"\ndelegates = true\n",
+    )
+    .unwrap();
+    let output = check(&[], dir.path());
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("delegates"),
+        "{output:?}"
+    );
+    let schema = Command::new(env!("CARGO_BIN_EXE_spool"))
+        .args(["agent", "schema"])
+        .output()
+        .unwrap();
+    let schema: serde_json::Value = serde_json::from_slice(&schema.stdout).unwrap();
+    let bus = &schema["properties"]["bus"]["properties"];
+    for key in [
+        "instance",
+        "listen",
+        "peers",
+        "max_depth",
+        "budget_usd",
+        "delegate",
+    ] {
+        assert!(
+            bus.get(key).is_some(),
+            "[bus] has `{key}` in the schema: {bus}"
+        );
+    }
+}

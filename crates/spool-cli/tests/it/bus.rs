@@ -4,7 +4,7 @@
 use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
 
-use crate::server::{serve, terminate};
+use crate::server::{Running, serve, terminate};
 
 /// The bus address a server said it listens on.
 fn bus_addr(notes: &[String]) -> String {
@@ -134,4 +134,212 @@ fn serve_refuses_a_bus_secret_others_may_read() {
         String::from_utf8_lossy(&output.stderr).contains("0600"),
         "{output:?}"
     );
+}
+
+/// An instance's directory: its `spool.toml` (an agent with `[bus]`) and
+/// a script for its model.
+fn instance_dir(root: &std::path::Path, name: &str, bus: &str, script: &str) -> std::path::PathBuf {
+    let dir = root.join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("script.jsonl"), script).unwrap();
+    std::fs::write(
+        dir.join("spool.toml"),
+        format!(
+            "[agent]\nengine = \"scripted:script.jsonl\"\n\n[bus]\ninstance = \"{name}\"\n{bus}"
+        ),
+    )
+    .unwrap();
+    dir
+}
+
+/// A run started over the HTTP channel, waiting for its turn's end: the
+/// answer's JSON.
+fn run_to_end(addr: &str, text: &str) -> serde_json::Value {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(90)))
+        .unwrap();
+    let body = serde_json::json!({"text": text}).to_string();
+    write!(
+        stream,
+        "POST /spool/v1/runs HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).unwrap();
+    let json = reply.split("\r\n\r\n").nth(1).unwrap_or_default();
+    serde_json::from_str(json).unwrap_or_else(|_| panic!("a JSON answer: {reply}"))
+}
+
+/// `GET path`'s JSON body.
+fn get_json(addr: &str, path: &str) -> serde_json::Value {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(20)))
+        .unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).unwrap();
+    let json = reply.split("\r\n\r\n").nth(1).unwrap_or_default();
+    serde_json::from_str(json).unwrap_or_else(|_| panic!("a JSON answer: {reply}"))
+}
+
+/// The runs a server lists.
+fn runs(addr: &str) -> Vec<serde_json::Value> {
+    get_json(addr, "/spool/v1/runs")["runs"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// Waits for the server to log a delegation: the run it made.
+fn delegation_run(said: &std::sync::mpsc::Receiver<String>) -> String {
+    loop {
+        let line = said
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .expect("the worker logs the delegation");
+        if let Some(rest) = line.split("bus: delegation accepted").nth(1) {
+            let (_, run) = rest.split_once("run_id=").expect("the log names the run");
+            return run
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || "_-.:".contains(*c))
+                .collect();
+        }
+    }
+}
+
+const DELEGATE_TO_WORKER: &str = "{\"tool_calls\": [{\"id\": \"d1\", \"name\": \"delegate\", \"arguments\": {\"instance\": \"worker\", \"prompt\": \"count to ten\"}}]}\n{\"text\": \"reviewed\"}\n";
+
+#[test]
+fn a_worker_killed_mid_delegation_and_restarted_answers_the_retry_with_its_one_run() {
+    let root = tempfile::tempdir().unwrap();
+    let registry = root.path().join("bus-registry.json");
+    let registry = registry.display();
+    let counted = "one two three four five six seven eight nine ten";
+    let worker_dir = instance_dir(
+        root.path(),
+        "worker",
+        &format!("listen = \"127.0.0.1:0\"\npeers = [\"reviewer\"]\nregistry = \"{registry}\"\n"),
+        &format!(
+            "{}\n",
+            serde_json::json!({"text": counted, "delay_ms": 150})
+        ),
+    );
+    let reviewer_dir = instance_dir(
+        root.path(),
+        "reviewer",
+        &format!(
+            "peers = [\"worker\"]\nregistry = \"{registry}\"\ndelegate = true\nattempts = 20\n"
+        ),
+        DELEGATE_TO_WORKER,
+    );
+    let worker = serve(&worker_dir, &[]);
+    let reviewer = serve(&reviewer_dir, &[]);
+    let reviewer_addr = reviewer.addr.clone();
+    let asked = std::thread::spawn(move || run_to_end(&reviewer_addr, "review the count"));
+    // Kill the worker while its delegated turn streams its answer.
+    let run = delegation_run(&worker.said);
+    let lines = crate::serve::stream_lines(&worker.addr, &format!("/spool/v1/runs/{run}/stream"));
+    loop {
+        let line = lines
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .expect("the delegated run streams");
+        if line["type"] == "text_delta" {
+            break;
+        }
+    }
+    let Running { mut child, .. } = worker;
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    // Restarted on another port: the reviewer finds it in the registry
+    // again, sends the same delegation, and gets the resumed run's answer.
+    let worker = serve(&worker_dir, &[]);
+    let answer = asked.join().unwrap();
+    assert_eq!(answer["response"], "reviewed", "{answer}");
+    let reviewer_run = answer["run_id"].as_str().unwrap();
+    let snapshot = get_json(
+        &reviewer.addr,
+        &format!("/spool/v1/runs/{reviewer_run}/snapshot"),
+    );
+    assert!(
+        snapshot.to_string().contains(counted),
+        "the worker's whole answer is the tool's output: {snapshot}"
+    );
+    let worker_runs = runs(&worker.addr);
+    assert_eq!(worker_runs.len(), 1, "the prompt ran once: {worker_runs:?}");
+    assert_eq!(worker_runs[0]["id"], run.as_str());
+    assert!(terminate(reviewer).success());
+    assert!(terminate(worker).success());
+}
+
+#[test]
+fn two_instances_delegating_to_each_other_stop_at_the_maximum_depth() {
+    let root = tempfile::tempdir().unwrap();
+    let registry = root.path().join("bus-registry.json");
+    let registry = registry.display();
+    // Every run of each delegates to the other, then answers with its
+    // name: reviewer → worker (depth 1) → reviewer (2) → worker (3) is
+    // the maximum, refused before it is sent.
+    let bus = |peer: &str| {
+        format!(
+            "listen = \"127.0.0.1:0\"\npeers = [\"{peer}\"]\nregistry = \"{registry}\"\ndelegate = true\nmax_depth = 3\n"
+        )
+    };
+    let script = |to: &str, name: &str| {
+        format!(
+            "{}\n{}\n",
+            serde_json::json!({"tool_calls": [{"id": "d1", "name": "delegate", "arguments": {"instance": to, "prompt": "pass it on"}}]}),
+            serde_json::json!({"text": format!("{name} done")})
+        )
+    };
+    let worker = serve(
+        &instance_dir(
+            root.path(),
+            "worker",
+            &bus("reviewer"),
+            &script("reviewer", "worker"),
+        ),
+        &[],
+    );
+    let reviewer = serve(
+        &instance_dir(
+            root.path(),
+            "reviewer",
+            &bus("worker"),
+            &script("worker", "reviewer"),
+        ),
+        &[],
+    );
+    let answer = run_to_end(&reviewer.addr, "start");
+    assert_eq!(answer["response"], "reviewer done", "{answer}");
+    assert_eq!(runs(&worker.addr).len(), 1);
+    let reviewer_runs = runs(&reviewer.addr);
+    assert_eq!(
+        reviewer_runs.len(),
+        2,
+        "the loop came back once: {reviewer_runs:?}"
+    );
+    let looped = reviewer_runs
+        .iter()
+        .find(|r| r["id"] != answer["run_id"])
+        .unwrap();
+    let snapshot = get_json(
+        &reviewer.addr,
+        &format!("/spool/v1/runs/{}/snapshot", looped["id"].as_str().unwrap()),
+    );
+    assert!(
+        snapshot
+            .to_string()
+            .contains("bus error max_depth_exceeded"),
+        "the third hop was refused: {snapshot}"
+    );
+    assert!(terminate(reviewer).success());
+    assert!(terminate(worker).success());
 }

@@ -132,7 +132,7 @@ fn a_token_made_by_spool_token_new_admits_requests_to_a_server_that_requires_one
 }
 
 /// Reads NDJSON lines of a raw HTTP stream (chunked framing skipped).
-fn stream_lines(addr: &str, path: &str) -> std::sync::mpsc::Receiver<serde_json::Value> {
+pub(crate) fn stream_lines(addr: &str, path: &str) -> std::sync::mpsc::Receiver<serde_json::Value> {
     let mut socket = std::net::TcpStream::connect(addr).unwrap();
     write!(socket, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
     let (sender, lines) = std::sync::mpsc::channel();

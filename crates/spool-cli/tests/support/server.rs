@@ -2,7 +2,7 @@
 //! where it listens), stop it with SIGTERM. Shared by the test binaries
 //! that drive a server from outside.
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -15,6 +15,12 @@ pub(crate) struct Running {
         reason = "read by the test binaries that start a bus or pods"
     )]
     pub(crate) notes: Vec<String>,
+    /// What it says after that, line by line, for a test to wait on.
+    #[allow(
+        dead_code,
+        reason = "read by the test binaries that wait on a log line"
+    )]
+    pub(crate) said: std::sync::mpsc::Receiver<String>,
 }
 
 pub(crate) fn serve(dir: &std::path::Path, extra: &[&str]) -> Running {
@@ -24,6 +30,9 @@ pub(crate) fn serve(dir: &std::path::Path, extra: &[&str]) -> Running {
         .args(extra)
         .current_dir(dir)
         .env_remove("SPOOL_JOURNAL")
+        // The default filter (info), whatever the test's environment says:
+        // tests wait on its lines.
+        .env_remove("RUST_LOG")
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -39,15 +48,20 @@ pub(crate) fn serve(dir: &std::path::Path, extra: &[&str]) -> Running {
         }
         notes.push(line.trim_end().to_owned());
     }
-    // Keep draining stderr so the server never blocks on a full pipe.
+    // Keep draining stderr so the server never blocks on a full pipe,
+    // passing each line on while someone listens.
+    let (sender, said) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let mut sink = String::new();
-        let _ = stderr.read_to_string(&mut sink);
+        for line in stderr.lines() {
+            let Ok(line) = line else { return };
+            let _ = sender.send(line);
+        }
     });
     Running {
         child,
         addr: addr.expect("the server says where it listens"),
         notes,
+        said,
     }
 }
 

@@ -19,7 +19,7 @@ use serde_json::Value;
 use crate::{cargo, section};
 
 /// The libraries whose API is held to a snapshot.
-const LIBRARIES: [&str; 8] = [
+const LIBRARIES: [&str; 9] = [
     "spool-wire",
     "spool-journal",
     "spool-runtime",
@@ -28,6 +28,7 @@ const LIBRARIES: [&str; 8] = [
     "spool-rpc",
     "spool-pod",
     "spool-bus",
+    "spool-otel",
 ];
 
 pub(crate) fn run(root: &Path, bless: bool) -> Result<()> {

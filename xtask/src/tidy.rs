@@ -38,9 +38,11 @@ const LAYERS: &[(&str, &[&str])] = &[
         "spool-bus",
         &["spool-http", "spool-runtime", "spool-journal", "spool-wire"],
     ),
+    // OTLP's LogRecords are the JSON-RPC events' own: the mapping lives
+    // once, in spool-rpc.
     (
         "spool-otel",
-        &["spool-runtime", "spool-journal", "spool-wire"],
+        &["spool-rpc", "spool-runtime", "spool-journal", "spool-wire"],
     ),
     ("spool-cli", &["*"]),
     ("spool-bench", &["*"]),

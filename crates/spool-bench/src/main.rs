@@ -12,6 +12,7 @@ use std::process::ExitCode;
 mod http;
 mod journal;
 mod long;
+mod otel;
 mod report;
 mod rpc;
 mod wire;
@@ -45,6 +46,7 @@ const BENCHES: &[(&str, Bench)] = &[
     ("stream-fanout", http::fanout),
     ("rpc-fanout", rpc::fanout),
     ("long-run", long::run),
+    ("otel-dead-collector", otel::dead_collector),
 ];
 
 fn main() -> ExitCode {

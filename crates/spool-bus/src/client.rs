@@ -161,52 +161,71 @@ pub async fn talk(
             return response;
         }
         attempt += 1;
-        // Jittered, so callers retrying together spread out.
-        let jitter =
-            Duration::from_millis(u64::from(std::process::id() % 50) + u64::from(attempt) * 7);
+        // Up to half the wait again at random, so callers retrying
+        // together spread out.
+        let jitter = wait.mul_f64(fastrand::f64() / 2.0);
         tokio::time::sleep(wait + jitter).await;
         wait = (wait * 2).min(Duration::from_secs(5));
     }
 }
 
-/// Checks that `addr` answers as instance `instance`: its health check's
-/// fingerprint (`kind: "spool"`, `status: "ok"`, the name), within
-/// [`HEALTH_TIMEOUT`].
-///
-/// # Errors
-///
-/// `instance_unavailable`, saying why.
-pub async fn check_health(addr: SocketAddr, instance: &str) -> Result<(), (ErrorCode, String)> {
-    let probe = Target {
+/// What a health check found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Probe {
+    /// The instance answered as itself.
+    Itself,
+    /// Nobody listens there, or somebody else answers: the entry is stale.
+    Elsewhere(String),
+    /// No answer in time: it may be busy; nothing can be said.
+    Silent(String),
+}
+
+/// Asks `addr` who it is: its health check's fingerprint (`kind:
+/// "spool"`, `status: "ok"`, the name), within [`HEALTH_TIMEOUT`].
+pub async fn probe(addr: SocketAddr, instance: &str) -> Probe {
+    let target = Target {
         addr,
         instance: instance.to_owned(),
         secret: String::new(),
     };
-    let (status, health) = tokio::time::timeout(
+    let answer = tokio::time::timeout(
         HEALTH_TIMEOUT,
-        exchange(&probe, Method::GET, HEALTH_PATH, None, Bytes::new()),
+        exchange(&target, Method::GET, HEALTH_PATH, None, Bytes::new()),
     )
-    .await
-    .map_err(|_| {
-        (
-            ErrorCode::InstanceUnavailable,
-            format!("{addr} did not answer its health check in time"),
-        )
-    })??;
+    .await;
+    let (status, health) = match answer {
+        Err(_) => return Probe::Silent(format!("{addr} did not answer its health check in time")),
+        Ok(Err((_, why))) => return Probe::Elsewhere(why),
+        Ok(Ok(answer)) => answer,
+    };
     let fingerprint: Value = serde_json::from_slice(&health).unwrap_or(Value::Null);
-    if status != 200
-        || fingerprint["kind"] != "spool"
-        || fingerprint["status"] != "ok"
-        || fingerprint["instance"] != instance
+    if status == 200
+        && fingerprint["kind"] == "spool"
+        && fingerprint["status"] == "ok"
+        && fingerprint["instance"] == instance
     {
-        return Err((
-            ErrorCode::InstanceUnavailable,
-            format!(
-                "{addr} is not instance {instance} (its health check says {fingerprint}); the secret was not sent"
-            ),
-        ));
+        Probe::Itself
+    } else {
+        Probe::Elsewhere(format!(
+            "{addr} is not instance {instance} (its health check says {fingerprint})"
+        ))
     }
-    Ok(())
+}
+
+/// Checks that `addr` answers as instance `instance` ([`probe`]).
+///
+/// # Errors
+///
+/// `instance_unavailable`, saying why; the secret is not sent.
+pub async fn check_health(addr: SocketAddr, instance: &str) -> Result<(), (ErrorCode, String)> {
+    match probe(addr, instance).await {
+        Probe::Itself => Ok(()),
+        Probe::Elsewhere(why) => Err((
+            ErrorCode::InstanceUnavailable,
+            format!("{why}; the secret was not sent"),
+        )),
+        Probe::Silent(why) => Err((ErrorCode::InstanceUnavailable, why)),
+    }
 }
 
 /// One attempt: where the instance is, its health check, then the talk.

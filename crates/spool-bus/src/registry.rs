@@ -4,7 +4,9 @@
 //! in the system's temporary directory named for the user id), 0600, in a
 //! 0700 directory. Every change is made under an exclusive lock on a file
 //! beside it, and written whole by rename, so instances registering at
-//! once lose nothing. Entries of processes that are gone are pruned.
+//! once lose nothing. Entries of processes that are gone are pruned on
+//! every change; [`prune_foreign`] also drops entries whose port answers
+//! as another instance or not at all.
 //!
 //! Every process of the same user can read every secret in it, as with
 //! the seed's reference; that is the bound of this design.
@@ -107,6 +109,37 @@ pub fn update(path: &Path, change: impl FnOnce(&mut Instances)) -> std::io::Resu
     std::fs::rename(&partial, path)?;
     drop(lock);
     Ok(())
+}
+
+/// Drops the entries whose port answers as another instance, or not at
+/// all (a process that reused a dead instance's pid): what a live pid
+/// alone cannot tell. An entry that is merely slow to answer stays.
+///
+/// # Errors
+///
+/// As [`update`].
+pub async fn prune_foreign(path: &Path) -> std::io::Result<Vec<String>> {
+    let mut stale = Vec::new();
+    for (name, entry) in read(path)? {
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], entry.port));
+        if let crate::client::Probe::Elsewhere(_) = crate::client::probe(addr, &name).await {
+            stale.push((name, entry));
+        }
+    }
+    if stale.is_empty() {
+        return Ok(Vec::new());
+    }
+    let names = stale.iter().map(|(name, _)| name.clone()).collect();
+    update(path, |instances| {
+        for (name, entry) in &stale {
+            // Only as probed: an instance that registered again since
+            // stays.
+            if instances.get(name) == Some(entry) {
+                instances.remove(name);
+            }
+        }
+    })?;
+    Ok(names)
 }
 
 /// Registers `instance` (this process) with its port and secret.

@@ -28,6 +28,7 @@ pub(crate) fn run(command: AgentCommand) -> anyhow::Result<ExitCode> {
         AgentCommand::Schema => {
             let mut schema = spool_engines::agent_schema();
             schema["properties"]["bus"] = spool_bus::config::schema();
+            schema["properties"]["telemetry"] = spool_otel::config::schema();
             let schema = serde_json::to_string_pretty(&schema)?;
             writeln!(std::io::stdout(), "{schema}")?;
             return Ok(ExitCode::SUCCESS);
@@ -38,6 +39,7 @@ pub(crate) fn run(command: AgentCommand) -> anyhow::Result<ExitCode> {
     let bus =
         spool_bus::config::BusSection::from_definition(definition).map_err(anyhow::Error::msg)?;
     let tools = crate::serve::tools_of(&loaded, bus.as_ref())?;
+    let telemetry = spool_otel::TelemetrySection::from_definition(definition)?;
     // Building the engine checks what a first turn would otherwise find:
     // a missing key, a bad base URL, a script that does not load.
     spool_engines::build(definition, &loaded.base)
@@ -71,6 +73,16 @@ pub(crate) fn run(command: AgentCommand) -> anyhow::Result<ExitCode> {
             bus.instance,
             bus.listen.as_deref().unwrap_or("off"),
             bus.max_depth
+        )?;
+    }
+    if let Some(telemetry) = &telemetry {
+        writeln!(
+            out,
+            "telemetry {}",
+            telemetry
+                .endpoint
+                .as_deref()
+                .unwrap_or("(the OTEL_EXPORTER_OTLP_* variables)")
         )?;
     }
     let budgets = &definition.budgets;

@@ -279,6 +279,15 @@ pub(crate) async fn serve_bus(
     ));
     let registry = section.registry_path();
     let port = listener_port(&listener)?;
+    match spool_bus::registry::prune_foreign(&registry).await {
+        Ok(gone) if !gone.is_empty() => say(&format!(
+            "spool: dropped from {}: {} (another service, or nothing, answers on their ports)",
+            registry.display(),
+            gone.join(", ")
+        )),
+        Ok(_) => {}
+        Err(error) => say(&format!("spool: reading {}: {error}", registry.display())),
+    }
     spool_bus::registry::register(&registry, instance, port, &settings.secret)
         .with_context(|| format!("registering in {}", registry.display()))?;
     let handler = spool_bus::BusServer::new(runtime.clone(), settings).handler();

@@ -13,6 +13,7 @@ mod rpc;
 mod runs;
 mod serve;
 mod talk;
+mod telemetry;
 mod wire;
 
 /// Spool: durable LLM agent runs and the wire protocols to drive them.

@@ -109,6 +109,7 @@ async fn serve(args: PodServeArgs) -> anyhow::Result<ExitCode> {
     stop.send_replace(true);
     pods.close();
     pods.wait().await;
+    crate::telemetry::finish().await;
     Ok(ExitCode::SUCCESS)
 }
 

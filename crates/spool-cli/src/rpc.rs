@@ -48,5 +48,6 @@ async fn serve(args: RpcArgs) -> anyhow::Result<ExitCode> {
     spool_rpc::stdio::serve(&dispatcher, tokio::io::stdin(), tokio::io::stdout())
         .await
         .context("serving JSON-RPC on stdio")?;
+    crate::telemetry::finish().await;
     Ok(ExitCode::SUCCESS)
 }

@@ -213,6 +213,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     if let Some(bus) = bus {
         let _ = bus.await;
     }
+    crate::telemetry::finish().await;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -309,7 +310,8 @@ pub(crate) fn open_runtime(
     })?;
     let store = SqliteJournal::open(journal, Options::default())
         .with_context(|| format!("opening the journal in {}", journal.display()))?;
-    let mut builder = Runtime::builder(Arc::new(store))
+    let store = crate::telemetry::observe(&agent.loaded, Arc::new(store))?;
+    let mut builder = Runtime::builder(store)
         .agent(&agent.loaded)?
         .tools(agent.tools()?)
         .engine(agent.engine.clone());

@@ -131,7 +131,12 @@ fn block_on<F: Future<Output = anyhow::Result<ExitCode>>>(future: F) -> anyhow::
         .enable_all()
         .build()
         .context("starting the async runtime")?
-        .block_on(future)
+        .block_on(async move {
+            let outcome = future.await;
+            // A local run's telemetry goes before the process does.
+            crate::telemetry::finish().await;
+            outcome
+        })
 }
 
 /// The terminal's lines, read on a thread of their own so a turn's events

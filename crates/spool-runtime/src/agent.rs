@@ -47,6 +47,9 @@
 //! instance = "reviewer"
 //! peers = ["worker"]
 //! delegate = true                      # the `delegate {instance, prompt}` tool
+//!
+//! [telemetry]                          # OTLP export; `spool-otel` reads it
+//! endpoint = "http://127.0.0.1:4318"   # or the OTEL_EXPORTER_OTLP_* variables
 //! ```
 //!
 //! Unknown keys are errors that name the key: a misspelt budget must not
@@ -96,6 +99,12 @@ pub struct AgentDefinition {
     #[serde(default)]
     #[schemars(schema_with = "any_table")]
     pub bus: Option<toml::Table>,
+    /// `[telemetry]`: where traces, logs and metrics go (OTLP). The
+    /// runtime does not read it: `spool-otel` does, and refuses a key it
+    /// does not know.
+    #[serde(default)]
+    #[schemars(schema_with = "any_table")]
+    pub telemetry: Option<toml::Table>,
 }
 
 /// `[pricing]`: USD per million tokens.

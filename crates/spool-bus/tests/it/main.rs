@@ -438,4 +438,31 @@ mod registry {
         registry::deregister(&path, "live").unwrap();
         assert!(registry::read(&path).unwrap().is_empty());
     }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn entries_whose_port_answers_as_another_instance_or_not_at_all_are_pruned() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bus-registry.json");
+        let (addr, _stop) = super::serve(&super::BusServer::new(
+            super::runtime(None),
+            super::settings(),
+        ))
+        .await;
+        let port: u16 = addr.rsplit(':').next().unwrap().parse().unwrap();
+        // A port bound, then let go: nothing answers there.
+        let dead = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        // All three with this (live) process's pid: only their ports tell.
+        registry::register(&path, "worker", port, "s").unwrap();
+        registry::register(&path, "impostor", port, "s").unwrap();
+        registry::register(&path, "gone", dead, "s").unwrap();
+        let mut pruned = registry::prune_foreign(&path).await.unwrap();
+        pruned.sort();
+        assert_eq!(pruned, ["gone", "impostor"]);
+        let left = registry::read(&path).unwrap();
+        assert_eq!(left.keys().collect::<Vec<_>>(), ["worker"]);
+    }
 }

@@ -14,4 +14,5 @@ mod serve;
 #[path = "../support/server.rs"]
 mod server;
 mod talk;
+mod telemetry;
 mod wire_validate;

@@ -24,6 +24,11 @@ pub(crate) struct Running {
 }
 
 pub(crate) fn serve(dir: &std::path::Path, extra: &[&str]) -> Running {
+    serve_with(dir, extra, &[])
+}
+
+/// [`serve`] with variables set in the server's environment.
+pub(crate) fn serve_with(dir: &std::path::Path, extra: &[&str], vars: &[(&str, &str)]) -> Running {
     let mut child = Command::new(env!("CARGO_BIN_EXE_spool"))
         .args(["serve", "--addr", "127.0.0.1:0", "--journal"])
         .arg(dir.join("journal"))
@@ -33,6 +38,7 @@ pub(crate) fn serve(dir: &std::path::Path, extra: &[&str]) -> Running {
         // The default filter (info), whatever the test's environment says:
         // tests wait on its lines.
         .env_remove("RUST_LOG")
+        .envs(vars.iter().copied())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();

@@ -1,0 +1,64 @@
+//! Telemetry for the commands that run turns (`serve`, `run`, `chat`,
+//! `rpc --stdio`, `pod serve`): started when the journal opens, if the
+//! `OTEL_*` variables or `[telemetry]` name an endpoint, and flushed by
+//! [`finish`] before the command returns.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use spool_journal::Journal;
+use spool_otel::{Agent, Settings, Telemetry, TelemetrySection};
+use spool_runtime::agent::Loaded;
+
+/// How long a command waits, at its end, for queued telemetry to go.
+const FLUSH: Duration = Duration::from_secs(5);
+
+/// This process's telemetry, once started.
+static RUNNING: Mutex<Option<Telemetry>> = Mutex::new(None);
+
+/// `journal`, observed when telemetry is on for `loaded`'s agent.
+///
+/// # Errors
+///
+/// A `[telemetry]` key or an `OTEL_*` value that is wrong.
+pub(crate) fn observe(
+    loaded: &Loaded,
+    journal: Arc<dyn Journal>,
+) -> anyhow::Result<Arc<dyn Journal>> {
+    let section = TelemetrySection::from_definition(&loaded.definition)?;
+    let Some(settings) = Settings::resolve(section.as_ref(), &|name| std::env::var(name).ok())?
+    else {
+        return Ok(journal);
+    };
+    let definition = &loaded.definition;
+    let agent = Agent::from_engine(definition.agent.name.clone(), &definition.agent.engine);
+    let telemetry = Telemetry::start(&settings, agent)?;
+    let observed = telemetry.observe(journal);
+    let signals: Vec<&str> = [
+        (settings.traces.is_some(), "traces"),
+        (settings.logs.is_some(), "logs"),
+        (settings.metrics.is_some(), "metrics"),
+    ]
+    .into_iter()
+    .filter_map(|(on, name)| on.then_some(name))
+    .collect();
+    crate::serve::say(&format!(
+        "spool: telemetry on: {} over OTLP/HTTP",
+        signals.join(", ")
+    ));
+    *RUNNING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(telemetry);
+    Ok(observed)
+}
+
+/// Sends what telemetry has queued, within a few seconds.
+pub(crate) async fn finish() {
+    let running = RUNNING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .take();
+    if let Some(telemetry) = running {
+        telemetry.shutdown(FLUSH).await;
+    }
+}

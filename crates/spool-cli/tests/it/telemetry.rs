@@ -1,0 +1,107 @@
+//! `spool serve` exporting over OTLP/HTTP when the standard variables name
+//! a collector: a run's spans, LogRecords and metrics reach it, the last
+//! of them flushed at SIGTERM.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::sync::mpsc;
+
+use crate::server::{serve_with, terminate};
+
+/// A collector stand-in: each request's path and body, answered 200.
+fn collector() -> (String, mpsc::Receiver<(String, Vec<u8>)>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (sender, received) = mpsc::channel();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut head = String::new();
+            reader.read_line(&mut head).unwrap();
+            let path = head.split(' ').nth(1).unwrap_or_default().to_owned();
+            let mut length = 0;
+            loop {
+                let mut line = String::new();
+                reader.read_line(&mut line).unwrap();
+                if line.trim().is_empty() {
+                    break;
+                }
+                if let Some((name, value)) = line.split_once(':')
+                    && name.eq_ignore_ascii_case("content-length")
+                {
+                    length = value.trim().parse().unwrap();
+                }
+            }
+            let mut body = vec![0; length];
+            reader.read_exact(&mut body).unwrap();
+            // Kept before the answer: once the server has its 200, the
+            // request is here to read.
+            if sender.send((path, body)).is_err() {
+                return;
+            }
+            let _ = stream
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+        }
+    });
+    (format!("http://{addr}"), received)
+}
+
+#[test]
+fn serve_exports_a_runs_traces_logs_and_metrics_to_the_collector_the_variables_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let (endpoint, received) = collector();
+    let server = serve_with(
+        dir.path(),
+        &[],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_SERVICE_NAME", "spool-under-test"),
+        ],
+    );
+    assert!(
+        server
+            .notes
+            .iter()
+            .any(|n| n.contains("telemetry on: traces, logs, metrics")),
+        "{:?}",
+        server.notes
+    );
+    let mut stream = std::net::TcpStream::connect(&server.addr).unwrap();
+    let body = r#"{"text": "hello telemetry"}"#;
+    write!(
+        stream,
+        "POST /spool/v1/runs HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).unwrap();
+    let run = reply
+        .split("\"run_id\":\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap()
+        .to_owned();
+    // SIGTERM flushes what is queued, metrics included.
+    assert!(terminate(server).success());
+    let mut paths = std::collections::BTreeMap::<String, Vec<u8>>::new();
+    // The server waited for each answer before it exited: everything sent
+    // is here.
+    while let Ok((path, body)) = received.try_recv() {
+        paths.entry(path).or_default().extend(body);
+    }
+    for path in ["/v1/traces", "/v1/logs", "/v1/metrics"] {
+        assert!(paths.contains_key(path), "{path} in {:?}", paths.keys());
+    }
+    // Protobuf keeps strings as they are: the run's id is in its spans and
+    // records, and the service's name in the resource.
+    let has = |path: &str, text: &str| {
+        paths[path]
+            .windows(text.len())
+            .any(|window| window == text.as_bytes())
+    };
+    assert!(has("/v1/traces", &run));
+    assert!(has("/v1/traces", "spool-under-test"));
+    assert!(has("/v1/logs", &run));
+    assert!(has("/v1/metrics", "spool.runs.started"));
+}

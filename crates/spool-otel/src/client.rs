@@ -1,0 +1,123 @@
+//! The exporters' HTTP client: Spool's own hyper and rustls, not a second
+//! HTTP stack. Each request runs on the Tokio runtime the client was made
+//! on, so a caller off it (the metrics reader's thread) can await it too.
+//! One connection per export: exports are seconds apart.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_util::rt::TokioIo;
+use opentelemetry_http::{HttpClient, HttpError};
+use tokio::net::TcpStream;
+
+/// The most of a collector's answer read: it says accepted or why not.
+const MAX_ANSWER_BYTES: usize = 64 * 1024;
+
+/// An HTTP/1.1 client on a Tokio runtime.
+#[derive(Clone, Debug)]
+pub struct Client {
+    handle: tokio::runtime::Handle,
+    tls: Arc<rustls::ClientConfig>,
+    timeout: Duration,
+}
+
+impl Client {
+    /// A client whose requests run on `handle`, each given `timeout` from
+    /// connecting to the answer's last byte.
+    ///
+    /// # Errors
+    ///
+    /// When TLS cannot be set up.
+    pub fn new(handle: tokio::runtime::Handle, timeout: Duration) -> Result<Self, String> {
+        let roots =
+            rustls::RootCertStore::from_iter(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+        let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(Self {
+            handle,
+            tls: Arc::new(tls),
+            timeout,
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl HttpClient for Client {
+    async fn send_bytes(&self, request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
+        let client = self.clone();
+        let timeout = self.timeout;
+        let exchange = self.handle.spawn(async move {
+            tokio::time::timeout(timeout, client.exchange(request))
+                .await
+                .map_err(|_| HttpError::from(format!("no answer within {timeout:?}")))?
+        });
+        exchange
+            .await
+            .map_err(|e| HttpError::from(format!("the export task ended: {e}")))?
+    }
+}
+
+impl Client {
+    async fn exchange(&self, request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
+        let uri = request.uri().clone();
+        let host = uri
+            .host()
+            .ok_or("the endpoint names no host")?
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned();
+        let tls = match uri.scheme_str() {
+            Some("https") => true,
+            Some("http") => false,
+            _ => return Err("the endpoint's scheme must be http or https".into()),
+        };
+        let port = uri.port_u16().unwrap_or(if tls { 443 } else { 80 });
+        let tcp = TcpStream::connect((host.as_str(), port)).await?;
+        let (mut parts, body) = request.into_parts();
+        // HTTP/1.1 sends the path, with the authority in `Host`.
+        if let Some(authority) = uri.authority() {
+            parts.headers.insert(
+                http::header::HOST,
+                http::HeaderValue::from_str(authority.as_str())?,
+            );
+        }
+        parts.uri = uri.path_and_query().map_or("/", |p| p.as_str()).parse()?;
+        let request = Request::from_parts(parts, Full::new(body));
+        if tls {
+            let name = rustls::pki_types::ServerName::try_from(host)?;
+            let stream = tokio_rustls::TlsConnector::from(Arc::clone(&self.tls))
+                .connect(name, tcp)
+                .await?;
+            send(stream, request).await
+        } else {
+            send(tcp, request).await
+        }
+    }
+}
+
+async fn send<S>(stream: S, request: Request<Full<Bytes>>) -> Result<Response<Bytes>, HttpError>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+{
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    let response = sender.send_request(request).await?;
+    let (parts, body) = response.into_parts();
+    let body = Limited::new(body, MAX_ANSWER_BYTES)
+        .collect()
+        .await?
+        .to_bytes();
+    Ok(Response::from_parts(parts, body))
+}

@@ -12,6 +12,7 @@ use anyhow::{Context, Result, bail};
 mod api;
 mod clients;
 mod e2e_llm;
+mod e2e_otel;
 mod examples;
 mod openapi;
 mod served;
@@ -21,14 +22,17 @@ const USAGE: &str = "usage: cargo xtask <command>
 
 commands:
   ci                   fmt check, clippy, nextest, doctests, rustdoc, tidy,
-                       api, examples, openapi, clients, bench --quick (what
-                       CI runs)
+                       api, examples, openapi, clients, e2e-otel,
+                       bench --quick (what CI runs)
   examples             run the four examples under examples/ and check what
                        they print
   api [--bless]        compare each library's public API with api/*.txt
                        (--bless: write them)
   clients              drive spool serve's JSON-RPC framings with Python's
                        websockets (installed by pip under target/) and curl
+  e2e-otel             send a spool run's telemetry to rotel, a real
+                       OpenTelemetry collector (installed by pip under
+                       target/), and check what it received
   tidy                 check the crate layering and file conventions
   openapi              check docs/openapi.json against spool serve with
                        schemathesis (installed by pip under target/)
@@ -47,6 +51,7 @@ fn main() -> ExitCode {
         Some("tidy") => tidy::run(&root()),
         Some("openapi") => openapi::run(&root()),
         Some("clients") => clients::run(&root()),
+        Some("e2e-otel") => e2e_otel::run(&root()),
         Some("examples") => examples::run(&root()),
         Some("api") => api::run(&root(), args.get(1).map(String::as_str) == Some("--bless")),
         Some("bench") => bench(&args[1..]),
@@ -126,6 +131,7 @@ fn ci() -> Result<()> {
     examples::run(&root)?;
     openapi::run(&root)?;
     clients::run(&root)?;
+    e2e_otel::run(&root)?;
     // The benchmarks must keep working; their figures are not judged here.
     bench(&["--quick".to_owned()])?;
     say("xtask ci: all checks passed");

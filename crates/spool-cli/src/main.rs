@@ -76,10 +76,19 @@ fn main() -> ExitCode {
     // Logs go to stderr; RUST_LOG filters them (`info` by default).
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+    // The filter is the log's alone: the HTTP request spans see every
+    // request line, whatever RUST_LOG lets through to stderr.
+    {
+        use tracing_subscriber::prelude::*;
+        let _ = tracing_subscriber::registry()
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_writer(std::io::stderr)
+                    .with_filter(filter),
+            )
+            .with(telemetry::http_spans())
+            .try_init();
+    }
     let outcome = match cli.command {
         Command::Wire { command } => wire::run(command),
         Command::Runs { command } => runs::run(command),

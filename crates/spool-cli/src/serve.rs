@@ -319,6 +319,7 @@ pub(crate) fn open_runtime(
         builder = builder.cached_runs(runs);
     }
     let runtime = builder.build();
+    crate::telemetry::watch(&runtime);
     Ok((runtime, owner))
 }
 

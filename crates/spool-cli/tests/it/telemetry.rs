@@ -66,22 +66,8 @@ fn serve_exports_a_runs_traces_logs_and_metrics_to_the_collector_the_variables_n
         "{:?}",
         server.notes
     );
-    let mut stream = std::net::TcpStream::connect(&server.addr).unwrap();
-    let body = r#"{"text": "hello telemetry"}"#;
-    write!(
-        stream,
-        "POST /spool/v1/runs HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut reply = String::new();
-    stream.read_to_string(&mut reply).unwrap();
-    let run = reply
-        .split("\"run_id\":\"")
-        .nth(1)
-        .and_then(|rest| rest.split('"').next())
-        .unwrap()
-        .to_owned();
+    let answer = crate::bus::run_to_end(&server.addr, "hello telemetry");
+    let run = answer["run_id"].as_str().unwrap().to_owned();
     // SIGTERM flushes what is queued, metrics included.
     assert!(terminate(server).success());
     let mut paths = std::collections::BTreeMap::<String, Vec<u8>>::new();

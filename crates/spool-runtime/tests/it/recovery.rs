@@ -50,32 +50,42 @@ impl Crashable {
     /// Starts a run on a runtime of its own and stops that runtime dead
     /// once the gated tool is running.
     fn start_and_crash(&self) -> (RunId, TurnId) {
-        let tokio = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        let entered = Arc::new(tokio::sync::Notify::new());
-        let runtime = self.runtime(Arc::clone(&entered));
-        let accepted = tokio.block_on(async {
-            let accepted = runtime
-                .start(StartRequest {
-                    text: "go".into(),
-                    ..StartRequest::default()
-                })
-                .await
-                .unwrap();
-            tokio::time::timeout(PATIENCE, entered.notified())
-                .await
-                .expect("the gated tool starts");
-            accepted
-        });
-        // The crash: every task of the first runtime stops where it is.
-        tokio.shutdown_background();
-        match accepted {
-            Accepted::Started { run, turn } => (run, turn),
-            other => panic!("{other:?}"),
-        }
+        start_and_crash(
+            |entered| self.runtime(entered),
+            StartRequest {
+                text: "go".into(),
+                ..StartRequest::default()
+            },
+        )
+    }
+}
+
+/// Starts `request` on a runtime of its own, made by `runtime` with the
+/// signal its blocking tool gives when entered, and stops that runtime
+/// dead once the tool is running.
+fn start_and_crash(
+    runtime: impl FnOnce(Arc<tokio::sync::Notify>) -> Runtime,
+    request: StartRequest,
+) -> (RunId, TurnId) {
+    let tokio = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let entered = Arc::new(tokio::sync::Notify::new());
+    let runtime = runtime(Arc::clone(&entered));
+    let accepted = tokio.block_on(async {
+        let accepted = runtime.start(request).await.unwrap();
+        tokio::time::timeout(PATIENCE, entered.notified())
+            .await
+            .expect("the blocking tool starts");
+        accepted
+    });
+    // The crash: every task of the first runtime stops where it is.
+    tokio.shutdown_background();
+    match accepted {
+        Accepted::Started { run, turn } => (run, turn),
+        other => panic!("{other:?}"),
     }
 }
 
@@ -383,32 +393,14 @@ async fn a_tool_is_told_its_run_turn_call_and_creator_and_told_the_same_after_a_
         attributes: [("depth".to_owned(), "1".to_owned())].into(),
     };
     let (run, turn) = tokio::task::block_in_place(|| {
-        let tokio = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        let entered = Arc::new(tokio::sync::Notify::new());
-        let first = runtime(&entered);
-        let accepted = tokio.block_on(async {
-            let accepted = first
-                .start(StartRequest {
-                    text: "go".into(),
-                    principal: Some(principal.clone()),
-                    ..StartRequest::default()
-                })
-                .await
-                .unwrap();
-            tokio::time::timeout(PATIENCE, entered.notified())
-                .await
-                .expect("the witness is called");
-            accepted
-        });
-        tokio.shutdown_background();
-        match accepted {
-            Accepted::Started { run, turn } => (run, turn),
-            other => panic!("{other:?}"),
-        }
+        start_and_crash(
+            |entered| runtime(&entered),
+            StartRequest {
+                text: "go".into(),
+                principal: Some(principal.clone()),
+                ..StartRequest::default()
+            },
+        )
     });
     let second = runtime(&Arc::new(tokio::sync::Notify::new()));
     second.recover().await.unwrap();

@@ -82,13 +82,7 @@ pub(crate) fn run(command: PodCommand) -> anyhow::Result<ExitCode> {
                 .context("starting the async runtime")?;
             runtime.block_on(attach(&root, &name))
         }
-        PodCommand::Serve(args) => {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-                .context("starting the async runtime")?;
-            runtime.block_on(serve(args))
-        }
+        PodCommand::Serve(args) => crate::telemetry::block_on(serve(args)),
     }
 }
 
@@ -109,7 +103,6 @@ async fn serve(args: PodServeArgs) -> anyhow::Result<ExitCode> {
     stop.send_replace(true);
     pods.close();
     pods.wait().await;
-    crate::telemetry::finish().await;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -27,11 +27,7 @@ pub(crate) struct RpcArgs {
 }
 
 pub(crate) fn run(args: RpcArgs) -> anyhow::Result<ExitCode> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
-    runtime.block_on(serve(args))
+    crate::telemetry::block_on(serve(args))
 }
 
 async fn serve(args: RpcArgs) -> anyhow::Result<ExitCode> {
@@ -48,6 +44,5 @@ async fn serve(args: RpcArgs) -> anyhow::Result<ExitCode> {
     spool_rpc::stdio::serve(&dispatcher, tokio::io::stdin(), tokio::io::stdout())
         .await
         .context("serving JSON-RPC on stdio")?;
-    crate::telemetry::finish().await;
     Ok(ExitCode::SUCCESS)
 }

@@ -108,11 +108,7 @@ pub(crate) fn token(command: TokenCommand) -> anyhow::Result<ExitCode> {
 }
 
 pub(crate) fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
-    runtime.block_on(serve(args))
+    crate::telemetry::block_on(serve(args))
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
@@ -213,7 +209,6 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     if let Some(bus) = bus {
         let _ = bus.await;
     }
-    crate::telemetry::finish().await;
     Ok(ExitCode::SUCCESS)
 }
 

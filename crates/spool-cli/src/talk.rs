@@ -13,7 +13,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use anyhow::{Context, anyhow};
+use anyhow::anyhow;
 use clap::Args;
 use serde_json::Value;
 use spool_http::channel::NAMESPACE;
@@ -71,7 +71,7 @@ pub(crate) struct ChatArgs {
 }
 
 pub(crate) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
-    block_on(async move {
+    crate::telemetry::block_on(async move {
         let backend = Backend::open(&args.target).await?;
         let mut conversation = Conversation::open(backend, args.target.address).await?;
         let mut lines = stdin_lines();
@@ -82,7 +82,7 @@ pub(crate) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
 }
 
 pub(crate) fn chat(args: ChatArgs) -> anyhow::Result<ExitCode> {
-    block_on(async move {
+    crate::telemetry::block_on(async move {
         let backend = Backend::open(&args.target).await?;
         let mut conversation = Conversation::open(backend, args.target.address).await?;
         let mut lines = stdin_lines();
@@ -124,19 +124,6 @@ pub(crate) fn chat(args: ChatArgs) -> anyhow::Result<ExitCode> {
             }
         }
     })
-}
-
-fn block_on<F: Future<Output = anyhow::Result<ExitCode>>>(future: F) -> anyhow::Result<ExitCode> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?
-        .block_on(async move {
-            let outcome = future.await;
-            // A local run's telemetry goes before the process does.
-            crate::telemetry::finish().await;
-            outcome
-        })
 }
 
 /// The terminal's lines, read on a thread of their own so a turn's events

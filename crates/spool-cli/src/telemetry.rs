@@ -73,8 +73,29 @@ pub(crate) fn observe(
     Ok(observed)
 }
 
+/// Runs a command that may run turns on a multi-threaded runtime, and
+/// sends what its telemetry queued before the process ends.
+///
+/// # Errors
+///
+/// The command's, or a runtime that does not start.
+pub(crate) fn block_on(
+    command: impl std::future::Future<Output = anyhow::Result<std::process::ExitCode>>,
+) -> anyhow::Result<std::process::ExitCode> {
+    use anyhow::Context as _;
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?
+        .block_on(async move {
+            let outcome = command.await;
+            finish().await;
+            outcome
+        })
+}
+
 /// Sends what telemetry has queued, within a few seconds.
-pub(crate) async fn finish() {
+async fn finish() {
     let running = RUNNING
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)

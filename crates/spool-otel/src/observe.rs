@@ -196,10 +196,6 @@ impl std::fmt::Debug for Observer {
     }
 }
 
-/// Runs tracked at once; past it the idle ones are forgotten (their next
-/// span starts where this process sees it again).
-const TRACKED: usize = 100_000;
-
 impl Observer {
     pub(crate) fn new(
         agent: Agent,
@@ -251,9 +247,8 @@ impl Observer {
                 .runs
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if runs.len() >= TRACKED && !runs.contains_key(&first.run_id) {
-                runs.retain(|_, track| !track.idle());
-            }
+            // Only runs with something open are kept (a turn, a call, a
+            // sleep, a wait): the map follows live work.
             let track = runs
                 .entry(first.run_id.clone())
                 .or_insert_with(|| Track::new(&first.run_id));

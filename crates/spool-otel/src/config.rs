@@ -306,6 +306,22 @@ mod tests {
     }
 
     #[test]
+    fn a_misspelt_telemetry_key_or_an_endpoint_that_is_not_http_is_refused_by_name() {
+        let definition = spool_runtime::agent::AgentDefinition::from_toml(
+            "[telemetry]\nendpont = \"http://c\"\n",
+        )
+        .unwrap();
+        let error = TelemetrySection::from_definition(&definition).unwrap_err();
+        assert!(error.to_string().contains("endpont"), "{error}");
+        let section = TelemetrySection {
+            endpoint: Some("127.0.0.1:4318".into()),
+            ..TelemetrySection::default()
+        };
+        let error = Settings::resolve(Some(&section), &|_| None).unwrap_err();
+        assert!(error.to_string().contains("http://"), "{error}");
+    }
+
+    #[test]
     fn grpc_is_refused_naming_what_is_spoken() {
         let error = Settings::resolve(
             None,

@@ -19,9 +19,10 @@ use serde_json::Value;
 use crate::{cargo, section};
 
 /// The libraries whose API is held to a snapshot.
-const LIBRARIES: [&str; 9] = [
+const LIBRARIES: [&str; 10] = [
     "spool-wire",
     "spool-journal",
+    "spool-journal-pg",
     "spool-runtime",
     "spool-http",
     "spool-engines",

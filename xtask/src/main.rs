@@ -15,6 +15,7 @@ mod e2e_llm;
 mod e2e_otel;
 mod examples;
 mod openapi;
+mod pg;
 mod served;
 mod tidy;
 
@@ -39,6 +40,9 @@ commands:
   bench [--quick] [--only NAME]
                        build in release mode and run the benchmarks; prints a
                        table and writes target/bench/report.json
+  pg -- COMMAND…       run COMMAND with a throwaway PostgreSQL (installed
+                       from Debian's packages when missing), its URL in
+                       JOURNAL_PG_URL
   fuzz [--seconds N]   run every fuzz target for N seconds each (default 30)
   e2e-llm              build llama.cpp's llama-server (once, cached under
                        target/e2e-llm) and run full turns through the openai
@@ -57,6 +61,7 @@ fn main() -> ExitCode {
         Some("bench") => bench(&args[1..]),
         Some("fuzz") => fuzz(&args[1..]),
         Some("e2e-llm") => e2e_llm::run(&args[1..]),
+        Some("pg") => pg::run(&args[1..]),
         Some("help" | "-h" | "--help") => {
             say(USAGE);
             return ExitCode::SUCCESS;
@@ -105,9 +110,15 @@ fn ci() -> Result<()> {
         ("doctests", &["test", "--doc", "--workspace", "--locked"]),
         ("docs", &["doc", "--no-deps", "--workspace", "--locked"]),
     ];
+    // The PostgreSQL store's and the cluster's tests need a server; one
+    // is started for the whole run and stopped at its end.
+    let postgres = pg::Server::start()?;
     for (name, args) in steps {
         section(name);
         let mut command = cargo();
+        command
+            .env("JOURNAL_PG_URL", &postgres.url)
+            .env("SPOOL_REQUIRE_PG", "1");
         command
             .args(args)
             .current_dir(&root)
@@ -228,6 +239,25 @@ fn root() -> PathBuf {
         .parent()
         .expect("xtask lives one directory below the workspace root")
         .to_path_buf()
+}
+
+/// Runs `command` to its end; fails unless it succeeds.
+pub(crate) fn run_tool(command: &mut Command) -> Result<()> {
+    let shown = format!("{command:?}");
+    let status = command
+        .status()
+        .with_context(|| format!("starting {shown}"))?;
+    if !status.success() {
+        bail!("{shown} failed ({status})");
+    }
+    Ok(())
+}
+
+/// A port nothing listens on now.
+pub(crate) fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
 }
 
 /// The cargo that is running us, so the pinned toolchain is used throughout.

@@ -377,58 +377,95 @@ impl JournalError {
     }
 }
 
+// What follows is the part of a store every store shares, public so a
+// store in another crate (PostgreSQL's) persists exactly what SQLite does.
+
 /// Where a run's log ends: what an append needs to know about it.
 #[derive(Clone, Debug, PartialEq)]
-pub(crate) struct Head {
-    pub(crate) next_seq: Seq,
-    pub(crate) last_hash: Hash,
-    pub(crate) status: Status,
-    pub(crate) title: Option<String>,
-    pub(crate) created_at: OffsetDateTime,
-    pub(crate) updated_at: OffsetDateTime,
+pub struct Head {
+    /// The run's next position.
+    pub next_seq: Seq,
+    /// The hash of its last event ([`chain::GENESIS`] before the first).
+    pub last_hash: Hash,
+    /// Its public state after its last event.
+    pub status: Status,
+    /// Its title, from `run_created`.
+    pub title: Option<String>,
+    /// When it was created.
+    pub created_at: OffsetDateTime,
+    /// When its last event was recorded.
+    pub updated_at: OffsetDateTime,
 }
 
 /// A stored row: an envelope's exact bytes and its chain hash.
 #[derive(Clone, Debug)]
-pub(crate) struct Row {
-    pub(crate) seq: Seq,
-    pub(crate) bytes: Vec<u8>,
-    pub(crate) hash: Hash,
+pub struct Row {
+    /// Its position.
+    pub seq: Seq,
+    /// The envelope's JSON, exactly as hashed.
+    pub bytes: Vec<u8>,
+    /// Its link in the run's hash chain.
+    pub hash: Hash,
 }
 
 /// What an append changes besides the log.
 #[derive(Clone, Debug, PartialEq)]
-pub(crate) enum IndexChange {
+pub enum IndexChange {
+    /// The run takes the address (refused when another run holds it).
     Bind(Address),
+    /// The run gives the address up, when it holds it.
     Unbind(Address),
+    /// The run gives up every address it holds.
     UnbindAll,
+    /// The run gives up its addresses in one namespace.
     UnbindNamespace(String),
+    /// The run takes an operation id in a principal's scope (refused when
+    /// another run has it).
     Operation {
+        /// [`Principal::scope`].
         scope: String,
+        /// The operation id.
         operation_id: String,
     },
+    /// The run's claimed call completed: its claim, if any, is settled
+    /// with this output.
     Settle {
+        /// The call.
         call_id: String,
+        /// Its output.
         output: std::sync::Arc<Value>,
+        /// Where the completion is recorded.
         seq: Seq,
     },
+    /// The run's claimed call was abandoned: its unsettled claim goes.
     Release {
+        /// The call.
         call_id: String,
     },
 }
 
 /// An append, checked and laid out, ready to persist.
 #[derive(Debug)]
-pub(crate) struct Plan {
-    pub(crate) envelopes: Vec<Envelope>,
-    pub(crate) rows: Vec<Row>,
-    pub(crate) changes: Vec<IndexChange>,
-    pub(crate) head: Head,
+pub struct Plan {
+    /// What the caller is answered with.
+    pub envelopes: Vec<Envelope>,
+    /// What is stored, one row per envelope.
+    pub rows: Vec<Row>,
+    /// What changes in the indexes, in order.
+    pub changes: Vec<IndexChange>,
+    /// The run's head after the append.
+    pub head: Head,
 }
 
 /// Checks an append against the run's head and lays out its rows, index
-/// changes and new head. Pure: both stores persist exactly this.
-pub(crate) fn plan(
+/// changes and new head. Pure: every store persists exactly this.
+///
+/// # Errors
+///
+/// [`JournalError::Conflict`] when `expected` is not the run's next
+/// position; [`JournalError::InvalidAppend`] for an append that breaks the
+/// log's shape.
+pub fn plan(
     run: &RunId,
     head: Option<&Head>,
     expected: Seq,
@@ -540,21 +577,26 @@ fn index_changes(event: &Event, seq: Seq) -> Vec<IndexChange> {
 
 /// A claim as stored.
 #[derive(Clone, Debug, PartialEq)]
-pub(crate) struct ClaimRow {
-    pub(crate) holder: CallRef,
-    pub(crate) settled: Option<(Value, Seq)>,
+pub struct ClaimRow {
+    /// The call holding it.
+    pub holder: CallRef,
+    /// Its output and where it was recorded, once settled.
+    pub settled: Option<(Value, Seq)>,
 }
 
 /// What to do with a claim request, given the stored claim.
 #[derive(Debug, PartialEq)]
-pub(crate) enum ClaimDecision {
+pub enum ClaimDecision {
     /// No claim yet: store one for the holder; it wins.
     Take,
     /// Answer without changing anything.
     Answer(Result<Claim, CallRef>),
 }
 
-pub(crate) fn decide_claim(existing: Option<ClaimRow>, holder: &CallRef) -> ClaimDecision {
+/// What a claim request gets, given the stored claim: the holder asking
+/// again (after a crash) still holds it.
+#[must_use]
+pub fn decide_claim(existing: Option<ClaimRow>, holder: &CallRef) -> ClaimDecision {
     match existing {
         None => ClaimDecision::Take,
         Some(ClaimRow {
@@ -575,7 +617,12 @@ pub(crate) fn decide_claim(existing: Option<ClaimRow>, holder: &CallRef) -> Clai
 
 /// Decodes a verified row into its envelope, checking it is the row it
 /// claims to be.
-pub(crate) fn decode_row(run: &RunId, seq: Seq, bytes: &[u8]) -> Result<Envelope, JournalError> {
+///
+/// # Errors
+///
+/// [`JournalError::Corrupt`] when the bytes are not an envelope of this
+/// run at this position.
+pub fn decode_row(run: &RunId, seq: Seq, bytes: &[u8]) -> Result<Envelope, JournalError> {
     let corrupt = |reason: String| JournalError::Corrupt {
         run: run.clone(),
         seq,
@@ -613,7 +660,7 @@ pub fn system_clock() -> Clock {
 /// the set of watched runs even when runs are watched once and never
 /// written again.
 #[derive(Debug, Default)]
-pub(crate) struct Watchers {
+pub struct Watchers {
     senders: std::sync::Mutex<Senders>,
 }
 
@@ -649,7 +696,7 @@ impl Watchers {
 
     /// A receiver of `run`'s position, registered before the store reads
     /// the run's head; follow with [`advance`](Self::advance).
-    pub(crate) fn register(&self, run: &RunId) -> watch::Receiver<Seq> {
+    pub fn register(&self, run: &RunId) -> watch::Receiver<Seq> {
         let mut senders = self.senders();
         if !senders.map.contains_key(run) && senders.map.len() >= senders.sweep_at {
             senders.map.retain(|_, sender| sender.receiver_count() > 0);
@@ -664,7 +711,7 @@ impl Watchers {
 
     /// Tells `run`'s subscribers that its next position is `next`, unless
     /// they already know a later one: positions never move backwards.
-    pub(crate) fn advance(&self, run: &RunId, next: Seq) {
+    pub fn advance(&self, run: &RunId, next: Seq) {
         if let Some(sender) = self.senders().map.get(run) {
             announce(sender, next);
         }
@@ -672,7 +719,7 @@ impl Watchers {
 
     /// After an append: announces `next` to the run's subscribers, or
     /// forgets the run when nobody listens any more.
-    pub(crate) fn notify(&self, run: &RunId, next: Seq) {
+    pub fn notify(&self, run: &RunId, next: Seq) {
         let mut senders = self.senders();
         if let Some(sender) = senders.map.get(run) {
             if sender.receiver_count() == 0 {
@@ -681,6 +728,18 @@ impl Watchers {
                 announce(sender, next);
             }
         }
+    }
+
+    /// The runs somebody still watches: what a store whose notifications
+    /// come from elsewhere (another process) re-reads after it may have
+    /// missed some.
+    pub fn watched(&self) -> Vec<RunId> {
+        self.senders()
+            .map
+            .iter()
+            .filter(|(_, sender)| sender.receiver_count() > 0)
+            .map(|(run, _)| run.clone())
+            .collect()
     }
 
     /// How many runs have a sender; for tests of the sweep.

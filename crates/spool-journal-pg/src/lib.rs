@@ -1,0 +1,566 @@
+//! Spool's PostgreSQL store: the [`Journal`] the SQLite store is, kept in
+//! a database that several processes share.
+//!
+//! It persists exactly what SQLite does (`spool_journal::store::plan` lays
+//! out every append; both stores only write it down), passes the same
+//! conformance suite, and adds what sharing needs:
+//!
+//! - **Group commit**: one writer task per process turns the appends that
+//!   arrive while a commit is in flight into one transaction, its rows
+//!   written by one `INSERT … SELECT FROM unnest(…)` and its run heads by
+//!   one upsert, pipelined on one connection.
+//! - **Writers in other processes**: a transaction takes a
+//!   transaction-scoped advisory lock per run it appends to (in one
+//!   order, so two writers never deadlock on them) before it reads their
+//!   heads, so a chain never forks; address and operation-id bindings and
+//!   claims are decided by the database's unique keys.
+//! - **Subscribers in other processes**: each commit sends a `NOTIFY` per
+//!   run on the schema's channel; every open store listens on it and moves
+//!   its subscribers' positions. The log stays the source of truth: after
+//!   the listening connection is lost and made again, every watched run's
+//!   head is read back, so no append goes unannounced.
+//!
+//! Methods must be called from within a Tokio runtime.
+
+use std::sync::Arc;
+
+use spool_journal::chain::{GENESIS, Hash, Verifier};
+use spool_journal::fold::Status;
+use spool_journal::store::{
+    BoxFuture, CallRef, Claim, ClaimKey, Clock, Head, Journal, JournalError, RunSummary, SeqWatch,
+    Watchers, decode_row, system_clock,
+};
+use spool_journal::{Address, Envelope, Event, Principal, RunId, Seq};
+use time::OffsetDateTime;
+use tokio::sync::{Mutex, mpsc, oneshot};
+use tokio_postgres::{Client, Config, NoTls, Statement};
+
+mod listen;
+mod schema;
+mod writer;
+
+/// How to open a journal.
+#[derive(Clone)]
+pub struct Options {
+    /// The schema its tables live in, created when missing; `None` keeps
+    /// the connection's own `search_path` (by default `public`).
+    pub schema: Option<String>,
+    /// The most operations one transaction takes.
+    pub max_batch: usize,
+    /// How many operations may wait for the writer before callers wait.
+    pub queue: usize,
+    /// Where `recorded_at` comes from.
+    pub clock: Clock,
+}
+
+impl std::fmt::Debug for Options {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Options")
+            .field("schema", &self.schema)
+            .field("max_batch", &self.max_batch)
+            .field("queue", &self.queue)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            schema: None,
+            max_batch: 512,
+            queue: 4096,
+            clock: system_clock(),
+        }
+    }
+}
+
+/// Where the journal is: the server, and the schema within it.
+#[derive(Clone, Debug)]
+pub(crate) struct Target {
+    config: Config,
+    schema: Option<String>,
+}
+
+impl Target {
+    /// A new connection, its driver spawned, in the journal's schema.
+    pub(crate) async fn connect(&self) -> Result<Client, JournalError> {
+        let (client, connection) = self.config.connect(NoTls).await.map_err(storage)?;
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!(target: "spool::journal", %error, "a PostgreSQL connection ended");
+            }
+        });
+        self.enter(&client).await?;
+        Ok(client)
+    }
+
+    /// Puts `client` in the journal's schema.
+    async fn enter(&self, client: &Client) -> Result<(), JournalError> {
+        if let Some(schema) = &self.schema {
+            client
+                .batch_execute(&format!("SET search_path TO {}", quote_ident(schema)))
+                .await
+                .map_err(storage)?;
+        }
+        Ok(())
+    }
+}
+
+/// A journal in PostgreSQL.
+pub struct PgJournal {
+    writer: mpsc::Sender<writer::Op>,
+    readers: Arc<Readers>,
+    watchers: Arc<Watchers>,
+    /// The listening task; stopped when the journal is dropped.
+    listener: tokio::task::JoinHandle<()>,
+    /// The schema the tables are in, as the server named it.
+    schema: String,
+}
+
+impl std::fmt::Debug for PgJournal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgJournal")
+            .field("schema", &self.schema)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for PgJournal {
+    fn drop(&mut self) {
+        // The writer ends by itself once its queue's last sender goes,
+        // after committing what is queued.
+        self.listener.abort();
+    }
+}
+
+impl PgJournal {
+    /// Connects to the database at `url` (a `postgres://` URL or a
+    /// key=value connection string, as libpq reads them), creates or
+    /// migrates the tables, and starts the writer and the listener.
+    ///
+    /// # Errors
+    ///
+    /// [`JournalError::Storage`] when the URL does not parse or the server
+    /// cannot be reached; [`JournalError::NewerSchema`] for a database
+    /// written by a newer Spool.
+    pub async fn connect(url: &str, options: Options) -> Result<Self, JournalError> {
+        let target = Target {
+            config: parse_url(url)?,
+            schema: options.schema.clone(),
+        };
+        let setup = {
+            let (client, connection) = target.config.connect(NoTls).await.map_err(storage)?;
+            tokio::spawn(connection);
+            client
+        };
+        if let Some(schema) = &target.schema {
+            setup
+                .batch_execute(&format!(
+                    "CREATE SCHEMA IF NOT EXISTS {}",
+                    quote_ident(schema)
+                ))
+                .await
+                .map_err(storage)?;
+        }
+        target.enter(&setup).await?;
+        schema::migrate(&setup).await?;
+        let schema: String = setup
+            .query_one("SELECT current_schema()", &[])
+            .await
+            .map_err(storage)?
+            .get(0);
+        drop(setup);
+        let channel = channel(&schema);
+        let watchers = Arc::new(Watchers::default());
+        let readers = Arc::new(Readers::new(target.clone()));
+        let writer = writer::Writer::start(
+            target.clone(),
+            channel.clone(),
+            Arc::clone(&watchers),
+            options.clock,
+            options.max_batch.max(1),
+            options.queue.max(1),
+        )
+        .await?;
+        let listener =
+            listen::start(target, channel, Arc::clone(&watchers), Arc::clone(&readers)).await?;
+        Ok(Self {
+            writer,
+            readers,
+            watchers,
+            listener,
+            schema,
+        })
+    }
+
+    /// The schema the journal's tables are in.
+    #[must_use]
+    pub fn schema(&self) -> &str {
+        &self.schema
+    }
+
+    async fn send<T>(
+        &self,
+        op: impl FnOnce(oneshot::Sender<Result<T, JournalError>>) -> writer::Op,
+    ) -> Result<T, JournalError> {
+        let (reply, answer) = oneshot::channel();
+        self.writer
+            .send(op(reply))
+            .await
+            .map_err(|_| JournalError::Closed)?;
+        answer.await.map_err(|_| JournalError::Closed)?
+    }
+}
+
+/// Whether `text` names a PostgreSQL journal rather than a directory: a
+/// `postgres://` or `postgresql://` URL.
+#[must_use]
+pub fn is_url(text: &str) -> bool {
+    text.starts_with("postgres://") || text.starts_with("postgresql://")
+}
+
+fn parse_url(url: &str) -> Result<Config, JournalError> {
+    url.parse().map_err(|e| {
+        JournalError::storage(format!("`{}` is not a PostgreSQL URL: {e}", redact(url)))
+    })
+}
+
+/// `url` without its password, for messages.
+#[must_use]
+pub fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let Some((credentials, host)) = rest.rsplit_once('@') else {
+        return url.to_owned();
+    };
+    match credentials.split_once(':') {
+        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+        None => url.to_owned(),
+    }
+}
+
+/// The notification channel of the journal in `schema`: one per schema,
+/// so journals sharing a database do not hear each other.
+fn channel(schema: &str) -> String {
+    let mut channel = format!("spool_journal.{schema}");
+    // Channel names are identifiers: at most 63 bytes.
+    while channel.len() > 63 {
+        channel.pop();
+    }
+    channel
+}
+
+pub(crate) fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+pub(crate) fn storage(error: tokio_postgres::Error) -> JournalError {
+    JournalError::storage_from(error)
+}
+
+pub(crate) fn seq_sql(seq: Seq) -> Result<i64, JournalError> {
+    i64::try_from(seq.0)
+        .map_err(|_| JournalError::storage(format!("seq {seq} does not fit PostgreSQL's bigint")))
+}
+
+pub(crate) fn stored_seq(value: i64) -> Seq {
+    Seq(u64::try_from(value).unwrap_or_default())
+}
+
+pub(crate) fn stored_run_id(text: &str) -> Result<RunId, JournalError> {
+    RunId::new(text).map_err(|e| JournalError::storage(format!("a stored run id is invalid: {e}")))
+}
+
+pub(crate) fn nanos(at: OffsetDateTime) -> i64 {
+    i64::try_from(at.unix_timestamp_nanos()).unwrap_or(i64::MAX)
+}
+
+fn from_nanos(nanos: i64) -> OffsetDateTime {
+    OffsetDateTime::from_unix_timestamp_nanos(i128::from(nanos))
+        .unwrap_or(OffsetDateTime::UNIX_EPOCH)
+}
+
+/// A run's head from a `spool_runs` row (`next_seq, last_hash, status,
+/// title, created_ns, updated_ns` from column `at` on).
+pub(crate) fn head_of(
+    run: &RunId,
+    row: &tokio_postgres::Row,
+    at: usize,
+) -> Result<Head, JournalError> {
+    let next_seq = stored_seq(row.get(at));
+    let corrupt = |reason: &str| JournalError::Corrupt {
+        run: run.clone(),
+        seq: next_seq,
+        reason: reason.to_owned(),
+    };
+    let hash: Vec<u8> = row.get(at + 1);
+    let status: String = row.get(at + 2);
+    Ok(Head {
+        next_seq,
+        last_hash: Hash::try_from(hash.as_slice())
+            .map_err(|_| corrupt("a head hash is not 32 bytes"))?,
+        status: Status::decode(&status).ok_or_else(|| corrupt("unknown run status"))?,
+        title: row.get(at + 3),
+        created_at: from_nanos(row.get(at + 4)),
+        updated_at: from_nanos(row.get(at + 5)),
+    })
+}
+
+/// The statements reads use, prepared once per connection.
+struct ReadStatements {
+    events: Statement,
+    head: Statement,
+    runs: Statement,
+    address: Statement,
+    operation: Statement,
+}
+
+/// One connection for reads, made again when it is lost: the client
+/// pipelines the queries of every task that shares it.
+pub(crate) struct Readers {
+    target: Target,
+    current: Mutex<Option<(Arc<Client>, Arc<ReadStatements>)>>,
+}
+
+impl Readers {
+    fn new(target: Target) -> Self {
+        Self {
+            target,
+            current: Mutex::new(None),
+        }
+    }
+
+    async fn get(&self) -> Result<(Arc<Client>, Arc<ReadStatements>), JournalError> {
+        let mut current = self.current.lock().await;
+        if let Some((client, statements)) = current.as_ref()
+            && !client.is_closed()
+        {
+            return Ok((Arc::clone(client), Arc::clone(statements)));
+        }
+        let client = self.target.connect().await?;
+        let statements = ReadStatements {
+            events: client
+                .prepare(
+                    "SELECT seq, body, hash FROM spool_events
+                     WHERE run_id = $1 AND seq >= $2 ORDER BY seq",
+                )
+                .await
+                .map_err(storage)?,
+            head: client
+                .prepare(
+                    "SELECT next_seq, last_hash, status, title, created_ns, updated_ns
+                     FROM spool_runs WHERE run_id = $1",
+                )
+                .await
+                .map_err(storage)?,
+            runs: client
+                .prepare(
+                    "SELECT run_id, next_seq, last_hash, status, title, created_ns, updated_ns
+                     FROM spool_runs ORDER BY updated_ns DESC, run_id",
+                )
+                .await
+                .map_err(storage)?,
+            address: client
+                .prepare("SELECT run_id FROM spool_addresses WHERE namespace = $1 AND name = $2")
+                .await
+                .map_err(storage)?,
+            operation: client
+                .prepare(
+                    "SELECT run_id FROM spool_operations WHERE scope = $1 AND operation_id = $2",
+                )
+                .await
+                .map_err(storage)?,
+        };
+        let fresh = (Arc::new(client), Arc::new(statements));
+        *current = Some((Arc::clone(&fresh.0), Arc::clone(&fresh.1)));
+        Ok(fresh)
+    }
+
+    /// The run's next position (0 for an unknown run).
+    pub(crate) async fn next_seq(&self, run: &RunId) -> Result<Seq, JournalError> {
+        let (client, statements) = self.get().await?;
+        let row = client
+            .query_opt(&statements.head, &[&run.as_str()])
+            .await
+            .map_err(storage)?;
+        Ok(row.map_or(Seq(0), |row| stored_seq(row.get(0))))
+    }
+
+    async fn read(&self, run: &RunId, from: Seq) -> Result<Vec<Envelope>, JournalError> {
+        let (client, statements) = self.get().await?;
+        // One statement, one snapshot: the predecessor's row (for its
+        // hash) comes with the rows after it.
+        let start = Seq(from.0.saturating_sub(1));
+        let rows = client
+            .query(&statements.events, &[&run.as_str(), &seq_sql(start)?])
+            .await
+            .map_err(storage)?;
+        let mut rows = rows.iter().map(|row| {
+            (
+                stored_seq(row.get(0)),
+                row.get::<_, Vec<u8>>(1),
+                row.get::<_, Vec<u8>>(2),
+            )
+        });
+        let prev =
+            if from.0 == 0 {
+                GENESIS
+            } else {
+                match rows.next() {
+                    Some((seq, _, hash)) if seq == start => Hash::try_from(hash.as_slice())
+                        .map_err(|_| spool_journal::chain::TamperEvident {
+                            run: run.clone(),
+                            seq,
+                        })?,
+                    // Nothing before `from`: the run is shorter than that.
+                    _ => return Ok(Vec::new()),
+                }
+            };
+        let mut verifier = Verifier::new(run.clone(), from, prev);
+        let mut envelopes = Vec::new();
+        for (seq, bytes, hash) in rows {
+            let hash = Hash::try_from(hash.as_slice()).map_err(|_| {
+                spool_journal::chain::TamperEvident {
+                    run: run.clone(),
+                    seq,
+                }
+            })?;
+            verifier.check(seq, &bytes, &hash)?;
+            envelopes.push(decode_row(run, seq, &bytes)?);
+        }
+        Ok(envelopes)
+    }
+
+    async fn runs(&self) -> Result<Vec<RunSummary>, JournalError> {
+        let (client, statements) = self.get().await?;
+        let rows = client.query(&statements.runs, &[]).await.map_err(storage)?;
+        rows.iter()
+            .map(|row| {
+                let run_id = stored_run_id(row.get(0))?;
+                let head = head_of(&run_id, row, 1)?;
+                Ok(RunSummary {
+                    run_id,
+                    status: head.status,
+                    title: head.title,
+                    created_at: head.created_at,
+                    updated_at: head.updated_at,
+                    next_seq: head.next_seq,
+                })
+            })
+            .collect()
+    }
+
+    async fn find(
+        &self,
+        pick: fn(&ReadStatements) -> &Statement,
+        key: [&str; 2],
+    ) -> Result<Option<RunId>, JournalError> {
+        let (client, statements) = self.get().await?;
+        let row = client
+            .query_opt(pick(&statements), &[&key[0], &key[1]])
+            .await
+            .map_err(storage)?;
+        row.map(|row| stored_run_id(row.get(0))).transpose()
+    }
+}
+
+impl Journal for PgJournal {
+    fn append<'a>(
+        &'a self,
+        run: &'a RunId,
+        expected: Seq,
+        events: Vec<Event>,
+    ) -> BoxFuture<'a, Result<Vec<Envelope>, JournalError>> {
+        Box::pin(self.send(move |reply| writer::Op::Append {
+            run: run.clone(),
+            expected,
+            events,
+            reply,
+        }))
+    }
+
+    fn read<'a>(
+        &'a self,
+        run: &'a RunId,
+        from: Seq,
+    ) -> BoxFuture<'a, Result<Vec<Envelope>, JournalError>> {
+        Box::pin(self.readers.read(run, from))
+    }
+
+    fn runs(&self) -> BoxFuture<'_, Result<Vec<RunSummary>, JournalError>> {
+        Box::pin(self.readers.runs())
+    }
+
+    fn find_address<'a>(
+        &'a self,
+        address: &'a Address,
+    ) -> BoxFuture<'a, Result<Option<RunId>, JournalError>> {
+        Box::pin(
+            self.readers
+                .find(|s| &s.address, [&address.namespace, &address.name]),
+        )
+    }
+
+    fn find_operation<'a>(
+        &'a self,
+        principal: &'a Principal,
+        operation_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<RunId>, JournalError>> {
+        Box::pin(async move {
+            let scope = principal.scope();
+            self.readers
+                .find(|s| &s.operation, [&scope, operation_id])
+                .await
+        })
+    }
+
+    fn claim<'a>(
+        &'a self,
+        key: &'a ClaimKey,
+        holder: &'a CallRef,
+    ) -> BoxFuture<'a, Result<Claim, JournalError>> {
+        Box::pin(self.send(move |reply| writer::Op::Claim {
+            key: key.clone(),
+            holder: holder.clone(),
+            reply,
+        }))
+    }
+
+    fn subscribe<'a>(&'a self, run: &'a RunId) -> BoxFuture<'a, Result<SeqWatch, JournalError>> {
+        Box::pin(async move {
+            let receiver = self.watchers.register(run);
+            let next = self.readers.next_seq(run).await?;
+            self.watchers.advance(run, next);
+            Ok(receiver)
+        })
+    }
+
+    fn probe(&self) -> BoxFuture<'_, Result<(), JournalError>> {
+        Box::pin(self.send(|reply| writer::Op::Probe { reply }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_url_is_told_from_a_directory_and_its_password_never_shown() {
+        assert!(is_url("postgres://u:p@h/db"));
+        assert!(is_url("postgresql://h/db"));
+        assert!(!is_url(".spool"));
+        assert!(!is_url("postgres:/x"));
+        assert_eq!(
+            redact("postgres://u:secret@h:5432/db"),
+            "postgres://u:***@h:5432/db"
+        );
+        assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
+    }
+
+    #[test]
+    fn a_long_schema_name_still_gives_a_valid_channel() {
+        assert!(channel(&"s".repeat(100)).len() <= 63);
+        assert_eq!(channel("public"), "spool_journal.public");
+    }
+}

@@ -1,0 +1,139 @@
+//! The store's tables, created and migrated on open from numbered steps.
+//!
+//! Every table is prefixed `spool_` so a journal can live in a schema that
+//! holds other things. `spool_meta` records two versions: `store_version`,
+//! how far this file's steps have run (the layout), and `schema_version`,
+//! the event vocabulary's version (the same number SQLite records). A
+//! database newer than this build in either is refused, never altered.
+
+use spool_journal::JournalError;
+use spool_journal::event::SCHEMA_VERSION;
+use tokio_postgres::Client;
+
+use crate::storage;
+
+/// The layout steps, in order: step `n` takes the store from version `n`
+/// to `n + 1`. A new step is appended; a released one never changes.
+const STEPS: &[&str] = &["
+CREATE TABLE spool_events (
+    run_id TEXT COLLATE \"C\" NOT NULL,
+    seq BIGINT NOT NULL,
+    body BYTEA NOT NULL,
+    hash BYTEA NOT NULL,
+    PRIMARY KEY (run_id, seq)
+);
+CREATE TABLE spool_runs (
+    run_id TEXT COLLATE \"C\" PRIMARY KEY,
+    next_seq BIGINT NOT NULL,
+    last_hash BYTEA NOT NULL,
+    status TEXT NOT NULL,
+    title TEXT,
+    created_ns BIGINT NOT NULL,
+    updated_ns BIGINT NOT NULL
+);
+CREATE INDEX spool_runs_updated ON spool_runs (updated_ns);
+CREATE TABLE spool_addresses (
+    namespace TEXT COLLATE \"C\" NOT NULL,
+    name TEXT COLLATE \"C\" NOT NULL,
+    run_id TEXT COLLATE \"C\" NOT NULL,
+    PRIMARY KEY (namespace, name)
+);
+CREATE INDEX spool_addresses_run ON spool_addresses (run_id);
+CREATE TABLE spool_operations (
+    scope TEXT COLLATE \"C\" NOT NULL,
+    operation_id TEXT COLLATE \"C\" NOT NULL,
+    run_id TEXT COLLATE \"C\" NOT NULL,
+    PRIMARY KEY (scope, operation_id)
+);
+CREATE TABLE spool_claims (
+    tool TEXT COLLATE \"C\" NOT NULL,
+    key TEXT COLLATE \"C\" NOT NULL,
+    run_id TEXT COLLATE \"C\" NOT NULL,
+    call_id TEXT COLLATE \"C\" NOT NULL,
+    output TEXT,
+    settled_seq BIGINT,
+    PRIMARY KEY (tool, key)
+);
+CREATE UNIQUE INDEX spool_claims_holder ON spool_claims (run_id, call_id);
+"];
+
+/// The layout version this build writes.
+pub(crate) const STORE_VERSION: u32 = STEPS.len() as u32;
+
+/// The advisory lock class of every lock this store takes (`spoo` in
+/// ASCII), so its keys do not meet another application's.
+pub(crate) const LOCK_CLASS: i32 = 0x7370_6f6f;
+
+/// The key, within [`LOCK_CLASS`], that serializes migrations: nodes
+/// starting together migrate one after another.
+const MIGRATION_KEY: i32 = 0;
+
+/// Creates the tables in an empty schema, runs the steps a database
+/// written by an older build lacks, and checks both versions.
+pub(crate) async fn migrate(client: &Client) -> Result<(), JournalError> {
+    client
+        .batch_execute(&format!(
+            "BEGIN;
+             SELECT pg_advisory_xact_lock({LOCK_CLASS}, {MIGRATION_KEY});
+             CREATE TABLE IF NOT EXISTS spool_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+        ))
+        .await
+        .map_err(storage)?;
+    let result = steps(client).await;
+    let end = if result.is_ok() { "COMMIT" } else { "ROLLBACK" };
+    client.batch_execute(end).await.map_err(storage)?;
+    result
+}
+
+async fn steps(client: &Client) -> Result<(), JournalError> {
+    let store = version(client, "store_version").await?.unwrap_or(0);
+    if store > STORE_VERSION {
+        return Err(JournalError::NewerSchema {
+            found: store,
+            supported: STORE_VERSION,
+        });
+    }
+    if let Some(events) = version(client, "schema_version").await?
+        && events > SCHEMA_VERSION
+    {
+        return Err(JournalError::NewerSchema {
+            found: events,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    for (done, step) in STEPS.iter().enumerate().skip(store as usize) {
+        client.batch_execute(step).await.map_err(|e| {
+            JournalError::storage(format!(
+                "migrating the journal to version {}: {e}",
+                done + 1
+            ))
+        })?;
+    }
+    for (key, value) in [
+        ("store_version", STORE_VERSION),
+        ("schema_version", SCHEMA_VERSION),
+    ] {
+        client
+            .execute(
+                "INSERT INTO spool_meta (key, value) VALUES ($1, $2)
+                 ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                &[&key, &value.to_string()],
+            )
+            .await
+            .map_err(storage)?;
+    }
+    Ok(())
+}
+
+async fn version(client: &Client, key: &str) -> Result<Option<u32>, JournalError> {
+    let row = client
+        .query_opt("SELECT value FROM spool_meta WHERE key = $1", &[&key])
+        .await
+        .map_err(storage)?;
+    row.map(|row| {
+        let text: String = row.get(0);
+        text.parse()
+            .map_err(|_| JournalError::storage(format!("unreadable {key} `{text}`")))
+    })
+    .transpose()
+}

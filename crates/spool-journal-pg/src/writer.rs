@@ -1,0 +1,662 @@
+//! The writer: one task per process that group-commits appends, claims and
+//! probes into PostgreSQL.
+//!
+//! A batch is one transaction. It first takes an advisory lock per run it
+//! appends to, in run-id order (every Spool writer does the same, so two
+//! never deadlock on them), and reads those runs' heads: from then on no
+//! other process can append to them until this one commits, so the heads
+//! it plans from are the truth. Index changes run in statement order, so
+//! a later append in the batch sees an earlier one's; an append refused by
+//! an index (an address another run holds) is undone to its savepoint and
+//! the rest of the batch stands. The rows, the heads and the notifications
+//! go in three pipelined statements, then one `COMMIT`, and only then is
+//! anyone answered or told.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use serde_json::Value;
+use spool_journal::store::{
+    CallRef, Claim, ClaimDecision, ClaimKey, ClaimRow, Clock, Head, IndexChange, JournalError,
+    Watchers, decide_claim, plan,
+};
+use spool_journal::{Envelope, Event, RunId, Seq};
+use tokio::sync::{mpsc, oneshot};
+use tokio_postgres::{Client, Statement};
+
+use crate::schema::LOCK_CLASS;
+use crate::{Target, head_of, listen, nanos, seq_sql, storage, stored_run_id, stored_seq};
+
+pub(crate) enum Op {
+    Append {
+        run: RunId,
+        expected: Seq,
+        events: Vec<Event>,
+        reply: oneshot::Sender<Result<Vec<Envelope>, JournalError>>,
+    },
+    Claim {
+        key: ClaimKey,
+        holder: CallRef,
+        reply: oneshot::Sender<Result<Claim, JournalError>>,
+    },
+    Probe {
+        reply: oneshot::Sender<Result<(), JournalError>>,
+    },
+}
+
+/// The statements a batch runs, prepared once per connection.
+struct Statements {
+    lock: Statement,
+    heads: Statement,
+    bind: Statement,
+    operation: Statement,
+    unbind: Statement,
+    unbind_all: Statement,
+    unbind_namespace: Statement,
+    settle: Statement,
+    release: Statement,
+    claim_get: Statement,
+    claim_take: Statement,
+    events: Statement,
+    heads_put: Statement,
+    notify: Statement,
+    probe: Statement,
+}
+
+impl Statements {
+    async fn prepare(client: &Client) -> Result<Self, tokio_postgres::Error> {
+        Ok(Self {
+            // `WITH ORDINALITY … ORDER BY`: the locks are taken in the
+            // array's (sorted) order.
+            lock: client
+                .prepare(&format!(
+                    "SELECT pg_advisory_xact_lock({LOCK_CLASS}, hashtext(r))
+                     FROM unnest($1::text[]) WITH ORDINALITY AS u(r, i) ORDER BY i"
+                ))
+                .await?,
+            heads: client
+                .prepare(
+                    "SELECT run_id, next_seq, last_hash, status, title, created_ns, updated_ns
+                     FROM spool_runs WHERE run_id = ANY($1::text[])",
+                )
+                .await?,
+            // The upsert waits for a concurrent binder to commit and
+            // returns whoever holds the name: this run, or the one to
+            // refuse for.
+            bind: client
+                .prepare(
+                    "INSERT INTO spool_addresses (namespace, name, run_id) VALUES ($1, $2, $3)
+                     ON CONFLICT (namespace, name) DO UPDATE SET run_id = spool_addresses.run_id
+                     RETURNING run_id",
+                )
+                .await?,
+            operation: client
+                .prepare(
+                    "INSERT INTO spool_operations (scope, operation_id, run_id) VALUES ($1, $2, $3)
+                     ON CONFLICT (scope, operation_id) DO UPDATE SET run_id = spool_operations.run_id
+                     RETURNING run_id",
+                )
+                .await?,
+            unbind: client
+                .prepare(
+                    "DELETE FROM spool_addresses WHERE namespace = $1 AND name = $2 AND run_id = $3",
+                )
+                .await?,
+            unbind_all: client
+                .prepare("DELETE FROM spool_addresses WHERE run_id = $1")
+                .await?,
+            unbind_namespace: client
+                .prepare("DELETE FROM spool_addresses WHERE run_id = $1 AND namespace = $2")
+                .await?,
+            settle: client
+                .prepare(
+                    "UPDATE spool_claims SET output = $1, settled_seq = $2
+                     WHERE run_id = $3 AND call_id = $4 AND settled_seq IS NULL",
+                )
+                .await?,
+            release: client
+                .prepare(
+                    "DELETE FROM spool_claims WHERE run_id = $1 AND call_id = $2 AND settled_seq IS NULL",
+                )
+                .await?,
+            claim_get: client
+                .prepare(
+                    "SELECT run_id, call_id, output, settled_seq FROM spool_claims
+                     WHERE tool = $1 AND key = $2 FOR UPDATE",
+                )
+                .await?,
+            claim_take: client
+                .prepare(
+                    "INSERT INTO spool_claims (tool, key, run_id, call_id) VALUES ($1, $2, $3, $4)
+                     ON CONFLICT (tool, key) DO NOTHING",
+                )
+                .await?,
+            events: client
+                .prepare(
+                    "INSERT INTO spool_events (run_id, seq, body, hash)
+                     SELECT * FROM unnest($1::text[], $2::bigint[], $3::bytea[], $4::bytea[])",
+                )
+                .await?,
+            heads_put: client
+                .prepare(
+                    "INSERT INTO spool_runs (run_id, next_seq, last_hash, status, title, created_ns, updated_ns)
+                     SELECT * FROM unnest($1::text[], $2::bigint[], $3::bytea[], $4::text[], $5::text[], $6::bigint[], $7::bigint[])
+                     ON CONFLICT (run_id) DO UPDATE SET next_seq = excluded.next_seq,
+                         last_hash = excluded.last_hash, status = excluded.status,
+                         title = excluded.title, updated_ns = excluded.updated_ns",
+                )
+                .await?,
+            notify: client
+                .prepare("SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p")
+                .await?,
+            probe: client
+                .prepare(
+                    "INSERT INTO spool_meta (key, value) VALUES ('probed_at', $1)
+                     ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                )
+                .await?,
+        })
+    }
+}
+
+pub(crate) struct Writer {
+    target: Target,
+    channel: String,
+    watchers: Arc<Watchers>,
+    clock: Clock,
+    max_batch: usize,
+    receiver: mpsc::Receiver<Op>,
+    connection: Option<(Client, Statements)>,
+}
+
+/// An operation applied inside the open transaction, waiting for the
+/// commit before its caller is answered.
+enum Done {
+    Append(
+        oneshot::Sender<Result<Vec<Envelope>, JournalError>>,
+        Result<(RunId, Vec<Envelope>, Seq), JournalError>,
+    ),
+    Claim(
+        oneshot::Sender<Result<Claim, JournalError>>,
+        Result<Claim, JournalError>,
+    ),
+    Probe(oneshot::Sender<Result<(), JournalError>>),
+}
+
+impl Done {
+    fn of(op: Op, error: JournalError) -> Self {
+        match op {
+            Op::Append { reply, .. } => Self::Append(reply, Err(error)),
+            Op::Claim { reply, .. } => Self::Claim(reply, Err(error)),
+            Op::Probe { reply } => Self::Probe(reply),
+        }
+    }
+
+    /// Tells the caller the batch failed. A caller that stopped waiting
+    /// needs no answer.
+    fn fail(self, message: &str) {
+        let error = || JournalError::storage(message.to_owned());
+        match self {
+            Self::Append(reply, _) => {
+                let _ = reply.send(Err(error()));
+            }
+            Self::Claim(reply, _) => {
+                let _ = reply.send(Err(error()));
+            }
+            Self::Probe(reply) => {
+                let _ = reply.send(Err(error()));
+            }
+        }
+    }
+}
+
+/// The columns of the rows and heads a batch writes, as arrays.
+#[derive(Default)]
+struct Columns {
+    run_ids: Vec<String>,
+    seqs: Vec<i64>,
+    bodies: Vec<Vec<u8>>,
+    hashes: Vec<Vec<u8>>,
+}
+
+impl Writer {
+    /// Connects, and starts the writer task; its queue is returned.
+    pub(crate) async fn start(
+        target: Target,
+        channel: String,
+        watchers: Arc<Watchers>,
+        clock: Clock,
+        max_batch: usize,
+        queue: usize,
+    ) -> Result<mpsc::Sender<Op>, JournalError> {
+        let (sender, receiver) = mpsc::channel(queue);
+        let mut writer = Self {
+            target,
+            channel,
+            watchers,
+            clock,
+            max_batch,
+            receiver,
+            connection: None,
+        };
+        writer.connect().await?;
+        tokio::spawn(writer.run());
+        Ok(sender)
+    }
+
+    async fn connect(&mut self) -> Result<(), JournalError> {
+        let client = self.target.connect().await?;
+        let statements = Statements::prepare(&client).await.map_err(storage)?;
+        self.connection = Some((client, statements));
+        Ok(())
+    }
+
+    async fn run(mut self) {
+        // Ends when every sender is gone: the journal was dropped.
+        while let Some(first) = self.receiver.recv().await {
+            let mut batch = vec![first];
+            while batch.len() < self.max_batch {
+                match self.receiver.try_recv() {
+                    Ok(op) => batch.push(op),
+                    Err(_) => break,
+                }
+            }
+            self.commit(batch).await;
+        }
+    }
+
+    async fn commit(&mut self, batch: Vec<Op>) {
+        if self
+            .connection
+            .as_ref()
+            .is_none_or(|(client, _)| client.is_closed())
+            && let Err(error) = self.connect().await
+        {
+            let message = format!("nothing was recorded: the database cannot be reached: {error}");
+            for op in batch {
+                Done::of(op, JournalError::Closed).fail(&message);
+            }
+            return;
+        }
+        let Some((client, statements)) = self.connection.as_ref() else {
+            return;
+        };
+        let operations = batch.len();
+        let now = (self.clock)();
+        let (done, outcome) = transact(client, statements, &self.channel, now, batch).await;
+        if let Err(failure) = outcome {
+            let message = match failure {
+                Failure::Before(reason) => format!("nothing was recorded: {reason}"),
+                Failure::Commit(reason) if client.is_closed() => format!(
+                    "the connection to the database was lost while committing; \
+                     the events may or may not be recorded (read the run to know): {reason}"
+                ),
+                Failure::Commit(reason) => format!("nothing was recorded: commit failed: {reason}"),
+            };
+            tracing::error!(target: "spool::journal", operations, %message, "a group commit failed");
+            if !client.is_closed()
+                && let Err(error) = client.batch_execute("ROLLBACK").await
+            {
+                tracing::debug!(%error, "rollback after a failed batch");
+            }
+            if client.is_closed() {
+                self.connection = None;
+            }
+            for entry in done {
+                entry.fail(&message);
+            }
+            return;
+        }
+        // Durable now: tell subscribers, then answer callers.
+        for entry in done {
+            match entry {
+                Done::Append(reply, result) => {
+                    let result = result.map(|(run, envelopes, next)| {
+                        self.watchers.notify(&run, next);
+                        envelopes
+                    });
+                    let _ = reply.send(result);
+                }
+                Done::Claim(reply, result) => {
+                    let _ = reply.send(result);
+                }
+                Done::Probe(reply) => {
+                    let _ = reply.send(Ok(()));
+                }
+            }
+        }
+    }
+}
+
+/// Why a batch did not commit.
+enum Failure {
+    /// Before `COMMIT` was sent: nothing is recorded.
+    Before(String),
+    /// `COMMIT` itself failed: recorded or not, depending on whether the
+    /// server got it (the caller tells by whether the connection lives).
+    Commit(String),
+}
+
+/// Applies the batch in one transaction and commits it. Every operation
+/// gets a `Done`, to be answered by the caller once the outcome is known.
+async fn transact(
+    client: &Client,
+    st: &Statements,
+    channel: &str,
+    now: time::OffsetDateTime,
+    batch: Vec<Op>,
+) -> (Vec<Done>, Result<(), Failure>) {
+    let before = |e: tokio_postgres::Error| Failure::Before(e.to_string());
+    let mut runs: Vec<&str> = batch
+        .iter()
+        .filter_map(|op| match op {
+            Op::Append { run, .. } => Some(run.as_str()),
+            _ => None,
+        })
+        .collect();
+    runs.sort_unstable();
+    runs.dedup();
+    let started = async {
+        client.batch_execute("BEGIN").await?;
+        if runs.is_empty() {
+            return Ok(Vec::new());
+        }
+        client.execute(&st.lock, &[&runs]).await?;
+        client.query(&st.heads, &[&runs]).await
+    }
+    .await;
+    let stored = match started {
+        Ok(rows) => rows,
+        Err(error) => {
+            let done = batch
+                .into_iter()
+                .map(|op| Done::of(op, JournalError::Closed))
+                .collect();
+            return (done, Err(before(error)));
+        }
+    };
+    let mut heads: HashMap<RunId, Head> = HashMap::with_capacity(stored.len());
+    let mut broken: Option<String> = None;
+    for row in &stored {
+        match stored_run_id(row.get(0)).and_then(|run| Ok((head_of(&run, row, 1)?, run))) {
+            Ok((head, run)) => {
+                heads.insert(run, head);
+            }
+            Err(error) => broken = Some(error.to_string()),
+        }
+    }
+    // Heads this transaction changes, written once per run at the end.
+    let mut changed: HashMap<RunId, Head> = HashMap::new();
+    let mut columns = Columns::default();
+    let mut done = Vec::with_capacity(batch.len());
+    for op in batch {
+        if let Some(reason) = &broken {
+            done.push(Done::of(op, JournalError::storage(reason.clone())));
+            continue;
+        }
+        let entry = match op {
+            Op::Append {
+                run,
+                expected,
+                events,
+                reply,
+            } => {
+                let head = changed.get(&run).or_else(|| heads.get(&run));
+                match plan(&run, head, expected, events, now) {
+                    Err(refused) => Done::Append(reply, Err(refused)),
+                    Ok(plan) => match write_changes(client, st, &run, &plan.changes).await {
+                        Err(error) => {
+                            broken = Some(error.to_string());
+                            Done::Append(reply, Err(JournalError::storage(error.to_string())))
+                        }
+                        Ok(Some(refused)) => Done::Append(reply, Err(refused)),
+                        Ok(None) => {
+                            let next = plan.head.next_seq;
+                            for row in plan.rows {
+                                columns.run_ids.push(run.as_str().to_owned());
+                                columns.seqs.push(seq_sql(row.seq).unwrap_or(i64::MAX));
+                                columns.bodies.push(row.bytes);
+                                columns.hashes.push(row.hash.to_vec());
+                            }
+                            changed.insert(run.clone(), plan.head);
+                            Done::Append(reply, Ok((run, plan.envelopes, next)))
+                        }
+                    },
+                }
+            }
+            Op::Claim { key, holder, reply } => match claim(client, st, &key, &holder).await {
+                Ok(answer) => Done::Claim(reply, answer),
+                Err(error) => {
+                    broken = Some(error.to_string());
+                    Done::Claim(reply, Err(JournalError::storage(error.to_string())))
+                }
+            },
+            Op::Probe { reply } => {
+                let probed_at = now
+                    .format(&time::format_description::well_known::Rfc3339)
+                    .unwrap_or_default();
+                if let Err(error) = client.execute(&st.probe, &[&probed_at]).await {
+                    broken = Some(error.to_string());
+                }
+                Done::Probe(reply)
+            }
+        };
+        done.push(entry);
+    }
+    if let Some(reason) = broken {
+        return (done, Err(Failure::Before(reason)));
+    }
+    if !changed.is_empty() {
+        let written = write_rows(client, st, channel, &columns, &changed).await;
+        if let Err(error) = written {
+            return (done, Err(before(error)));
+        }
+    }
+    let committed = client
+        .batch_execute("COMMIT")
+        .await
+        .map_err(|e| Failure::Commit(e.to_string()));
+    (done, committed)
+}
+
+/// The batch's rows, its heads and its notifications: three statements,
+/// pipelined on the one connection.
+async fn write_rows(
+    client: &Client,
+    st: &Statements,
+    channel: &str,
+    columns: &Columns,
+    changed: &HashMap<RunId, Head>,
+) -> Result<(), tokio_postgres::Error> {
+    let mut ids = Vec::with_capacity(changed.len());
+    let mut next = Vec::with_capacity(changed.len());
+    let mut hashes = Vec::with_capacity(changed.len());
+    let mut statuses = Vec::with_capacity(changed.len());
+    let mut titles = Vec::with_capacity(changed.len());
+    let mut created = Vec::with_capacity(changed.len());
+    let mut updated = Vec::with_capacity(changed.len());
+    let mut payloads = Vec::with_capacity(changed.len());
+    for (run, head) in changed {
+        ids.push(run.as_str());
+        next.push(seq_sql(head.next_seq).unwrap_or(i64::MAX));
+        hashes.push(&head.last_hash[..]);
+        statuses.push(head.status.encode());
+        titles.push(head.title.as_deref());
+        created.push(nanos(head.created_at));
+        updated.push(nanos(head.updated_at));
+        payloads.push(listen::payload(run, head.next_seq));
+    }
+    let rows: [&(dyn tokio_postgres::types::ToSql + Sync); 4] = [
+        &columns.run_ids,
+        &columns.seqs,
+        &columns.bodies,
+        &columns.hashes,
+    ];
+    let heads: [&(dyn tokio_postgres::types::ToSql + Sync); 7] =
+        [&ids, &next, &hashes, &statuses, &titles, &created, &updated];
+    let notes: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&channel, &payloads];
+    tokio::try_join!(
+        client.execute(&st.events, &rows),
+        client.execute(&st.heads_put, &heads),
+        client.execute(&st.notify, &notes),
+    )?;
+    Ok(())
+}
+
+/// Writes an append's index changes; `Ok(Some(refusal))` when an index
+/// refuses it, with everything it wrote undone.
+async fn write_changes(
+    client: &Client,
+    st: &Statements,
+    run: &RunId,
+    changes: &[IndexChange],
+) -> Result<Option<JournalError>, tokio_postgres::Error> {
+    if changes.is_empty() {
+        return Ok(None);
+    }
+    let guarded = changes
+        .iter()
+        .any(|c| matches!(c, IndexChange::Bind(_) | IndexChange::Operation { .. }));
+    if guarded {
+        client.batch_execute("SAVEPOINT spool_append").await?;
+    }
+    let id = run.as_str();
+    let mut refused = None;
+    for change in changes {
+        match change {
+            IndexChange::Bind(address) => {
+                let owner: String = client
+                    .query_one(&st.bind, &[&address.namespace, &address.name, &id])
+                    .await?
+                    .get(0);
+                if owner != id {
+                    refused = Some(match stored_run_id(&owner) {
+                        Ok(holder) => JournalError::AddressTaken {
+                            address: address.clone(),
+                            run: holder,
+                        },
+                        Err(error) => error,
+                    });
+                    break;
+                }
+            }
+            IndexChange::Operation {
+                scope,
+                operation_id,
+            } => {
+                let owner: String = client
+                    .query_one(&st.operation, &[scope, operation_id, &id])
+                    .await?
+                    .get(0);
+                if owner != id {
+                    refused = Some(match stored_run_id(&owner) {
+                        Ok(holder) => JournalError::OperationTaken {
+                            operation_id: operation_id.clone(),
+                            run: holder,
+                        },
+                        Err(error) => error,
+                    });
+                    break;
+                }
+            }
+            IndexChange::Unbind(address) => {
+                client
+                    .execute(&st.unbind, &[&address.namespace, &address.name, &id])
+                    .await?;
+            }
+            IndexChange::UnbindAll => {
+                client.execute(&st.unbind_all, &[&id]).await?;
+            }
+            IndexChange::UnbindNamespace(namespace) => {
+                client
+                    .execute(&st.unbind_namespace, &[&id, namespace])
+                    .await?;
+            }
+            IndexChange::Settle {
+                call_id,
+                output,
+                seq,
+            } => {
+                let seq = seq_sql(*seq).unwrap_or(i64::MAX);
+                client
+                    .execute(&st.settle, &[&output.to_string(), &seq, &id, call_id])
+                    .await?;
+            }
+            IndexChange::Release { call_id } => {
+                client.execute(&st.release, &[&id, call_id]).await?;
+            }
+        }
+    }
+    if guarded {
+        if refused.is_some() {
+            client
+                .batch_execute("ROLLBACK TO SAVEPOINT spool_append")
+                .await?;
+        }
+        client
+            .batch_execute("RELEASE SAVEPOINT spool_append")
+            .await?;
+    }
+    Ok(refused)
+}
+
+/// Decides a claim inside the transaction; the outer error breaks the
+/// batch, the inner one answers this caller only.
+async fn claim(
+    client: &Client,
+    st: &Statements,
+    key: &ClaimKey,
+    holder: &CallRef,
+) -> Result<Result<Claim, JournalError>, tokio_postgres::Error> {
+    // Twice at most: a claim taken by another process between our read
+    // and our insert is read back (the insert waited for it to commit).
+    for _ in 0..2 {
+        let row = client
+            .query_opt(&st.claim_get, &[&key.tool, &key.key])
+            .await?;
+        let existing = match row.map(|row| stored_claim(&row)).transpose() {
+            Ok(existing) => existing,
+            Err(error) => return Ok(Err(error)),
+        };
+        match decide_claim(existing, holder) {
+            ClaimDecision::Take => {
+                let taken = client
+                    .execute(
+                        &st.claim_take,
+                        &[&key.tool, &key.key, &holder.run.as_str(), &holder.call_id],
+                    )
+                    .await?;
+                if taken == 1 {
+                    return Ok(Ok(Claim::Won));
+                }
+            }
+            ClaimDecision::Answer(answer) => {
+                return Ok(answer.map_err(|by| JournalError::CallInFlight { by }));
+            }
+        }
+    }
+    Ok(Err(JournalError::storage(
+        "a claim was taken and gone again while it was being decided",
+    )))
+}
+
+fn stored_claim(row: &tokio_postgres::Row) -> Result<ClaimRow, JournalError> {
+    let output: Option<String> = row.get(2);
+    let settled_seq: Option<i64> = row.get(3);
+    let settled = match (output, settled_seq) {
+        (Some(output), Some(seq)) => {
+            let output: Value = serde_json::from_str(&output).map_err(|e| {
+                JournalError::storage(format!("a settled claim's output is not JSON: {e}"))
+            })?;
+            Some((output, stored_seq(seq)))
+        }
+        _ => None,
+    };
+    Ok(ClaimRow {
+        holder: CallRef {
+            run: stored_run_id(row.get(0))?,
+            call_id: row.get(1),
+        },
+        settled,
+    })
+}

@@ -1,0 +1,157 @@
+//! Two stores on one database, as two nodes would have: their writers
+//! race, their subscribers hear each other, and the schema refuses a build
+//! older than it.
+
+use std::time::Duration;
+
+use spool_journal::conformance::{created, run, started};
+use spool_journal::event::{Event, RunCreated};
+use spool_journal::{Address, Journal, JournalError, Seq};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_stores_racing_on_one_run_admit_exactly_one_append_per_seq_and_the_chain_verifies() {
+    let Some(url) = crate::server() else { return };
+    let schema = crate::fresh_schema();
+    let a = crate::journal(&url, &schema).await;
+    let b = crate::journal(&url, &schema).await;
+    let r = run("shared");
+    a.append(&r, Seq(0), vec![created()]).await.unwrap();
+    for round in 1..=20_u64 {
+        let (left, right) = tokio::join!(
+            a.append(&r, Seq(round), vec![started(&format!("a{round}"), "x")]),
+            b.append(&r, Seq(round), vec![started(&format!("b{round}"), "x")]),
+        );
+        let won = [&left, &right].iter().filter(|r| r.is_ok()).count();
+        assert_eq!(won, 1, "round {round}: exactly one store appends at a seq");
+        for lost in [left, right].into_iter().filter_map(Result::err) {
+            assert!(
+                matches!(lost, JournalError::Conflict { .. }),
+                "the loser sees a conflict, got {lost}"
+            );
+        }
+    }
+    // Both read the same verified chain of 21 events.
+    let through_a = a.read(&r, Seq(0)).await.unwrap();
+    assert_eq!(through_a.len(), 21);
+    assert_eq!(b.read(&r, Seq(0)).await.unwrap(), through_a);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_created_by_two_stores_at_once_is_created_once() {
+    let Some(url) = crate::server() else { return };
+    let schema = crate::fresh_schema();
+    let a = crate::journal(&url, &schema).await;
+    let b = crate::journal(&url, &schema).await;
+    for n in 0..20 {
+        let r = run(&format!("new-{n}"));
+        let (left, right) = tokio::join!(
+            a.append(&r, Seq(0), vec![created()]),
+            b.append(&r, Seq(0), vec![created()]),
+        );
+        assert_eq!(
+            usize::from(left.is_ok()) + usize::from(right.is_ok()),
+            1,
+            "run {n}: one creation wins ({left:?} / {right:?})"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_address_taken_through_one_store_is_refused_through_the_other() {
+    let Some(url) = crate::server() else { return };
+    let schema = crate::fresh_schema();
+    let a = crate::journal(&url, &schema).await;
+    let b = crate::journal(&url, &schema).await;
+    let address = Address::new("chat", "alice");
+    let with_address = || {
+        Event::RunCreated(RunCreated {
+            address: Some(address.clone()),
+            ..RunCreated::default()
+        })
+    };
+    a.append(&run("first"), Seq(0), vec![with_address()])
+        .await
+        .unwrap();
+    let refused = b
+        .append(&run("second"), Seq(0), vec![with_address()])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refused, JournalError::AddressTaken { ref run, .. } if run.as_str() == "first"),
+        "got {refused}"
+    );
+    // The refused creation left nothing behind, and the other store's
+    // batch goes on.
+    assert!(b.read(&run("second"), Seq(0)).await.unwrap().is_empty());
+    b.append(&run("third"), Seq(0), vec![created()])
+        .await
+        .unwrap();
+    assert_eq!(
+        b.find_address(&address)
+            .await
+            .unwrap()
+            .map(|r| r.to_string()),
+        Some("first".to_owned())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_on_one_store_is_told_of_an_append_through_the_other() {
+    let Some(url) = crate::server() else { return };
+    let schema = crate::fresh_schema();
+    let writer = crate::journal(&url, &schema).await;
+    let reader = crate::journal(&url, &schema).await;
+    let r = run("watched");
+    writer.append(&r, Seq(0), vec![created()]).await.unwrap();
+    let mut watch = reader.subscribe(&r).await.unwrap();
+    assert_eq!(*watch.borrow_and_update(), Seq(1));
+    writer
+        .append(&r, Seq(1), vec![started("t1", "hello")])
+        .await
+        .unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        watch.wait_for(|next| *next == Seq(2)),
+    )
+    .await
+    .expect("the other store's commit reaches this subscriber")
+    .unwrap();
+    assert_eq!(reader.read(&r, Seq(1)).await.unwrap().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_written_by_a_newer_spool_is_refused_and_left_alone() {
+    let Some(url) = crate::server() else { return };
+    let schema = crate::fresh_schema();
+    drop(crate::journal(&url, &schema).await);
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+        .batch_execute(&format!(
+            "UPDATE \"{schema}\".spool_meta SET value = '999' WHERE key = 'store_version'"
+        ))
+        .await
+        .unwrap();
+    let options = spool_journal_pg::Options {
+        schema: Some(schema.clone()),
+        ..spool_journal_pg::Options::default()
+    };
+    let refused = spool_journal_pg::PgJournal::connect(&url, options)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refused, JournalError::NewerSchema { found: 999, .. }),
+        "got {refused}"
+    );
+    let kept: String = client
+        .query_one(
+            &format!("SELECT value FROM \"{schema}\".spool_meta WHERE key = 'store_version'"),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(kept, "999");
+}

@@ -1,0 +1,179 @@
+//! A throwaway PostgreSQL for the tests: Debian's `postgresql` package
+//! (installed with apt-get when missing), a cluster made by `initdb` in a
+//! temporary directory, listening on a free loopback port, stopped and
+//! deleted when dropped. `cargo xtask ci` runs the tests with one, and
+//! `cargo xtask pg -- COMMAND…` runs any command with one, its URL in
+//! `JOURNAL_PG_URL`.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+
+use crate::{free_port, run_tool, say, section};
+
+/// A running throwaway server.
+pub(crate) struct Server {
+    bin: PathBuf,
+    dir: PathBuf,
+    /// Run the server's tools as the `postgres` user (we are root, and
+    /// PostgreSQL refuses to run as root).
+    as_postgres: bool,
+    /// Its URL, as `JOURNAL_PG_URL`.
+    pub(crate) url: String,
+}
+
+impl Server {
+    /// Installs PostgreSQL when missing, and starts a fresh cluster.
+    pub(crate) fn start() -> Result<Self> {
+        let bin = match find_bin() {
+            Some(bin) => bin,
+            None => {
+                section("installing PostgreSQL from Debian's packages");
+                // A fresh image may not have the package lists yet.
+                let _ = Command::new("apt-get").arg("update").status();
+                run_tool(Command::new("apt-get").args(["install", "-y", "postgresql"]))
+                    .context("PostgreSQL is needed by the tests (apt-get install postgresql)")?;
+                find_bin().context("apt-get installed postgresql, but no initdb was found")?
+            }
+        };
+        let as_postgres = is_root();
+        // Under the system's temporary directory, which the `postgres`
+        // user can reach whoever owns the checkout.
+        let dir = std::env::temp_dir().join(format!("spool-pg-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let port = free_port()?;
+        let server = Self {
+            bin,
+            dir,
+            as_postgres,
+            url: format!("postgres://postgres@127.0.0.1:{port}/postgres"),
+        };
+        if as_postgres {
+            run_tool(Command::new("chown").arg("postgres:").arg(&server.dir))?;
+        }
+        let data = server.dir.join("data");
+        server.tool(
+            "initdb",
+            &[
+                "-D".as_ref(),
+                data.as_os_str(),
+                "-U".as_ref(),
+                "postgres".as_ref(),
+                "--auth=trust".as_ref(),
+                "--no-sync".as_ref(),
+            ],
+        )?;
+        // fsync off: a test never survives the machine's crash, only the
+        // server's or a node's, and those keep what the OS has.
+        let options = format!(
+            "-c listen_addresses=127.0.0.1 -p {port} -k {} -c fsync=off -c max_connections=300",
+            server.dir.display()
+        );
+        let log = server.dir.join("log");
+        server.tool(
+            "pg_ctl",
+            &[
+                "-D".as_ref(),
+                data.as_os_str(),
+                "-l".as_ref(),
+                log.as_os_str(),
+                "-w".as_ref(),
+                "-o".as_ref(),
+                options.as_ref(),
+                "start".as_ref(),
+            ],
+        )?;
+        say(&format!("PostgreSQL for the tests at {}", server.url));
+        Ok(server)
+    }
+
+    fn tool(&self, name: &str, args: &[&std::ffi::OsStr]) -> Result<()> {
+        let path = self.bin.join(name);
+        let mut command = if self.as_postgres {
+            let mut command = Command::new("runuser");
+            command.args(["-u", "postgres", "--"]).arg(&path);
+            command
+        } else {
+            Command::new(&path)
+        };
+        // Quietly: initdb's and pg_ctl's chatter is not the test's.
+        let output = command
+            .args(args)
+            .current_dir(&self.dir)
+            .output()
+            .with_context(|| format!("starting {}", path.display()))?;
+        if !output.status.success() {
+            bail!(
+                "{name} failed ({}): {}{}",
+                output.status,
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let data = self.dir.join("data");
+        if let Err(error) = self.tool(
+            "pg_ctl",
+            &[
+                "-D".as_ref(),
+                data.as_os_str(),
+                "-m".as_ref(),
+                "immediate".as_ref(),
+                "stop".as_ref(),
+            ],
+        ) {
+            say(&format!("stopping the test PostgreSQL: {error:#}"));
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// `cargo xtask pg -- COMMAND…`: COMMAND with a throwaway server.
+pub(crate) fn run(args: &[String]) -> Result<()> {
+    let command = match args {
+        [dash, rest @ ..] if dash == "--" && !rest.is_empty() => rest,
+        [] | [_] => bail!("usage: cargo xtask pg -- COMMAND [ARGS…]"),
+        rest => rest,
+    };
+    let server = Server::start()?;
+    let status = Command::new(&command[0])
+        .args(&command[1..])
+        .env("JOURNAL_PG_URL", &server.url)
+        .env("SPOOL_REQUIRE_PG", "1")
+        .status()
+        .with_context(|| format!("starting {}", command[0]))?;
+    drop(server);
+    if !status.success() {
+        bail!("{} failed ({status})", command[0]);
+    }
+    Ok(())
+}
+
+/// The newest installed PostgreSQL's programs, as Debian lays them out.
+fn find_bin() -> Option<PathBuf> {
+    let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .filter_map(|entry| {
+            let entry = entry.ok()?;
+            let version = entry.file_name().to_str()?.parse().ok()?;
+            let bin = entry.path().join("bin");
+            bin.join("initdb").exists().then_some((version, bin))
+        })
+        .collect();
+    found.sort();
+    found.pop().map(|(_, bin)| bin)
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).trim() == "0")
+}

@@ -211,7 +211,7 @@ async fn talk(args: TalkArgs) -> anyhow::Result<ExitCode> {
 pub(crate) async fn serve_bus(
     agent: &Agent,
     runtime: &Runtime,
-    journal: &Path,
+    journal: &crate::journal::JournalAt,
     closing: &watch::Receiver<bool>,
 ) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
     let Some(section) = &agent.bus else {
@@ -231,7 +231,14 @@ pub(crate) async fn serve_bus(
     let (secret, secret_path) = match section.secret_path(&agent.loaded.base) {
         Some(path) => (read_secret(&path)?, path),
         None => {
-            let path = journal.join("bus.secret");
+            // Beside a SQLite journal; a database has no directory to
+            // keep a file in.
+            let crate::journal::JournalAt::Dir(dir) = journal else {
+                anyhow::bail!(
+                    "with a PostgreSQL journal, name the bus secret: `[bus] secret_file`"
+                );
+            };
+            let path = dir.join("bus.secret");
             (make_secret(&path)?, path)
         }
     };

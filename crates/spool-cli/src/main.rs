@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 
 mod agent;
 mod bus;
+mod journal;
 mod pod;
 mod rpc;
 mod runs;
@@ -64,6 +65,11 @@ enum Command {
         #[command(subcommand)]
         command: pod::PodCommand,
     },
+    /// Move a journal between stores (SQLite and PostgreSQL).
+    Journal {
+        #[command(subcommand)]
+        command: journal::JournalCommand,
+    },
     /// Read runs from a journal (read-only; safe beside a running server).
     Runs {
         #[command(subcommand)]
@@ -92,6 +98,7 @@ fn main() -> ExitCode {
     let outcome = match cli.command {
         Command::Wire { command } => wire::run(command),
         Command::Runs { command } => runs::run(command),
+        Command::Journal { command } => journal::run(command),
         Command::Rpc(args) => rpc::run(args),
         Command::Pod { command } => pod::run(command),
         Command::Bus { command } => bus::run(command),

@@ -43,9 +43,9 @@ pub(crate) enum PodCommand {
 pub(crate) struct PodServeArgs {
     /// The pod's name: its session is the run at the address pod/NAME.
     name: String,
-    /// The journal directory.
+    /// The journal: a directory (SQLite) or a postgres:// URL.
     #[arg(long, env = "SPOOL_JOURNAL", default_value = ".spool")]
-    journal: PathBuf,
+    journal: crate::journal::JournalAt,
     /// The agent definition; `./spool.toml`, or the built-in echo agent.
     #[arg(long)]
     agent: Option<PathBuf>,
@@ -88,7 +88,7 @@ pub(crate) fn run(command: PodCommand) -> anyhow::Result<ExitCode> {
 
 async fn serve(args: PodServeArgs) -> anyhow::Result<ExitCode> {
     let agent = load_agent(args.agent.as_deref(), args.model.as_ref())?;
-    let (runtime, _owner) = open_runtime(&args.journal, &agent, None)?;
+    let (runtime, _owner) = open_runtime(&args.journal, &agent, None).await?;
     recover(&runtime).await?;
     let (stop, closing) = watch::channel(false);
     let pods = serve_pods(

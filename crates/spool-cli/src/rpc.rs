@@ -16,9 +16,9 @@ pub(crate) struct RpcArgs {
     /// HTTP ones come with `spool serve`).
     #[arg(long, required = true)]
     stdio: bool,
-    /// The journal directory.
+    /// The journal: a directory (SQLite) or a postgres:// URL.
     #[arg(long, env = "SPOOL_JOURNAL", default_value = ".spool")]
-    journal: PathBuf,
+    journal: crate::journal::JournalAt,
     /// The agent definition; `./spool.toml`, or the built-in echo agent.
     #[arg(long)]
     agent: Option<PathBuf>,
@@ -38,7 +38,7 @@ async fn serve(args: RpcArgs) -> anyhow::Result<ExitCode> {
         model,
     } = args;
     let agent = load_agent(agent.as_deref(), model.as_ref())?;
-    let (runtime, _owner) = open_runtime(&journal, &agent, None)?;
+    let (runtime, _owner) = open_runtime(&journal, &agent, None).await?;
     recover(&runtime).await?;
     let dispatcher = spool_rpc::Dispatcher::new(runtime);
     spool_rpc::stdio::serve(&dispatcher, tokio::io::stdin(), tokio::io::stdout())

@@ -2,14 +2,14 @@
 //! open. The journal is opened read-only; nothing here can change it.
 
 use std::io::Write;
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, bail};
 use clap::Subcommand;
 use spool_journal::fold::{Status, fold};
-use spool_journal::store::sqlite::SqliteJournal;
 use spool_journal::{Journal, RunId, Seq};
+
+use crate::journal::{JournalAt, open_read_only};
 use time::format_description::well_known::Rfc3339;
 
 #[derive(Debug, Subcommand)]
@@ -21,9 +21,9 @@ pub(crate) enum RunsCommand {
         /// `updated_at`, `events`.
         #[arg(long)]
         json: bool,
-        /// The journal directory.
+        /// The journal: a directory (SQLite) or a postgres:// URL.
         #[arg(long, env = "SPOOL_JOURNAL", default_value = ".spool")]
-        journal: PathBuf,
+        journal: JournalAt,
     },
     /// A run's folded state and its whole event log.
     Show {
@@ -32,9 +32,9 @@ pub(crate) enum RunsCommand {
         /// Print the envelopes as NDJSON instead.
         #[arg(long)]
         json: bool,
-        /// The journal directory.
+        /// The journal: a directory (SQLite) or a postgres:// URL.
         #[arg(long, env = "SPOOL_JOURNAL", default_value = ".spool")]
-        journal: PathBuf,
+        journal: JournalAt,
     },
 }
 
@@ -45,18 +45,17 @@ pub(crate) fn run(command: RunsCommand) -> anyhow::Result<ExitCode> {
         .context("starting the async runtime")?;
     runtime.block_on(async {
         match command {
-            RunsCommand::List { json, journal } => list(&open(&journal)?, json).await,
-            RunsCommand::Show { run, json, journal } => show(&open(&journal)?, &run, json).await,
+            RunsCommand::List { json, journal } => {
+                list(&*open_read_only(&journal).await?, json).await
+            }
+            RunsCommand::Show { run, json, journal } => {
+                show(&*open_read_only(&journal).await?, &journal, &run, json).await
+            }
         }
     })
 }
 
-fn open(dir: &std::path::Path) -> anyhow::Result<SqliteJournal> {
-    SqliteJournal::open_read_only(dir)
-        .with_context(|| format!("opening the journal in {}", dir.display()))
-}
-
-async fn list(journal: &SqliteJournal, json: bool) -> anyhow::Result<ExitCode> {
+async fn list(journal: &dyn Journal, json: bool) -> anyhow::Result<ExitCode> {
     let runs = journal.runs().await?;
     let mut out = std::io::stdout().lock();
     if json {
@@ -97,13 +96,18 @@ async fn list(journal: &SqliteJournal, json: bool) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-async fn show(journal: &SqliteJournal, run: &str, json: bool) -> anyhow::Result<ExitCode> {
+async fn show(
+    journal: &dyn Journal,
+    at: &JournalAt,
+    run: &str,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
     let run = RunId::new(run)?;
     // A log whose chain does not verify is refused here with the run and
     // the first bad position, and the command fails.
     let log = journal.read(&run, Seq(0)).await?;
     if log.is_empty() {
-        bail!("no run {run} in {}", journal.path().display());
+        bail!("no run {run} in {at}");
     }
     let mut out = std::io::stdout().lock();
     if json {

@@ -7,11 +7,10 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
+use crate::journal::{Claim, JournalAt};
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use spool_http::{HttpChannel, Listener, TokenFile};
-use spool_journal::JournalError;
-use spool_journal::store::sqlite::{Options, Owner, SqliteJournal};
 use spool_runtime::agent::{AgentDefinition, Loaded};
 use spool_runtime::{Engine, Runtime};
 
@@ -24,9 +23,9 @@ pub(crate) struct ServeArgs {
     /// Listen on a Unix socket (created 0600) instead of TCP.
     #[arg(long)]
     unix: Option<PathBuf>,
-    /// The journal directory.
+    /// The journal: a directory (SQLite) or a postgres:// URL.
     #[arg(long, env = "SPOOL_JOURNAL", default_value = ".spool")]
-    journal: PathBuf,
+    journal: JournalAt,
     /// The agent definition; `./spool.toml`, or the built-in echo agent.
     #[arg(long)]
     agent: Option<PathBuf>,
@@ -143,7 +142,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let cached_runs = usize::try_from(args.cached_runs).unwrap_or(usize::MAX);
-    let (runtime, _owner) = open_runtime(&args.journal, &agent, Some(cached_runs))?;
+    let (runtime, owner) = open_runtime(&args.journal, &agent, Some(cached_runs)).await?;
     let resumed = recover(&runtime).await?;
     // After recovery: a firing in doubt is settled against runs as the
     // crash left them.
@@ -185,7 +184,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     say(&format!(
         "spool: listening on {} (journal {}, {resumed} runs resumed)",
         listener.describe(),
-        args.journal.display()
+        args.journal
     ));
     if let Listener::Tcp(_) = &listener {
         let auth = if args.token_file.is_some() {
@@ -199,8 +198,16 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         ));
     }
     let shutdown = async move {
-        shutdown_signal().await;
-        say("spool: shutting down; runs stay durable in the journal");
+        tokio::select! {
+            () = shutdown_signal() => {
+                say("spool: shutting down; runs stay durable in the journal");
+            }
+            // Another process may take the journal now: driving its runs
+            // from here too could run a tool twice.
+            () = owner.lost() => {
+                say("spool: the claim on the journal was lost (its database connection ended); shutting down");
+            }
+        }
         stop.send_replace(true);
     };
     channel.serve(listener, shutdown).await?;
@@ -289,23 +296,16 @@ pub(crate) fn load_agent(
     })
 }
 
-/// The runtime on the SQLite journal in `journal`, running `agent`, and
-/// this process's claim on the journal: hold it as long as the runtime
-/// runs, so no second process resumes the same turns.
-pub(crate) fn open_runtime(
-    journal: &Path,
+/// The runtime on the journal at `journal`, running `agent`, and this
+/// process's claim on the journal: hold it as long as the runtime runs,
+/// so no second process resumes the same turns.
+pub(crate) async fn open_runtime(
+    journal: &JournalAt,
     agent: &Agent,
     cached_runs: Option<usize>,
-) -> anyhow::Result<(Runtime, Owner)> {
-    let owner = Owner::claim(journal).map_err(|error| match error {
-        JournalError::InUse { .. } => anyhow::anyhow!(
-            "{error}: a server has it? talk to it with `--url`, or give this process its own `--journal`"
-        ),
-        other => anyhow::Error::new(other),
-    })?;
-    let store = SqliteJournal::open(journal, Options::default())
-        .with_context(|| format!("opening the journal in {}", journal.display()))?;
-    let store = crate::telemetry::observe(&agent.loaded, Arc::new(store))?;
+) -> anyhow::Result<(Runtime, Claim)> {
+    let (store, owner) = crate::journal::open_owned(journal).await?;
+    let store = crate::telemetry::observe(&agent.loaded, store)?;
     let mut builder = Runtime::builder(store)
         .agent(&agent.loaded)?
         .tools(agent.tools()?)

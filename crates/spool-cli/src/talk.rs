@@ -18,7 +18,6 @@ use clap::Args;
 use serde_json::Value;
 use spool_http::channel::NAMESPACE;
 use spool_http::{Client, client::Lines};
-use spool_journal::store::sqlite::Owner;
 use spool_journal::{Address, RunId, Seq, TurnId};
 use spool_runtime::hub::{StreamItem, Subscription};
 use spool_runtime::{MessageRequest, Runtime};
@@ -44,9 +43,10 @@ pub(crate) struct Target {
     /// run. A fresh one by default.
     #[arg(long)]
     address: Option<String>,
-    /// The local journal directory (without `--url`).
+    /// The local journal (without `--url`): a directory (SQLite) or a
+    /// postgres:// URL.
     #[arg(long, env = "SPOOL_JOURNAL", default_value = ".spool")]
-    journal: PathBuf,
+    journal: crate::journal::JournalAt,
     /// The agent definition (without `--url`); `./spool.toml`, or the
     /// built-in echo agent.
     #[arg(long)]
@@ -149,7 +149,7 @@ enum Backend {
     Local {
         runtime: Runtime,
         /// Kept for as long as the runtime drives the journal's runs.
-        _owner: Arc<Owner>,
+        _owner: Arc<crate::journal::Claim>,
     },
     Remote(Client),
 }
@@ -164,7 +164,7 @@ impl Backend {
             return Ok(Self::Remote(client));
         }
         let agent = load_agent(target.agent.as_deref(), target.model.as_ref())?;
-        let (runtime, owner) = open_runtime(&target.journal, &agent, None)?;
+        let (runtime, owner) = open_runtime(&target.journal, &agent, None).await?;
         // The journal's promise: runs interrupted earlier finish now.
         let resumed = recover(&runtime).await?;
         if resumed > 0 {

@@ -108,7 +108,8 @@ impl Target {
 
 /// A journal in PostgreSQL.
 pub struct PgJournal {
-    writer: mpsc::Sender<writer::Op>,
+    /// `None` when opened read-only.
+    writer: Option<mpsc::Sender<writer::Op>>,
     readers: Arc<Readers>,
     watchers: Arc<Watchers>,
     /// The listening task; stopped when the journal is dropped.
@@ -144,6 +145,22 @@ impl PgJournal {
     /// cannot be reached; [`JournalError::NewerSchema`] for a database
     /// written by a newer Spool.
     pub async fn connect(url: &str, options: Options) -> Result<Self, JournalError> {
+        Self::open(url, options, true).await
+    }
+
+    /// Connects to an existing journal for reading only: nothing is
+    /// created or migrated, and every write is refused with
+    /// [`JournalError::ReadOnly`].
+    ///
+    /// # Errors
+    ///
+    /// As [`PgJournal::connect`], and [`JournalError::Storage`] when the
+    /// schema holds no journal.
+    pub async fn connect_read_only(url: &str, options: Options) -> Result<Self, JournalError> {
+        Self::open(url, options, false).await
+    }
+
+    async fn open(url: &str, options: Options, write: bool) -> Result<Self, JournalError> {
         let target = Target {
             config: parse_url(url)?,
             schema: options.schema.clone(),
@@ -153,7 +170,7 @@ impl PgJournal {
             tokio::spawn(connection);
             client
         };
-        if let Some(schema) = &target.schema {
+        if let Some(schema) = target.schema.as_ref().filter(|_| write) {
             setup
                 .batch_execute(&format!(
                     "CREATE SCHEMA IF NOT EXISTS {}",
@@ -163,7 +180,11 @@ impl PgJournal {
                 .map_err(storage)?;
         }
         target.enter(&setup).await?;
-        schema::migrate(&setup).await?;
+        if write {
+            schema::migrate(&setup).await?;
+        } else {
+            schema::check(&setup).await?;
+        }
         let schema: String = setup
             .query_one("SELECT current_schema()", &[])
             .await
@@ -173,15 +194,21 @@ impl PgJournal {
         let channel = channel(&schema);
         let watchers = Arc::new(Watchers::default());
         let readers = Arc::new(Readers::new(target.clone()));
-        let writer = writer::Writer::start(
-            target.clone(),
-            channel.clone(),
-            Arc::clone(&watchers),
-            options.clock,
-            options.max_batch.max(1),
-            options.queue.max(1),
-        )
-        .await?;
+        let writer = if write {
+            Some(
+                writer::Writer::start(
+                    target.clone(),
+                    channel.clone(),
+                    Arc::clone(&watchers),
+                    options.clock,
+                    options.max_batch.max(1),
+                    options.queue.max(1),
+                )
+                .await?,
+            )
+        } else {
+            None
+        };
         let listener =
             listen::start(target, channel, Arc::clone(&watchers), Arc::clone(&readers)).await?;
         Ok(Self {
@@ -203,12 +230,107 @@ impl PgJournal {
         &self,
         op: impl FnOnce(oneshot::Sender<Result<T, JournalError>>) -> writer::Op,
     ) -> Result<T, JournalError> {
+        let writer = self.writer.as_ref().ok_or(JournalError::ReadOnly)?;
         let (reply, answer) = oneshot::channel();
-        self.writer
+        writer
             .send(op(reply))
             .await
             .map_err(|_| JournalError::Closed)?;
         answer.await.map_err(|_| JournalError::Closed)?
+    }
+}
+
+/// The claim of one process to drive a journal's runs: a session advisory
+/// lock on the journal's schema, held by a connection of its own until
+/// dropped (or the process or connection dies, when the server lets it
+/// go).
+///
+/// What it protects is the runtime above the store, as the SQLite store's
+/// `Owner` does: two processes recovering the same journal would both
+/// resume its interrupted turns. The store itself stays safe under many
+/// writers.
+#[derive(Debug)]
+pub struct Owner {
+    _client: Client,
+    lost: tokio::sync::watch::Receiver<bool>,
+}
+
+/// The key class of the owner's lock: not [`schema::LOCK_CLASS`], whose
+/// per-run keys it could otherwise meet.
+const OWNER_CLASS: i32 = schema::LOCK_CLASS + 1;
+
+impl Owner {
+    /// Claims the journal at `url` (in `schema`, or the connection's own)
+    /// for this process.
+    ///
+    /// # Errors
+    ///
+    /// [`JournalError::InUse`] when another process holds it, with that
+    /// process's id when it recorded one; [`JournalError::Storage`] when
+    /// the server cannot be reached.
+    pub async fn claim(url: &str, schema: Option<&str>) -> Result<Self, JournalError> {
+        let target = Target {
+            config: parse_url(url)?,
+            schema: schema.map(str::to_owned),
+        };
+        let (client, connection) = target.config.connect(NoTls).await.map_err(storage)?;
+        let (lost_sender, lost) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::warn!(target: "spool::journal", %error, "the journal owner's connection ended");
+            }
+            let _ = lost_sender.send(true);
+        });
+        target.enter(&client).await?;
+        let taken: bool = client
+            .query_one(
+                &format!("SELECT pg_try_advisory_lock({OWNER_CLASS}, hashtext(current_schema()))"),
+                &[],
+            )
+            .await
+            .map_err(storage)?
+            .get(0);
+        let holder_key = "owner_pid";
+        if !taken {
+            let holder = client
+                .query_opt(
+                    "SELECT value FROM spool_meta WHERE key = $1",
+                    &[&holder_key],
+                )
+                .await
+                .ok()
+                .flatten()
+                .and_then(|row| row.get::<_, String>(0).parse().ok());
+            return Err(JournalError::InUse {
+                dir: redact(url).into(),
+                holder,
+            });
+        }
+        // The holder's pid, for the message another process shows; a
+        // journal not yet created has nowhere to keep it, and needs none.
+        let pid = std::process::id().to_string();
+        if let Err(error) = client
+            .execute(
+                "INSERT INTO spool_meta (key, value) VALUES ($1, $2)
+                 ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                &[&holder_key, &pid],
+            )
+            .await
+        {
+            tracing::debug!(%error, "recording the owner's pid");
+        }
+        Ok(Self {
+            _client: client,
+            lost,
+        })
+    }
+
+    /// Resolves when the claim is lost: its connection ended (the server
+    /// restarted or the network failed), so another process may take the
+    /// journal. A process that drives runs must stop when it does.
+    pub async fn lost(&self) {
+        let mut lost = self.lost.clone();
+        let _ = lost.wait_for(|lost| *lost).await;
     }
 }
 

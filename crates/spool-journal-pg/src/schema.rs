@@ -85,7 +85,24 @@ pub(crate) async fn migrate(client: &Client) -> Result<(), JournalError> {
     result
 }
 
-async fn steps(client: &Client) -> Result<(), JournalError> {
+/// Checks that the schema holds a journal this build reads, changing
+/// nothing: for opening read-only.
+pub(crate) async fn check(client: &Client) -> Result<(), JournalError> {
+    let exists: bool = client
+        .query_one("SELECT to_regclass('spool_meta') IS NOT NULL", &[])
+        .await
+        .map_err(storage)?
+        .get(0);
+    if !exists {
+        return Err(JournalError::storage(
+            "there is no Spool journal in this database and schema (no spool_meta table)",
+        ));
+    }
+    check_versions(client).await.map(|_| ())
+}
+
+/// The stored layout version, refusing a database newer than this build.
+async fn check_versions(client: &Client) -> Result<u32, JournalError> {
     let store = version(client, "store_version").await?.unwrap_or(0);
     if store > STORE_VERSION {
         return Err(JournalError::NewerSchema {
@@ -101,6 +118,11 @@ async fn steps(client: &Client) -> Result<(), JournalError> {
             supported: SCHEMA_VERSION,
         });
     }
+    Ok(store)
+}
+
+async fn steps(client: &Client) -> Result<(), JournalError> {
+    let store = check_versions(client).await?;
     for (done, step) in STEPS.iter().enumerate().skip(store as usize) {
         client.batch_execute(step).await.map_err(|e| {
             JournalError::storage(format!(

@@ -8,6 +8,7 @@
 mod agent;
 mod bus;
 mod pod;
+mod postgres;
 mod rpc;
 mod runs;
 mod serve;

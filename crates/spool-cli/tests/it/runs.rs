@@ -7,7 +7,7 @@ use spool_journal::store::sqlite::{FILE_NAME, Options, SqliteJournal};
 use spool_journal::{Event, Journal, RunId, Seq, TurnId};
 use spool_wire::run::TurnPolicy;
 
-fn journal_with_one_run(dir: &std::path::Path) {
+pub(crate) fn journal_with_one_run(dir: &std::path::Path) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -29,9 +29,19 @@ pub(crate) fn serve(dir: &std::path::Path, extra: &[&str]) -> Running {
 
 /// [`serve`] with variables set in the server's environment.
 pub(crate) fn serve_with(dir: &std::path::Path, extra: &[&str], vars: &[(&str, &str)]) -> Running {
+    serve_on(dir, dir.join("journal").as_os_str(), extra, vars)
+}
+
+/// [`serve_with`] on the journal `journal` (a directory or a URL).
+pub(crate) fn serve_on(
+    dir: &std::path::Path,
+    journal: &std::ffi::OsStr,
+    extra: &[&str],
+    vars: &[(&str, &str)],
+) -> Running {
     let mut child = Command::new(env!("CARGO_BIN_EXE_spool"))
         .args(["serve", "--addr", "127.0.0.1:0", "--journal"])
-        .arg(dir.join("journal"))
+        .arg(journal)
         .args(extra)
         .current_dir(dir)
         .env_remove("SPOOL_JOURNAL")

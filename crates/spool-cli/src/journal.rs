@@ -1,0 +1,266 @@
+//! Where a journal is (`--journal`: a directory for SQLite, a
+//! `postgres://` URL for PostgreSQL), opening it for a runtime or for
+//! reading, and `spool journal copy`, which moves a journal between
+//! stores.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use anyhow::{Context, bail};
+use clap::Subcommand;
+use spool_journal::event::{Effect, Event};
+use spool_journal::store::sqlite::{self, SqliteJournal};
+use spool_journal::store::{CallRef, ClaimKey, Clock};
+use spool_journal::{Journal, JournalError, Seq};
+use time::OffsetDateTime;
+
+/// A journal's location, as `--journal` names it.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum JournalAt {
+    /// SQLite in this directory.
+    Dir(PathBuf),
+    /// PostgreSQL at this URL.
+    Postgres(String),
+}
+
+impl FromStr for JournalAt {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        if spool_journal_pg::is_url(text) {
+            return Ok(Self::Postgres(text.to_owned()));
+        }
+        // Anything else with a scheme is a store this build does not
+        // have, never a directory named `mysql:`.
+        if let Some((scheme, _)) = text.split_once("://")
+            && !scheme.is_empty()
+            && scheme
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
+        {
+            return Err(format!(
+                "unknown journal scheme `{scheme}://`: a journal is a directory (SQLite) or a postgres:// URL"
+            ));
+        }
+        if text.is_empty() {
+            return Err("the journal is empty: give a directory or a postgres:// URL".to_owned());
+        }
+        Ok(Self::Dir(PathBuf::from(text)))
+    }
+}
+
+impl fmt::Display for JournalAt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Dir(dir) => write!(f, "{}", dir.display()),
+            Self::Postgres(url) => f.write_str(&spool_journal_pg::redact(url)),
+        }
+    }
+}
+
+/// This process's claim on a journal, held as long as it drives runs.
+#[derive(Debug)]
+pub(crate) enum Claim {
+    Dir(#[allow(dead_code, reason = "held for its lock")] sqlite::Owner),
+    Postgres(spool_journal_pg::Owner),
+}
+
+impl Claim {
+    /// Resolves when the claim is lost (a PostgreSQL owner's connection
+    /// ended); never for a directory's lock, which lives with the process.
+    pub(crate) async fn lost(&self) {
+        match self {
+            Self::Dir(_) => std::future::pending().await,
+            Self::Postgres(owner) => owner.lost().await,
+        }
+    }
+}
+
+/// Opens the journal for a runtime, and claims it for this process.
+pub(crate) async fn open_owned(at: &JournalAt) -> anyhow::Result<(Arc<dyn Journal>, Claim)> {
+    let in_use = |error: JournalError| match error {
+        JournalError::InUse { .. } => anyhow::anyhow!(
+            "{error}: a server has it? talk to it with `--url`, or give this process its own `--journal`"
+        ),
+        other => anyhow::Error::new(other),
+    };
+    match at {
+        JournalAt::Dir(dir) => {
+            let owner = sqlite::Owner::claim(dir).map_err(in_use)?;
+            let store = SqliteJournal::open(dir, sqlite::Options::default())
+                .with_context(|| format!("opening the journal in {}", dir.display()))?;
+            Ok((Arc::new(store), Claim::Dir(owner)))
+        }
+        JournalAt::Postgres(url) => {
+            // Opening first creates the tables, where the claim records
+            // its pid; opening is safe beside another owner.
+            let store = spool_journal_pg::PgJournal::connect(url, pg_options())
+                .await
+                .with_context(|| format!("opening the journal at {at}"))?;
+            let owner = spool_journal_pg::Owner::claim(url, None)
+                .await
+                .map_err(in_use)?;
+            Ok((Arc::new(store), Claim::Postgres(owner)))
+        }
+    }
+}
+
+/// Opens an existing journal for reading only.
+pub(crate) async fn open_read_only(at: &JournalAt) -> anyhow::Result<Arc<dyn Journal>> {
+    match at {
+        JournalAt::Dir(dir) => Ok(Arc::new(
+            SqliteJournal::open_read_only(dir)
+                .with_context(|| format!("opening the journal in {}", dir.display()))?,
+        )),
+        JournalAt::Postgres(url) => Ok(Arc::new(
+            spool_journal_pg::PgJournal::connect_read_only(url, pg_options())
+                .await
+                .with_context(|| format!("opening the journal at {at}"))?,
+        )),
+    }
+}
+
+fn pg_options() -> spool_journal_pg::Options {
+    spool_journal_pg::Options::default()
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum JournalCommand {
+    /// Copy every run of one journal into another, empty one (SQLite to
+    /// PostgreSQL or back), verifying each run's hash chain on both
+    /// sides. FROM is only read; stop the server that writes it first.
+    Copy {
+        /// The journal to copy: a directory or a postgres:// URL.
+        from: JournalAt,
+        /// Where to copy it: a directory or a postgres:// URL, holding no
+        /// runs yet.
+        to: JournalAt,
+    },
+}
+
+pub(crate) fn run(command: JournalCommand) -> anyhow::Result<ExitCode> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async {
+        match command {
+            JournalCommand::Copy { from, to } => copy(&from, &to).await,
+        }
+    })
+}
+
+/// The copy writes through the target store's own `append`, so the target
+/// keeps its indexes exactly as if the runs had happened there; its clock
+/// gives each append the time the source recorded, so every envelope, and
+/// so every hash, comes out identical.
+async fn copy(from: &JournalAt, to: &JournalAt) -> anyhow::Result<ExitCode> {
+    if from == to {
+        bail!("FROM and TO are the same journal");
+    }
+    let source = open_read_only(from).await?;
+    let at = Arc::new(Mutex::new(OffsetDateTime::UNIX_EPOCH));
+    let clock: Clock = {
+        let at = Arc::clone(&at);
+        Arc::new(move || *at.lock().unwrap_or_else(PoisonError::into_inner))
+    };
+    let (target, _claim): (Arc<dyn Journal>, Claim) = match to {
+        JournalAt::Dir(dir) => {
+            let owner = sqlite::Owner::claim(dir)?;
+            let options = sqlite::Options {
+                clock,
+                ..sqlite::Options::default()
+            };
+            let store = SqliteJournal::open(dir, options)
+                .with_context(|| format!("opening the journal in {}", dir.display()))?;
+            (Arc::new(store), Claim::Dir(owner))
+        }
+        JournalAt::Postgres(url) => {
+            let options = spool_journal_pg::Options {
+                clock,
+                ..pg_options()
+            };
+            let store = spool_journal_pg::PgJournal::connect(url, options)
+                .await
+                .with_context(|| format!("opening the journal at {to}"))?;
+            let owner = spool_journal_pg::Owner::claim(url, None).await?;
+            (Arc::new(store), Claim::Postgres(owner))
+        }
+    };
+    let existing = target.runs().await?;
+    if !existing.is_empty() {
+        bail!(
+            "{to} already holds {} runs: copy into an empty journal",
+            existing.len()
+        );
+    }
+    let runs = source.runs().await?;
+    let mut events = 0_u64;
+    for summary in &runs {
+        let run = &summary.run_id;
+        let log = source
+            .read(run, Seq(0))
+            .await
+            .with_context(|| format!("reading run {run} from {from}"))?;
+        // One append per instant the source recorded: the source's own
+        // appends, as near as the log tells.
+        let mut start = 0;
+        while start < log.len() {
+            let when = log[start].recorded_at;
+            let end = start
+                + log[start..]
+                    .iter()
+                    .take_while(|e| e.recorded_at == when)
+                    .count();
+            for envelope in &log[start..end] {
+                // An idempotent call's claim is the store's, not the
+                // log's: take it again as the call first did, so a later
+                // call under the same key is answered, not run again. The
+                // first claimant in the copy holds it; the output is the
+                // same whoever does.
+                if let Event::ToolCallRequested(request) = &envelope.event
+                    && let (Effect::Idempotent, Some(key)) =
+                        (request.effect, &request.idempotency_key)
+                {
+                    let key = ClaimKey {
+                        tool: request.tool.clone(),
+                        key: key.clone(),
+                    };
+                    let holder = CallRef {
+                        run: run.clone(),
+                        call_id: request.call_id.clone(),
+                    };
+                    match target.claim(&key, &holder).await {
+                        Ok(_) | Err(JournalError::CallInFlight { .. }) => {}
+                        Err(error) => return Err(error.into()),
+                    }
+                }
+            }
+            *at.lock().unwrap_or_else(PoisonError::into_inner) = when;
+            let batch = log[start..end].iter().map(|e| e.event.clone()).collect();
+            target
+                .append(run, Seq(start as u64), batch)
+                .await
+                .with_context(|| format!("writing run {run} to {to}"))?;
+            start = end;
+        }
+        // Read back through the target's own verification: the same
+        // envelopes, so the same bytes and the same hash chain.
+        let copied = target.read(run, Seq(0)).await?;
+        if copied != log {
+            bail!("run {run} reads back differently from {to}; the copy is not faithful");
+        }
+        events += log.len() as u64;
+    }
+    crate::talk::out(
+        &format!(
+            "copied {} runs ({events} events) from {from} to {to}; every hash chain verified",
+            runs.len()
+        ),
+        true,
+    );
+    Ok(ExitCode::SUCCESS)
+}

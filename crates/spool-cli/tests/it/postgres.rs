@@ -1,0 +1,194 @@
+//! The `spool` binary on a PostgreSQL journal (`--journal postgres://…`):
+//! serving, reading, refusing a second owner, and `spool journal copy`
+//! between SQLite and PostgreSQL. The server is `JOURNAL_PG_URL`'s (`cargo
+//! xtask ci` starts one); each test makes a database of its own.
+
+use std::process::{Command, Output};
+
+use crate::server::{serve_on, terminate};
+
+/// A fresh database's URL on the test server, or `None` (said) to skip.
+fn database() -> Option<String> {
+    let Ok(server) = std::env::var("JOURNAL_PG_URL") else {
+        assert!(
+            std::env::var_os("SPOOL_REQUIRE_PG").is_none(),
+            "SPOOL_REQUIRE_PG is set but JOURNAL_PG_URL is not"
+        );
+        #[allow(clippy::print_stderr, reason = "a skipped test says why")]
+        {
+            eprintln!("skipped: JOURNAL_PG_URL is not set");
+        }
+        return None;
+    };
+    let name = format!("spool_{:016x}", fastrand::u64(..));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let (client, connection) = tokio_postgres::connect(&server, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        client
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .unwrap();
+    });
+    let (base, _) = server.rsplit_once('/').unwrap();
+    Some(format!("{base}/{name}"))
+}
+
+fn spool(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_spool"))
+        .args(args)
+        .env_remove("SPOOL_JOURNAL")
+        .output()
+        .unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn serve_on_a_postgres_url_completes_runs_that_runs_list_then_reads_there() {
+    let Some(url) = database() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let running = serve_on(dir.path(), url.as_ref(), &[], &[]);
+    for n in 0..3 {
+        let answer = crate::bus::run_to_end(&running.addr, &format!("hello {n}"));
+        assert_eq!(answer["response"], format!("echo: hello {n}"), "{answer}");
+    }
+    assert!(terminate(running).success());
+    let listed = spool(&["runs", "list", "--json", "--journal", &url]);
+    assert!(listed.status.success(), "{}", text(&listed.stderr));
+    let runs: Vec<serde_json::Value> = text(&listed.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(runs.len(), 3, "{runs:?}");
+    assert!(runs.iter().all(|run| run["state"] == "completed"), "{runs:?}");
+    // Nothing was written beside the server: the database is the journal.
+    assert!(!dir.path().join("postgres:").exists());
+}
+
+#[test]
+fn a_second_server_on_the_same_postgres_journal_is_refused_with_the_first_ones_pid() {
+    let Some(url) = database() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let first = serve_on(dir.path(), url.as_ref(), &[], &[]);
+    let second = spool(&["serve", "--addr", "127.0.0.1:0", "--journal", &url]);
+    assert!(!second.status.success());
+    let said = text(&second.stderr);
+    assert!(
+        said.contains("is in use by another process")
+            && said.contains(&format!("(pid {})", first.child.id())),
+        "{said}"
+    );
+    // The server trusts any password: one is given so the message can be
+    // seen not to show it.
+    let with_password = url.replacen("postgres@", "postgres:hunter2@", 1);
+    let third = spool(&[
+        "serve",
+        "--addr",
+        "127.0.0.1:0",
+        "--journal",
+        &with_password,
+    ]);
+    let said = text(&third.stderr);
+    assert!(
+        said.contains("postgres:***@") && !said.contains("hunter2"),
+        "{said}"
+    );
+    assert!(terminate(first).success());
+}
+
+#[test]
+fn an_unknown_journal_scheme_is_refused_by_name_and_creates_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    for args in [
+        &["runs", "list", "--journal", "mysql://db/x"][..],
+        &[
+            "serve",
+            "--addr",
+            "127.0.0.1:0",
+            "--journal",
+            "mysql://db/x",
+        ][..],
+    ] {
+        let output = Command::new(env!("CARGO_BIN_EXE_spool"))
+            .args(args)
+            .current_dir(dir.path())
+            .env_remove("SPOOL_JOURNAL")
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(2), "a usage error");
+        let said = text(&output.stderr);
+        assert!(said.contains("unknown journal scheme `mysql://`"), "{said}");
+    }
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn journal_copy_moves_runs_to_postgres_and_back_with_identical_logs() {
+    let Some(url) = database() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let sqlite = dir.path().join("journal");
+    crate::runs::journal_with_one_run(&sqlite);
+    // And runs as the echo agent leaves them, over several appends.
+    for n in 0..2 {
+        let output = Command::new(env!("CARGO_BIN_EXE_spool"))
+            .args(["run", &format!("hi {n}"), "--journal"])
+            .arg(&sqlite)
+            .current_dir(dir.path())
+            .env_remove("SPOOL_JOURNAL")
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{}", text(&output.stderr));
+    }
+    let back = dir.path().join("back");
+    let sqlite = sqlite.to_str().unwrap();
+    let back = back.to_str().unwrap();
+    for (from, to) in [(sqlite, url.as_str()), (url.as_str(), back)] {
+        let copied = spool(&["journal", "copy", from, to]);
+        assert!(copied.status.success(), "{}", text(&copied.stderr));
+        assert!(
+            text(&copied.stdout).starts_with("copied 3 runs"),
+            "{}",
+            text(&copied.stdout)
+        );
+    }
+    // Every run reads the same, event for event, in all three.
+    let list =
+        |journal: &str| text(&spool(&["runs", "list", "--json", "--journal", journal]).stdout);
+    assert_eq!(list(&url), list(sqlite));
+    assert_eq!(list(back), list(sqlite));
+    let ids: Vec<String> = list(sqlite)
+        .lines()
+        .map(|line| {
+            serde_json::from_str::<serde_json::Value>(line).unwrap()["run_id"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(ids.len(), 3);
+    for id in &ids {
+        let show = |journal: &str| {
+            let shown = spool(&["runs", "show", id, "--json", "--journal", journal]);
+            assert!(shown.status.success(), "{}", text(&shown.stderr));
+            text(&shown.stdout)
+        };
+        assert_eq!(show(&url), show(sqlite), "run {id} in PostgreSQL");
+        assert_eq!(show(back), show(sqlite), "run {id} back in SQLite");
+    }
+    // A journal that holds runs is not copied into.
+    let again = spool(&["journal", "copy", sqlite, &url]);
+    assert!(!again.status.success());
+    assert!(
+        text(&again.stderr).contains("already holds 3 runs"),
+        "{}",
+        text(&again.stderr)
+    );
+}

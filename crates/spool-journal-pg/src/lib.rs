@@ -35,6 +35,9 @@ use time::OffsetDateTime;
 use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio_postgres::{Client, Config, NoTls, Statement};
 
+pub use cluster::{Cluster, ClusterOptions, Fence, Renewal};
+
+pub mod cluster;
 mod listen;
 mod schema;
 mod writer;
@@ -51,6 +54,11 @@ pub struct Options {
     pub queue: usize,
     /// Where `recorded_at` comes from.
     pub clock: Clock,
+    /// In a cluster, the node's fence ([`Cluster::fence`]): appends are
+    /// refused for runs whose lease another node holds, and all of them
+    /// once the node's own lease lapsed. `None` for a journal one process
+    /// owns.
+    pub fence: Option<Fence>,
 }
 
 impl std::fmt::Debug for Options {
@@ -59,6 +67,7 @@ impl std::fmt::Debug for Options {
             .field("schema", &self.schema)
             .field("max_batch", &self.max_batch)
             .field("queue", &self.queue)
+            .field("fence", &self.fence)
             .finish_non_exhaustive()
     }
 }
@@ -70,6 +79,7 @@ impl Default for Options {
             max_batch: 512,
             queue: 4096,
             clock: system_clock(),
+            fence: None,
         }
     }
 }
@@ -198,6 +208,7 @@ impl PgJournal {
             Some(
                 writer::Writer::start(
                     target.clone(),
+                    options.fence,
                     channel.clone(),
                     Arc::clone(&watchers),
                     options.clock,

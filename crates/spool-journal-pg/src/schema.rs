@@ -14,7 +14,9 @@ use crate::storage;
 
 /// The layout steps, in order: step `n` takes the store from version `n`
 /// to `n + 1`. A new step is appended; a released one never changes.
-const STEPS: &[&str] = &["
+/// Step 2 adds the cluster's nodes and run leases.
+const STEPS: &[&str] = &[
+    "
 CREATE TABLE spool_events (
     run_id TEXT COLLATE \"C\" NOT NULL,
     seq BIGINT NOT NULL,
@@ -55,7 +57,23 @@ CREATE TABLE spool_claims (
     PRIMARY KEY (tool, key)
 );
 CREATE UNIQUE INDEX spool_claims_holder ON spool_claims (run_id, call_id);
-"];
+",
+    "
+CREATE SEQUENCE spool_node_ids;
+CREATE TABLE spool_nodes (
+    id BIGINT PRIMARY KEY,
+    name TEXT NOT NULL,
+    address TEXT,
+    joined_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
+    expires_at TIMESTAMPTZ NOT NULL
+);
+CREATE TABLE spool_leases (
+    run_id TEXT COLLATE \"C\" PRIMARY KEY,
+    node BIGINT NOT NULL
+);
+CREATE INDEX spool_leases_node ON spool_leases (node);
+",
+];
 
 /// The layout version this build writes.
 pub(crate) const STORE_VERSION: u32 = STEPS.len() as u32;

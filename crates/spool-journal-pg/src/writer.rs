@@ -24,6 +24,7 @@ use spool_journal::{Envelope, Event, RunId, Seq};
 use tokio::sync::{mpsc, oneshot};
 use tokio_postgres::{Client, Statement};
 
+use crate::cluster::Fence;
 use crate::schema::LOCK_CLASS;
 use crate::{Target, head_of, listen, nanos, seq_sql, storage, stored_run_id, stored_seq};
 
@@ -61,6 +62,9 @@ struct Statements {
     heads_put: Statement,
     notify: Statement,
     probe: Statement,
+    fence_node: Statement,
+    fence_leases: Statement,
+    lease_take: Statement,
 }
 
 impl Statements {
@@ -155,12 +159,31 @@ impl Statements {
                      ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                 )
                 .await?,
+            // Both locked until the batch commits: a takeover that would
+            // move them waits for it, and then sees its events.
+            fence_node: client
+                .prepare(
+                    "SELECT expires_at > clock_timestamp() FROM spool_nodes WHERE id = $1 FOR SHARE",
+                )
+                .await?,
+            fence_leases: client
+                .prepare(
+                    "SELECT run_id, node FROM spool_leases WHERE run_id = ANY($1::text[]) FOR SHARE",
+                )
+                .await?,
+            lease_take: client
+                .prepare(
+                    "INSERT INTO spool_leases (run_id, node) SELECT unnest($1::text[]), $2
+                     ON CONFLICT (run_id) DO NOTHING",
+                )
+                .await?,
         })
     }
 }
 
 pub(crate) struct Writer {
     target: Target,
+    fence: Option<Fence>,
     channel: String,
     watchers: Arc<Watchers>,
     clock: Clock,
@@ -223,6 +246,7 @@ impl Writer {
     /// Connects, and starts the writer task; its queue is returned.
     pub(crate) async fn start(
         target: Target,
+        fence: Option<Fence>,
         channel: String,
         watchers: Arc<Watchers>,
         clock: Clock,
@@ -232,6 +256,7 @@ impl Writer {
         let (sender, receiver) = mpsc::channel(queue);
         let mut writer = Self {
             target,
+            fence,
             channel,
             watchers,
             clock,
@@ -283,7 +308,8 @@ impl Writer {
         };
         let operations = batch.len();
         let now = (self.clock)();
-        let (done, outcome) = transact(client, statements, &self.channel, now, batch).await;
+        let fence = self.fence.as_ref().map(Fence::node);
+        let (done, outcome) = transact(client, statements, &self.channel, fence, now, batch).await;
         if let Err(failure) = outcome {
             let message = match failure {
                 Failure::Before(reason) => format!("nothing was recorded: {reason}"),
@@ -343,6 +369,7 @@ async fn transact(
     client: &Client,
     st: &Statements,
     channel: &str,
+    fence: Option<i64>,
     now: time::OffsetDateTime,
     batch: Vec<Op>,
 ) -> (Vec<Done>, Result<(), Failure>) {
@@ -359,13 +386,37 @@ async fn transact(
     let started = async {
         client.batch_execute("BEGIN").await?;
         if runs.is_empty() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), None));
         }
         client.execute(&st.lock, &[&runs]).await?;
-        client.query(&st.heads, &[&runs]).await
+        let Some(node) = fence else {
+            return Ok((client.query(&st.heads, &[&runs]).await?, None));
+        };
+        // Pipelined, and locked in this order (the node, then the
+        // leases), as a takeover locks them.
+        let node_param: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&node];
+        let runs_param: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&runs];
+        let (alive, leases, heads) = tokio::try_join!(
+            client.query_opt(&st.fence_node, &node_param),
+            client.query(&st.fence_leases, &runs_param),
+            client.query(&st.heads, &runs_param),
+        )?;
+        let alive = alive.is_some_and(|row| row.get::<_, bool>(0));
+        let leases: HashMap<String, i64> = leases
+            .iter()
+            .map(|row| (row.get::<_, String>(0), row.get::<_, i64>(1)))
+            .collect();
+        Ok((
+            heads,
+            Some(Fenced {
+                node,
+                alive,
+                leases,
+            }),
+        ))
     }
     .await;
-    let stored = match started {
+    let (stored, fenced) = match started {
         Ok(rows) => rows,
         Err(error) => {
             let done = batch
@@ -387,6 +438,8 @@ async fn transact(
     }
     // Heads this transaction changes, written once per run at the end.
     let mut changed: HashMap<RunId, Head> = HashMap::new();
+    // Runs with no lease yet that this batch appends to: this node's now.
+    let mut leased: Vec<String> = Vec::new();
     let mut columns = Columns::default();
     let mut done = Vec::with_capacity(batch.len());
     for op in batch {
@@ -402,6 +455,17 @@ async fn transact(
                 reply,
             } => {
                 let head = changed.get(&run).or_else(|| heads.get(&run));
+                // Whether the append takes the run's lease (nobody holds it).
+                let mut takes_lease = false;
+                if let Some(fenced) = &fenced {
+                    match fenced.check(&run) {
+                        Ok(held) => takes_lease = !held,
+                        Err(lost) => {
+                            done.push(Done::Append(reply, Err(lost)));
+                            continue;
+                        }
+                    }
+                }
                 match plan(&run, head, expected, events, now) {
                     Err(refused) => Done::Append(reply, Err(refused)),
                     Ok(plan) => match write_changes(client, st, &run, &plan.changes).await {
@@ -417,6 +481,9 @@ async fn transact(
                                 columns.seqs.push(seq_sql(row.seq).unwrap_or(i64::MAX));
                                 columns.bodies.push(row.bytes);
                                 columns.hashes.push(row.hash.to_vec());
+                            }
+                            if takes_lease && !leased.iter().any(|r| r == run.as_str()) {
+                                leased.push(run.as_str().to_owned());
                             }
                             changed.insert(run.clone(), plan.head);
                             Done::Append(reply, Ok((run, plan.envelopes, next)))
@@ -446,6 +513,11 @@ async fn transact(
     if let Some(reason) = broken {
         return (done, Err(Failure::Before(reason)));
     }
+    if let (Some(node), false) = (fence, leased.is_empty())
+        && let Err(error) = client.execute(&st.lease_take, &[&leased, &node]).await
+    {
+        return (done, Err(before(error)));
+    }
     if !changed.is_empty() {
         let written = write_rows(client, st, channel, &columns, &changed).await;
         if let Err(error) = written {
@@ -457,6 +529,35 @@ async fn transact(
         .await
         .map_err(|e| Failure::Commit(e.to_string()));
     (done, committed)
+}
+
+/// What fencing found at the start of a batch.
+struct Fenced {
+    node: i64,
+    alive: bool,
+    leases: HashMap<String, i64>,
+}
+
+impl Fenced {
+    /// Whether this node may append to `run`: `Ok(true)` when it holds
+    /// the run's lease, `Ok(false)` when nobody does (it takes it).
+    fn check(&self, run: &RunId) -> Result<bool, JournalError> {
+        let lost = |reason: String| JournalError::LeaseLost {
+            run: run.clone(),
+            reason,
+        };
+        if !self.alive {
+            return Err(lost(format!(
+                "the lease of this node ({}) lapsed: it was paused or cut off past the lease time",
+                self.node
+            )));
+        }
+        match self.leases.get(run.as_str()) {
+            Some(&holder) if holder == self.node => Ok(true),
+            Some(&holder) => Err(lost(format!("node {holder} holds its lease"))),
+            None => Ok(false),
+        }
+    }
 }
 
 /// The batch's rows, its heads and its notifications: three statements,

@@ -143,9 +143,9 @@ impl RuntimeError {
                 }
                 // The run's log moved under this process, or another
                 // process holds the journal: someone else is driving it.
-                JournalError::Conflict { .. } | JournalError::InUse { .. } => {
-                    ErrorKind::OwnedElsewhere
-                }
+                JournalError::Conflict { .. }
+                | JournalError::InUse { .. }
+                | JournalError::LeaseLost { .. } => ErrorKind::OwnedElsewhere,
                 JournalError::Storage { .. } => ErrorKind::Storage,
                 _ => ErrorKind::Internal,
             },

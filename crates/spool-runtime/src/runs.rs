@@ -106,6 +106,12 @@ impl Runs {
         }
     }
 
+    /// Drops what is cached of `run`, so its log is read again when it is
+    /// next locked: another process may have appended to it meanwhile.
+    pub(crate) async fn invalidate(&self, run: &RunId) {
+        self.entry(run).lock_owned().await.loaded = false;
+    }
+
     /// How many runs are cached.
     pub(crate) fn len(&self) -> usize {
         self.map

@@ -68,7 +68,10 @@ fn serve_on_a_postgres_url_completes_runs_that_runs_list_then_reads_there() {
         .map(|line| serde_json::from_str(line).unwrap())
         .collect();
     assert_eq!(runs.len(), 3, "{runs:?}");
-    assert!(runs.iter().all(|run| run["state"] == "completed"), "{runs:?}");
+    assert!(
+        runs.iter().all(|run| run["state"] == "completed"),
+        "{runs:?}"
+    );
     // Nothing was written beside the server: the database is the journal.
     assert!(!dir.path().join("postgres:").exists());
 }

@@ -8,6 +8,7 @@
 #![allow(clippy::unwrap_used)]
 #![allow(clippy::print_stderr, reason = "a skipped test says why")]
 
+mod cluster;
 mod conformance;
 mod shared;
 

@@ -319,6 +319,17 @@ pub enum JournalError {
         /// The owner's process id, when it could be read.
         holder: Option<u32>,
     },
+    /// In a cluster: another node holds the run's lease, or this node's
+    /// own lease on its runs lapsed (it was paused or cut off past the
+    /// lease time and its runs were taken over). Nothing was recorded; the
+    /// node must let the run go.
+    #[error("run {run} is driven by another node ({reason}); nothing was recorded")]
+    LeaseLost {
+        /// The run.
+        run: RunId,
+        /// Whose lease it is, or why this node's lapsed.
+        reason: String,
+    },
     /// SQLite's write-ahead log is missing or cut short while its index
     /// (`-shm`) says it holds committed events: opening would serve an
     /// older past, without events that were acknowledged.

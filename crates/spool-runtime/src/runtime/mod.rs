@@ -97,22 +97,51 @@ impl Runtime {
     pub async fn recover(&self) -> Result<Recovery, RuntimeError> {
         let mut recovery = Recovery::default();
         for summary in self.inner.journal.runs().await? {
-            match summary.status {
-                Status::Running => {
-                    self.inner.clone().ensure_driver(&summary.run_id);
-                    recovery.resumed += 1;
-                }
-                Status::Retired | Status::Pending => {}
-                _ => match self.inner.resume(&summary.run_id).await {
-                    Ok(resumed) => recovery.resumed += usize::from(resumed),
-                    Err(error) => {
-                        tracing::error!(run_id = %summary.run_id, %error, "a run's log cannot be read; it is left as it is");
-                        recovery.unreadable.push((summary.run_id, error));
-                    }
-                },
+            self.recover_one(summary.run_id, &summary.status, &mut recovery)
+                .await;
+        }
+        Ok(recovery)
+    }
+
+    /// [`recover`](Self::recover) for `runs` only: what a node of a
+    /// cluster does with the runs it takes over from a node that died.
+    /// What this runtime had cached of them is dropped first (another
+    /// process drove them since), so each is read from its log.
+    ///
+    /// # Errors
+    ///
+    /// When the journal cannot be listed.
+    pub async fn recover_runs(&self, runs: &[RunId]) -> Result<Recovery, RuntimeError> {
+        let mut recovery = Recovery::default();
+        if runs.is_empty() {
+            return Ok(recovery);
+        }
+        let wanted: HashSet<&RunId> = runs.iter().collect();
+        for summary in self.inner.journal.runs().await? {
+            if wanted.contains(&summary.run_id) {
+                self.inner.runs.invalidate(&summary.run_id).await;
+                self.recover_one(summary.run_id, &summary.status, &mut recovery)
+                    .await;
             }
         }
         Ok(recovery)
+    }
+
+    async fn recover_one(&self, run: RunId, status: &Status, recovery: &mut Recovery) {
+        match status {
+            Status::Running => {
+                self.inner.clone().ensure_driver(&run);
+                recovery.resumed += 1;
+            }
+            Status::Retired | Status::Pending => {}
+            _ => match self.inner.resume(&run).await {
+                Ok(resumed) => recovery.resumed += usize::from(resumed),
+                Err(error) => {
+                    tracing::error!(run_id = %run, %error, "a run's log cannot be read; it is left as it is");
+                    recovery.unreadable.push((run, error));
+                }
+            },
+        }
     }
 }
 

@@ -1,0 +1,300 @@
+//! Several nodes on one journal: who drives which run, and what happens
+//! when a node dies or is paused past its lease.
+//!
+//! - **A node** is one process's membership, a row in `spool_nodes` with a
+//!   number from a sequence (never reused, so it doubles as the fencing
+//!   token) and an expiry the node pushes forward every third of the
+//!   lease time ([`Cluster::renew`]): renewing all of a node's leases is
+//!   one row's update, however many runs it drives.
+//! - **A run's lease** is a row in `spool_leases` naming the node that
+//!   drives it. A node takes the lease of a run it creates (or of one that
+//!   has none, from before the cluster) in the same transaction as the
+//!   append.
+//! - **Fencing**: a store opened with the node's [`Fence`] checks, in every
+//!   append's transaction, that its node is alive (its row there and not
+//!   expired) and that it holds each run's lease, locking both rows until
+//!   it commits. A node that wakes from a pause past its lease finds its
+//!   row gone or expired and its appends refused with
+//!   [`JournalError::LeaseLost`]; it cannot write.
+//! - **Takeover** ([`Cluster::take_over`]): a live node deletes the rows of
+//!   expired nodes and moves their leases to itself in one transaction,
+//!   which waits for any append of theirs still in flight; the runs it
+//!   gets back are read from their logs and recovered exactly as after a
+//!   restart.
+//!
+//! Time is the database's (`clock_timestamp()`), so the nodes' clocks need
+//! not agree.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use spool_journal::{JournalError, RunId};
+use tokio::sync::Mutex;
+use tokio_postgres::Client;
+
+use crate::{Target, parse_url, storage, stored_run_id};
+
+/// The lease time when none is given: a dead node's runs move after
+/// this long.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
+
+/// The node a store fences its appends with: shared with its [`Cluster`],
+/// which changes it when the node rejoins after its lease lapsed.
+#[derive(Clone, Debug, Default)]
+pub struct Fence(Arc<AtomicI64>);
+
+impl Fence {
+    /// The node's current number; 0 before it joined.
+    #[must_use]
+    pub fn node(&self) -> i64 {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+/// How a node joins.
+#[derive(Clone, Debug)]
+pub struct ClusterOptions {
+    /// The journal's schema, as in [`crate::Options::schema`].
+    pub schema: Option<String>,
+    /// The node's name, for operators (the host name, say).
+    pub name: String,
+    /// Where other nodes and operators reach it (its HTTP address).
+    pub address: Option<String>,
+    /// How long the node's leases outlive its last renewal.
+    pub lease: Duration,
+}
+
+/// What [`Cluster::renew`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Renewal {
+    /// The node's leases run another lease time from now.
+    Renewed,
+    /// The node's lease had lapsed (it was paused or cut off) and its row
+    /// was gone or expired: it joined again as node `now`. Every run it
+    /// drove as node `was` is no longer its own.
+    Rejoined {
+        /// The old number.
+        was: i64,
+        /// The new one.
+        now: i64,
+    },
+}
+
+/// One node's membership of a cluster, on a connection of its own.
+#[derive(Debug)]
+pub struct Cluster {
+    client: Mutex<Client>,
+    target: Target,
+    fence: Fence,
+    name: String,
+    address: Option<String>,
+    lease: Duration,
+}
+
+impl Cluster {
+    /// Joins the cluster of the journal at `url` (whose tables must exist:
+    /// open the journal first) as a new node.
+    ///
+    /// # Errors
+    ///
+    /// [`JournalError::Storage`] when the server cannot be reached or the
+    /// journal has no cluster tables yet.
+    pub async fn join(url: &str, options: ClusterOptions) -> Result<Self, JournalError> {
+        let target = Target {
+            config: parse_url(url)?,
+            schema: options.schema.clone(),
+        };
+        let client = target.connect().await?;
+        let cluster = Self {
+            client: Mutex::new(client),
+            target,
+            fence: Fence::default(),
+            name: options.name,
+            address: options.address,
+            lease: options.lease.max(Duration::from_millis(100)),
+        };
+        let node = cluster.register(&*cluster.client.lock().await).await?;
+        cluster.fence.0.store(node, Ordering::Release);
+        Ok(cluster)
+    }
+
+    /// The fence to open this node's store with.
+    #[must_use]
+    pub fn fence(&self) -> Fence {
+        self.fence.clone()
+    }
+
+    /// This node's current number.
+    #[must_use]
+    pub fn node(&self) -> i64 {
+        self.fence.node()
+    }
+
+    /// The lease time.
+    #[must_use]
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    fn lease_ms(&self) -> f64 {
+        self.lease.as_secs_f64() * 1e3
+    }
+
+    async fn register(&self, client: &Client) -> Result<i64, JournalError> {
+        let row = client
+            .query_one(
+                "INSERT INTO spool_nodes (id, name, address, expires_at)
+                 VALUES (nextval('spool_node_ids'), $1, $2,
+                         clock_timestamp() + $3 * interval '1 millisecond')
+                 RETURNING id",
+                &[&self.name, &self.address, &self.lease_ms()],
+            )
+            .await
+            .map_err(storage)?;
+        let node: i64 = row.get(0);
+        tracing::info!(target: "spool::cluster", node, name = %self.name, "joined the cluster");
+        Ok(node)
+    }
+
+    /// The client, made again when its connection was lost.
+    async fn client(&self) -> Result<tokio::sync::MutexGuard<'_, Client>, JournalError> {
+        let mut client = self.client.lock().await;
+        if client.is_closed() {
+            *client = self.target.connect().await?;
+        }
+        Ok(client)
+    }
+
+    /// Pushes this node's expiry a lease time forward; when it had already
+    /// lapsed, joins again under a new number (see [`Renewal::Rejoined`]).
+    ///
+    /// # Errors
+    ///
+    /// [`JournalError::Storage`] when the database cannot be reached; the
+    /// node's leases then lapse unless a later renewal gets through.
+    pub async fn renew(&self) -> Result<Renewal, JournalError> {
+        let client = self.client().await?;
+        let was = self.node();
+        let renewed = client
+            .execute(
+                "UPDATE spool_nodes SET expires_at = clock_timestamp() + $2 * interval '1 millisecond'
+                 WHERE id = $1 AND expires_at > clock_timestamp()",
+                &[&was, &self.lease_ms()],
+            )
+            .await
+            .map_err(storage)?;
+        if renewed == 1 {
+            return Ok(Renewal::Renewed);
+        }
+        let now = self.register(&client).await?;
+        self.fence.0.store(now, Ordering::Release);
+        tracing::warn!(target: "spool::cluster", was, now, "this node's lease had lapsed; its runs are no longer its own and it joined again");
+        Ok(Renewal::Rejoined { was, now })
+    }
+
+    /// Takes over the runs of every node whose lease expired, and the
+    /// unfinished runs that have no lease (from before the journal had a
+    /// cluster): they are this node's now. Recover each from its log.
+    ///
+    /// # Errors
+    ///
+    /// [`JournalError::Storage`] when the database cannot be reached or
+    /// the transaction fails; nothing moved then.
+    pub async fn take_over(&self) -> Result<Vec<RunId>, JournalError> {
+        let client = self.client().await?;
+        let me = self.node();
+        client.batch_execute("BEGIN").await.map_err(storage)?;
+        let moved = async {
+            // Node rows first, then leases: the order appends lock them
+            // in, so the two never deadlock.
+            let dead: Vec<i64> = client
+                .query(
+                    "DELETE FROM spool_nodes WHERE expires_at < clock_timestamp() AND id <> $1 RETURNING id",
+                    &[&me],
+                )
+                .await?
+                .iter()
+                .map(|row| row.get(0))
+                .collect();
+            let mut runs: Vec<String> = Vec::new();
+            if !dead.is_empty() {
+                tracing::warn!(target: "spool::cluster", ?dead, "taking over the runs of nodes whose lease expired");
+                runs.extend(
+                    client
+                        .query(
+                            "UPDATE spool_leases SET node = $1 WHERE node = ANY($2) RETURNING run_id",
+                            &[&me, &dead],
+                        )
+                        .await?
+                        .iter()
+                        .map(|row| row.get::<_, String>(0)),
+                );
+            }
+            runs.extend(
+                client
+                    .query(
+                        "INSERT INTO spool_leases (run_id, node)
+                         SELECT r.run_id, $1 FROM spool_runs r
+                         WHERE r.status NOT IN ('retired', 'pending')
+                           AND NOT EXISTS (SELECT 1 FROM spool_leases l WHERE l.run_id = r.run_id)
+                         ON CONFLICT (run_id) DO NOTHING
+                         RETURNING run_id",
+                        &[&me],
+                    )
+                    .await?
+                    .iter()
+                    .map(|row| row.get::<_, String>(0)),
+            );
+            Ok::<_, tokio_postgres::Error>(runs)
+        }
+        .await;
+        let runs = match moved {
+            Ok(runs) => runs,
+            Err(error) => {
+                let _ = client.batch_execute("ROLLBACK").await;
+                return Err(storage(error));
+            }
+        };
+        client.batch_execute("COMMIT").await.map_err(storage)?;
+        runs.iter().map(|run| stored_run_id(run)).collect()
+    }
+
+    /// Leaves the cluster: the node's row expires now, so the other nodes
+    /// take its runs over at their next look instead of after the lease.
+    ///
+    /// # Errors
+    ///
+    /// [`JournalError::Storage`] when the database cannot be reached; the
+    /// lease then runs out by itself.
+    pub async fn leave(&self) -> Result<(), JournalError> {
+        let client = self.client().await?;
+        client
+            .execute(
+                "UPDATE spool_nodes SET expires_at = clock_timestamp() - interval '1 millisecond' WHERE id = $1",
+                &[&self.node()],
+            )
+            .await
+            .map_err(storage)?;
+        Ok(())
+    }
+
+    /// The node that holds `run`'s lease, with its address, while that
+    /// node is alive.
+    ///
+    /// # Errors
+    ///
+    /// [`JournalError::Storage`] when the database cannot be reached.
+    pub async fn holder(&self, run: &RunId) -> Result<Option<(i64, Option<String>)>, JournalError> {
+        let client = self.client().await?;
+        let row = client
+            .query_opt(
+                "SELECT n.id, n.address FROM spool_leases l JOIN spool_nodes n ON n.id = l.node
+                 WHERE l.run_id = $1 AND n.expires_at > clock_timestamp()",
+                &[&run.as_str()],
+            )
+            .await
+            .map_err(storage)?;
+        Ok(row.map(|row| (row.get(0), row.get(1))))
+    }
+}

@@ -1,0 +1,141 @@
+//! Leases and fencing between nodes on one journal. A node "paused past
+//! its lease" is made so by moving its expiry into the past in the
+//! database, which is exactly what the passing of the lease time does.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use spool_journal::conformance::{created, run, started};
+use spool_journal::{Journal, JournalError, Seq};
+use spool_journal_pg::{Cluster, ClusterOptions, Options, PgJournal, Renewal};
+
+async fn node(url: &str, schema: &str, name: &str) -> (Cluster, Arc<PgJournal>) {
+    // The tables exist before a node joins.
+    drop(crate::journal(url, schema).await);
+    let cluster = Cluster::join(
+        url,
+        ClusterOptions {
+            schema: Some(schema.to_owned()),
+            name: name.to_owned(),
+            address: Some(format!("{name}:8080")),
+            lease: Duration::from_secs(10),
+        },
+    )
+    .await
+    .unwrap();
+    let options = Options {
+        schema: Some(schema.to_owned()),
+        fence: Some(cluster.fence()),
+        ..Options::default()
+    };
+    let journal = Arc::new(PgJournal::connect(url, options).await.unwrap());
+    (cluster, journal)
+}
+
+/// What the lease time passing without a renewal does to `node`.
+async fn lapse(url: &str, schema: &str, node: i64) {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let updated = client
+        .execute(
+            &format!(
+                "UPDATE \"{schema}\".spool_nodes SET expires_at = clock_timestamp() - interval '1 second' WHERE id = $1"
+            ),
+            &[&node],
+        )
+        .await
+        .unwrap();
+    assert_eq!(updated, 1);
+}
+
+fn lost(result: Result<Vec<spool_journal::Envelope>, JournalError>) -> String {
+    match result {
+        Err(JournalError::LeaseLost { reason, .. }) => reason,
+        other => panic!("expected the lease to be lost, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_past_its_lease_cannot_append_and_a_live_node_takes_its_runs_over() {
+    let Some(url) = crate::server() else { return };
+    let schema = crate::fresh_schema();
+    let (a, journal_a) = node(&url, &schema, "a").await;
+    let (b, journal_b) = node(&url, &schema, "b").await;
+    let r = run("driven");
+    journal_a
+        .append(&r, Seq(0), vec![created(), started("t1", "hi")])
+        .await
+        .unwrap();
+    // A created it, so A holds it: B may not write to it.
+    let refused = lost(journal_b.append(&r, Seq(2), vec![started("t2", "x")]).await);
+    assert!(refused.contains(&format!("node {}", a.node())), "{refused}");
+    assert_eq!(b.holder(&r).await.unwrap().map(|(n, _)| n), Some(a.node()));
+    // Nothing moves while A is alive.
+    assert!(b.take_over().await.unwrap().is_empty());
+
+    lapse(&url, &schema, a.node()).await;
+    // A woke up: its append is refused before anything is written.
+    let refused = lost(journal_a.append(&r, Seq(2), vec![started("t2", "x")]).await);
+    assert!(refused.contains("lapsed"), "{refused}");
+    assert_eq!(journal_a.read(&r, Seq(0)).await.unwrap().len(), 2);
+
+    assert_eq!(b.take_over().await.unwrap(), vec![r.clone()]);
+    assert!(b.take_over().await.unwrap().is_empty(), "taken over once");
+    journal_b
+        .append(&r, Seq(2), vec![started("t2", "x")])
+        .await
+        .expect("the run is B's now");
+
+    // A renews, finds its lease gone, and joins again as a new node that
+    // still does not hold the run.
+    let was = a.node();
+    let Renewal::Rejoined { was: old, now } = a.renew().await.unwrap() else {
+        panic!("A's lease had lapsed");
+    };
+    assert_eq!((old, now > was), (was, true));
+    let refused = lost(journal_a.append(&r, Seq(3), vec![started("t3", "x")]).await);
+    assert!(refused.contains(&format!("node {}", b.node())), "{refused}");
+    assert_eq!(b.renew().await.unwrap(), Renewal::Renewed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unfinished_runs_from_before_the_cluster_are_taken_over_once() {
+    let Some(url) = crate::server() else { return };
+    let schema = crate::fresh_schema();
+    let plain = crate::journal(&url, &schema).await;
+    let running = run("running");
+    plain
+        .append(&running, Seq(0), vec![created(), started("t1", "hi")])
+        .await
+        .unwrap();
+    // Never started: nothing to recover.
+    plain
+        .append(&run("pending"), Seq(0), vec![created()])
+        .await
+        .unwrap();
+    let (a, journal_a) = node(&url, &schema, "a").await;
+    let (b, _) = node(&url, &schema, "b").await;
+    assert_eq!(a.take_over().await.unwrap(), vec![running.clone()]);
+    assert!(b.take_over().await.unwrap().is_empty());
+    journal_a
+        .append(&running, Seq(2), vec![started("t2", "x")])
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_leaves_has_its_runs_taken_over_at_once() {
+    let Some(url) = crate::server() else { return };
+    let schema = crate::fresh_schema();
+    let (a, journal_a) = node(&url, &schema, "a").await;
+    let (b, _) = node(&url, &schema, "b").await;
+    let r = run("handed");
+    journal_a
+        .append(&r, Seq(0), vec![created(), started("t1", "hi")])
+        .await
+        .unwrap();
+    a.leave().await.unwrap();
+    assert_eq!(b.take_over().await.unwrap(), vec![r]);
+}

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Subcommand;
@@ -15,6 +16,8 @@ use spool_journal::event::{Effect, Event};
 use spool_journal::store::sqlite::{self, SqliteJournal};
 use spool_journal::store::{CallRef, ClaimKey, Clock};
 use spool_journal::{Journal, JournalError, Seq};
+use spool_journal_pg::{Cluster, Renewal};
+use spool_runtime::Runtime;
 use time::OffsetDateTime;
 
 /// A journal's location, as `--journal` names it.
@@ -66,6 +69,8 @@ impl fmt::Display for JournalAt {
 pub(crate) enum Claim {
     Dir(#[allow(dead_code, reason = "held for its lock")] sqlite::Owner),
     Postgres(spool_journal_pg::Owner),
+    /// A node of a cluster: it drives the runs it holds leases on.
+    Node(Arc<Cluster>),
 }
 
 impl Claim {
@@ -73,7 +78,8 @@ impl Claim {
     /// ended); never for a directory's lock, which lives with the process.
     pub(crate) async fn lost(&self) {
         match self {
-            Self::Dir(_) => std::future::pending().await,
+            // A node whose lease lapses joins again (`keep_node`).
+            Self::Dir(_) | Self::Node(_) => std::future::pending().await,
             Self::Postgres(owner) => owner.lost().await,
         }
     }
@@ -125,6 +131,120 @@ pub(crate) async fn open_read_only(at: &JournalAt) -> anyhow::Result<Arc<dyn Jou
 
 fn pg_options() -> spool_journal_pg::Options {
     spool_journal_pg::Options::default()
+}
+
+/// `spool serve`'s cluster flags.
+#[derive(Debug, clap::Args)]
+pub(crate) struct ClusterArgs {
+    /// Serve as one node of a cluster on a PostgreSQL journal: drive only
+    /// the runs this node holds leases on, and take over the runs of nodes
+    /// that die (docs/cluster.md).
+    #[arg(long)]
+    pub(crate) cluster: bool,
+    /// The node's name, for operators (default: the host name and pid).
+    #[arg(long, requires = "cluster")]
+    pub(crate) node_name: Option<String>,
+    /// How long a node's leases outlive its last renewal: a dead node's
+    /// runs move after this long.
+    #[arg(long, requires = "cluster", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub(crate) lease_seconds: u64,
+}
+
+/// Joins the cluster on the journal at `at` and opens the journal fenced
+/// by the node's leases.
+pub(crate) async fn open_node(
+    at: &JournalAt,
+    args: &ClusterArgs,
+    address: &str,
+) -> anyhow::Result<(Arc<dyn Journal>, Arc<Cluster>)> {
+    let JournalAt::Postgres(url) = at else {
+        bail!("--cluster needs a PostgreSQL journal (--journal postgres://…): nodes share it");
+    };
+    let name = args.node_name.clone().unwrap_or_else(|| {
+        let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
+        format!("{}-{}", host.trim(), std::process::id())
+    });
+    // Opening migrates: the cluster's tables exist before the node joins.
+    drop(
+        spool_journal_pg::PgJournal::connect(url, pg_options())
+            .await
+            .with_context(|| format!("opening the journal at {at}"))?,
+    );
+    let cluster = Cluster::join(
+        url,
+        spool_journal_pg::ClusterOptions {
+            schema: None,
+            name,
+            address: Some(address.to_owned()),
+            lease: Duration::from_secs(args.lease_seconds),
+        },
+    )
+    .await
+    .with_context(|| format!("joining the cluster at {at}"))?;
+    let options = spool_journal_pg::Options {
+        fence: Some(cluster.fence()),
+        ..pg_options()
+    };
+    let store = spool_journal_pg::PgJournal::connect(url, options)
+        .await
+        .with_context(|| format!("opening the journal at {at}"))?;
+    crate::serve::say(&format!(
+        "spool: node {} of the cluster at {at} (lease {} s)",
+        cluster.node(),
+        args.lease_seconds
+    ));
+    Ok((Arc::new(store), Arc::new(cluster)))
+}
+
+/// Takes over what dead nodes left and recovers it, then keeps doing so,
+/// and keeps this node's lease, every third of the lease time, for as
+/// long as the process runs. Returns how many runs the first look
+/// resumed.
+pub(crate) async fn keep_node(node: Arc<Cluster>, runtime: Runtime) -> anyhow::Result<usize> {
+    let resumed = take_over(&node, &runtime).await?;
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(node.lease() / 3);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            match node.renew().await {
+                Ok(Renewal::Renewed) => {}
+                Ok(Renewal::Rejoined { was, now }) => crate::serve::say(&format!(
+                    "spool: this node's lease lapsed (it was paused or cut off); its runs as node {was} are no longer its own; it is node {now} now"
+                )),
+                // The node left: the server is stopping.
+                Err(JournalError::Closed) => return,
+                Err(error) => {
+                    tracing::warn!(target: "spool::cluster", %error, "renewing this node's lease");
+                    continue;
+                }
+            }
+            if let Err(error) = take_over(&node, &runtime).await {
+                tracing::warn!(target: "spool::cluster", %error, "taking over the runs of dead nodes");
+            }
+        }
+    });
+    Ok(resumed)
+}
+
+async fn take_over(node: &Cluster, runtime: &Runtime) -> anyhow::Result<usize> {
+    let runs = node.take_over().await?;
+    if runs.is_empty() {
+        return Ok(0);
+    }
+    let recovery = runtime.recover_runs(&runs).await?;
+    crate::serve::say(&format!(
+        "spool: took over {} runs from nodes that stopped; {} resumed",
+        runs.len(),
+        recovery.resumed
+    ));
+    for (run, error) in &recovery.unreadable {
+        crate::serve::say(&format!(
+            "spool: run {run} cannot be read and is left as it is: {error}"
+        ));
+    }
+    Ok(recovery.resumed)
 }
 
 #[derive(Debug, Subcommand)]

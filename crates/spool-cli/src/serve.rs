@@ -54,6 +54,8 @@ pub(crate) struct ServeArgs {
     runtime_dir: Option<PathBuf>,
     #[command(flatten)]
     bus: crate::bus::BusArgs,
+    #[command(flatten)]
+    cluster: crate::journal::ClusterArgs,
 }
 
 /// `--run-access`.
@@ -142,8 +144,20 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let cached_runs = usize::try_from(args.cached_runs).unwrap_or(usize::MAX);
-    let (runtime, owner) = open_runtime(&args.journal, &agent, Some(cached_runs)).await?;
-    let resumed = recover(&runtime).await?;
+    let (runtime, owner, resumed) = if args.cluster.cluster {
+        // A node drives only the runs it holds leases on: recovery is a
+        // takeover of the runs of nodes that died, repeated as long as it
+        // serves.
+        let (store, node) =
+            crate::journal::open_node(&args.journal, &args.cluster, &listener.describe()).await?;
+        let runtime = build_runtime(store, &agent, Some(cached_runs), true)?;
+        let resumed = crate::journal::keep_node(node.clone(), runtime.clone()).await?;
+        (runtime, Claim::Node(node), resumed)
+    } else {
+        let (runtime, owner) = open_runtime(&args.journal, &agent, Some(cached_runs)).await?;
+        let resumed = recover(&runtime).await?;
+        (runtime, owner, resumed)
+    };
     // After recovery: a firing in doubt is settled against runs as the
     // crash left them.
     let schedules = &agent.loaded.definition.schedules;
@@ -197,7 +211,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             listener.describe()
         ));
     }
+    // Held to the end of this function, past the graceful drain; the
+    // shutdown future only watches it.
+    let owner = Arc::new(owner);
+    let watched = Arc::clone(&owner);
     let shutdown = async move {
+        let owner = watched;
         tokio::select! {
             () = shutdown_signal() => {
                 say("spool: shutting down; runs stay durable in the journal");
@@ -206,6 +225,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             // from here too could run a tool twice.
             () = owner.lost() => {
                 say("spool: the claim on the journal was lost (its database connection ended); shutting down");
+            }
+        }
+        if let Claim::Node(node) = &*owner {
+            // The other nodes take this one's runs over at once, not
+            // after the lease.
+            if let Err(error) = node.leave().await {
+                say(&format!("spool: leaving the cluster: {error}"));
             }
         }
         stop.send_replace(true);
@@ -305,17 +331,29 @@ pub(crate) async fn open_runtime(
     cached_runs: Option<usize>,
 ) -> anyhow::Result<(Runtime, Claim)> {
     let (store, owner) = crate::journal::open_owned(journal).await?;
+    Ok((build_runtime(store, agent, cached_runs, false)?, owner))
+}
+
+/// The runtime on `store`, running `agent`; `shared` when other nodes
+/// append to the journal too.
+fn build_runtime(
+    store: Arc<dyn spool_journal::Journal>,
+    agent: &Agent,
+    cached_runs: Option<usize>,
+    shared: bool,
+) -> anyhow::Result<Runtime> {
     let store = crate::telemetry::observe(&agent.loaded, store)?;
     let mut builder = Runtime::builder(store)
         .agent(&agent.loaded)?
         .tools(agent.tools()?)
-        .engine(agent.engine.clone());
+        .engine(agent.engine.clone())
+        .shared_journal(shared);
     if let Some(runs) = cached_runs {
         builder = builder.cached_runs(runs);
     }
     let runtime = builder.build();
     crate::telemetry::watch(&runtime);
-    Ok((runtime, owner))
+    Ok(runtime)
 }
 
 /// Resumes the journal's interrupted runs; says which runs could not be

@@ -90,6 +90,9 @@ pub struct Cluster {
     name: String,
     address: Option<String>,
     lease: Duration,
+    /// Set by [`Cluster::leave`]: the node neither renews nor takes over
+    /// any more.
+    left: std::sync::atomic::AtomicBool,
 }
 
 impl Cluster {
@@ -113,6 +116,7 @@ impl Cluster {
             name: options.name,
             address: options.address,
             lease: options.lease.max(Duration::from_millis(100)),
+            left: std::sync::atomic::AtomicBool::new(false),
         };
         let node = cluster.register(&*cluster.client.lock().await).await?;
         cluster.fence.0.store(node, Ordering::Release);
@@ -171,9 +175,13 @@ impl Cluster {
     ///
     /// # Errors
     ///
+    /// [`JournalError::Closed`] once the node left;
     /// [`JournalError::Storage`] when the database cannot be reached; the
     /// node's leases then lapse unless a later renewal gets through.
     pub async fn renew(&self) -> Result<Renewal, JournalError> {
+        if self.left.load(Ordering::Acquire) {
+            return Err(JournalError::Closed);
+        }
         let client = self.client().await?;
         let was = self.node();
         let renewed = client
@@ -202,6 +210,9 @@ impl Cluster {
     /// [`JournalError::Storage`] when the database cannot be reached or
     /// the transaction fails; nothing moved then.
     pub async fn take_over(&self) -> Result<Vec<RunId>, JournalError> {
+        if self.left.load(Ordering::Acquire) {
+            return Ok(Vec::new());
+        }
         let client = self.client().await?;
         let me = self.node();
         client.batch_execute("BEGIN").await.map_err(storage)?;
@@ -268,6 +279,7 @@ impl Cluster {
     /// [`JournalError::Storage`] when the database cannot be reached; the
     /// lease then runs out by itself.
     pub async fn leave(&self) -> Result<(), JournalError> {
+        self.left.store(true, Ordering::Release);
         let client = self.client().await?;
         client
             .execute(

@@ -35,6 +35,9 @@ pub(crate) struct Runs {
     map: Mutex<Map>,
     capacity: usize,
     system: Option<Arc<str>>,
+    /// Other processes append to the journal: check a cached run's log
+    /// for what is past its head before using it.
+    shared: bool,
 }
 
 #[derive(Default)]
@@ -62,7 +65,14 @@ impl Runs {
             map: Mutex::new(Map::default()),
             capacity: capacity.max(1),
             system,
+            shared: false,
         }
+    }
+
+    /// See [`crate::RuntimeBuilder::shared_journal`].
+    pub(crate) fn shared(mut self, shared: bool) -> Self {
+        self.shared = shared;
+        self
     }
 
     /// The run's slot, made empty (to be loaded) when it has none.
@@ -308,6 +318,12 @@ impl Locked {
         run: &RunId,
     ) -> Result<Self, RuntimeError> {
         let mut guard = runs.entry(run).lock_owned().await;
+        if guard.loaded && runs.shared && !journal.read(run, guard.next).await?.is_empty() {
+            // Another process appended since: read the run again. (Rare on
+            // the node that drives it; the cost of reading a run another
+            // node drives.)
+            guard.loaded = false;
+        }
         if !guard.loaded {
             guard.load(journal, run).await?;
         }

@@ -7,6 +7,7 @@
 
 mod agent;
 mod bus;
+mod cluster;
 mod pod;
 mod postgres;
 mod rpc;

@@ -8,7 +8,7 @@ use std::process::{Command, Output};
 use crate::server::{serve_on, terminate};
 
 /// A fresh database's URL on the test server, or `None` (said) to skip.
-fn database() -> Option<String> {
+pub(crate) fn database() -> Option<String> {
     let Ok(server) = std::env::var("JOURNAL_PG_URL") else {
         assert!(
             std::env::var_os("SPOOL_REQUIRE_PG").is_none(),

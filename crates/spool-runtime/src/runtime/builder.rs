@@ -23,6 +23,7 @@ pub struct RuntimeBuilder {
     pricing: Option<crate::agent::Pricing>,
     ids: Arc<dyn crate::ids::IdSource>,
     cached_runs: usize,
+    shared_journal: bool,
 }
 
 impl std::fmt::Debug for RuntimeBuilder {
@@ -42,6 +43,7 @@ impl RuntimeBuilder {
             pricing: None,
             ids: Arc::new(crate::ids::UniqueIds),
             cached_runs: DEFAULT_CACHED_RUNS,
+            shared_journal: false,
         }
     }
 
@@ -86,6 +88,17 @@ impl RuntimeBuilder {
     #[must_use]
     pub fn cached_runs(mut self, runs: usize) -> Self {
         self.cached_runs = runs;
+        self
+    }
+
+    /// Whether other processes append to this journal too (the nodes of a
+    /// cluster): a cached run is then checked against its log, one read
+    /// of what is past its head, before each use, so a run another node
+    /// drives is never answered from an old copy. Off by default: a
+    /// journal one process owns changes only through it.
+    #[must_use]
+    pub fn shared_journal(mut self, shared: bool) -> Self {
+        self.shared_journal = shared;
         self
     }
 
@@ -141,7 +154,8 @@ impl RuntimeBuilder {
                     ids: self.ids,
                     hub: Hub::default(),
                     driving: Mutex::new(HashMap::new()),
-                    runs: Runs::new(self.cached_runs, self.system_prompt.map(Arc::from)),
+                    runs: Runs::new(self.cached_runs, self.system_prompt.map(Arc::from))
+                        .shared(self.shared_journal),
                     sleeping: Mutex::new(HashSet::new()),
                 }
             }),

@@ -34,7 +34,7 @@ enum Command {
     },
     /// Serve the HTTP channel on the embedded defaults: ./.spool, ./spool.toml
     /// (or the built-in echo agent), 127.0.0.1:8080.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Send one message and stream the answer; a question from the run is
     /// asked here and answered from the terminal. In-process on the local
     /// journal, or against a server with --url.
@@ -103,7 +103,7 @@ fn main() -> ExitCode {
         Command::Pod { command } => pod::run(command),
         Command::Bus { command } => bus::run(command),
         Command::Agent { command } => agent::run(command),
-        Command::Serve(args) => serve::run(args),
+        Command::Serve(args) => serve::run(*args),
         Command::Run(args) => talk::run(args),
         Command::Chat(args) => talk::chat(args),
         Command::Token { command } => serve::token(command),

@@ -510,25 +510,42 @@ impl Readers {
         Ok(fresh)
     }
 
+    /// Runs `query` on the read connection; when the connection turns out
+    /// to have been lost (the database restarted), once more on a new one.
+    async fn query<T, F, Fut>(&self, query: F) -> Result<T, JournalError>
+    where
+        F: Fn(Arc<Client>, Arc<ReadStatements>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+    {
+        let (client, statements) = self.get().await?;
+        match query(Arc::clone(&client), statements).await {
+            Err(error) if client.is_closed() => {
+                tracing::debug!(target: "spool::journal", %error, "the read connection was lost; reading again on a new one");
+                let (client, statements) = self.get().await?;
+                query(client, statements).await.map_err(storage)
+            }
+            result => result.map_err(storage),
+        }
+    }
+
     /// The run's next position (0 for an unknown run).
     pub(crate) async fn next_seq(&self, run: &RunId) -> Result<Seq, JournalError> {
-        let (client, statements) = self.get().await?;
-        let row = client
-            .query_opt(&statements.head, &[&run.as_str()])
-            .await
-            .map_err(storage)?;
+        let row = self
+            .query(|client, st| async move { client.query_opt(&st.head, &[&run.as_str()]).await })
+            .await?;
         Ok(row.map_or(Seq(0), |row| stored_seq(row.get(0))))
     }
 
     async fn read(&self, run: &RunId, from: Seq) -> Result<Vec<Envelope>, JournalError> {
-        let (client, statements) = self.get().await?;
         // One statement, one snapshot: the predecessor's row (for its
         // hash) comes with the rows after it.
         let start = Seq(from.0.saturating_sub(1));
-        let rows = client
-            .query(&statements.events, &[&run.as_str(), &seq_sql(start)?])
-            .await
-            .map_err(storage)?;
+        let first = seq_sql(start)?;
+        let rows =
+            self.query(|client, st| async move {
+                client.query(&st.events, &[&run.as_str(), &first]).await
+            })
+            .await?;
         let mut rows = rows.iter().map(|row| {
             (
                 stored_seq(row.get(0)),
@@ -566,8 +583,9 @@ impl Readers {
     }
 
     async fn runs(&self) -> Result<Vec<RunSummary>, JournalError> {
-        let (client, statements) = self.get().await?;
-        let rows = client.query(&statements.runs, &[]).await.map_err(storage)?;
+        let rows = self
+            .query(|client, st| async move { client.query(&st.runs, &[]).await })
+            .await?;
         rows.iter()
             .map(|row| {
                 let run_id = stored_run_id(row.get(0))?;
@@ -589,11 +607,11 @@ impl Readers {
         pick: fn(&ReadStatements) -> &Statement,
         key: [&str; 2],
     ) -> Result<Option<RunId>, JournalError> {
-        let (client, statements) = self.get().await?;
-        let row = client
-            .query_opt(pick(&statements), &[&key[0], &key[1]])
-            .await
-            .map_err(storage)?;
+        let row = self
+            .query(
+                |client, st| async move { client.query_opt(pick(&st), &[&key[0], &key[1]]).await },
+            )
+            .await?;
         row.map(|row| stored_run_id(row.get(0))).transpose()
     }
 }

@@ -155,3 +155,94 @@ async fn a_database_written_by_a_newer_spool_is_refused_and_left_alone() {
         .get(0);
     assert_eq!(kept, "999");
 }
+
+/// Ends every other connection to the test's database, as a database
+/// restart does from the clients' side.
+async fn cut_connections(url: &str) -> u64 {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+        .query(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+             WHERE datname = current_database() AND pid <> pg_backend_pid()
+               AND backend_type = 'client backend'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .len() as u64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_cut_under_load_are_made_again_and_no_acknowledged_event_is_lost() {
+    let Some(url) = crate::server() else { return };
+    let schema = crate::fresh_schema();
+    let writer = crate::journal(&url, &schema).await;
+    let watcher = crate::journal(&url, &schema).await;
+    let runs: Vec<_> = (0..8).map(|n| run(&format!("load-{n}"))).collect();
+    let mut acknowledged = vec![0_u64; runs.len()];
+    for (r, acked) in runs.iter().zip(&mut acknowledged) {
+        writer.append(r, Seq(0), vec![created()]).await.unwrap();
+        *acked = 1;
+    }
+    let mut watch = watcher.subscribe(&runs[0]).await.unwrap();
+    let mut cut = 0;
+    let mut failed = 0;
+    for round in 0..40_u64 {
+        if round == 15 || round == 30 {
+            cut += cut_connections(&url).await;
+        }
+        let appends = runs.iter().zip(&acknowledged).map(|(r, &next)| {
+            let writer = std::sync::Arc::clone(&writer);
+            async move {
+                writer
+                    .append(r, Seq(next), vec![started(&format!("t{round}"), "x")])
+                    .await
+            }
+        });
+        for (outcome, acked) in futures_util::future::join_all(appends)
+            .await
+            .into_iter()
+            .zip(&mut acknowledged)
+        {
+            match outcome {
+                Ok(envelopes) => *acked += envelopes.len() as u64,
+                // Refused while the connection was being made again;
+                // whether it landed is read back below.
+                Err(JournalError::Storage { .. }) => failed += 1,
+                Err(other) => panic!("an append failed otherwise: {other}"),
+            }
+        }
+        // A batch whose outcome was unknown may have landed: go on from
+        // what the log holds, never below what was acknowledged.
+        for (r, acked) in runs.iter().zip(&mut acknowledged) {
+            let held = writer
+                .read(r, Seq(0))
+                .await
+                .map_or(0, |log| log.len() as u64);
+            assert!(
+                held >= *acked,
+                "run {r} holds {held} events, {acked} were acknowledged"
+            );
+            *acked = held;
+        }
+    }
+    assert!(cut > 0, "the test cut the store's connections");
+    assert!(failed < 8 * 40, "appends went on after the cuts");
+    // A subscriber on the other store still hears commits after its
+    // listening connection was cut and made again.
+    let last = acknowledged[0];
+    writer
+        .append(&runs[0], Seq(last), vec![started("after", "x")])
+        .await
+        .unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(15),
+        watch.wait_for(|next| *next == Seq(last + 1)),
+    )
+    .await
+    .expect("the subscriber hears the commit after the cut")
+    .unwrap();
+}

@@ -38,6 +38,22 @@ pub(crate) fn fresh_schema() -> String {
     format!("t_{:016x}", fastrand::u64(..))
 }
 
+/// A database of its own on the test server, for a test that does what
+/// would disturb others sharing one (cutting every connection).
+pub(crate) async fn fresh_database(url: &str) -> String {
+    let name = format!("d_{:016x}", fastrand::u64(..));
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+        .batch_execute(&format!("CREATE DATABASE {name}"))
+        .await
+        .unwrap();
+    let (base, _) = url.rsplit_once('/').unwrap();
+    format!("{base}/{name}")
+}
+
 /// A journal in a schema of its own.
 pub(crate) async fn journal(url: &str, schema: &str) -> Arc<PgJournal> {
     let options = Options {

@@ -177,7 +177,10 @@ async fn cut_connections(url: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_cut_under_load_are_made_again_and_no_acknowledged_event_is_lost() {
-    let Some(url) = crate::server() else { return };
+    let Some(server) = crate::server() else {
+        return;
+    };
+    let url = crate::fresh_database(&server).await;
     let schema = crate::fresh_schema();
     let writer = crate::journal(&url, &schema).await;
     let watcher = crate::journal(&url, &schema).await;

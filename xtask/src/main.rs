@@ -164,8 +164,11 @@ fn bench(args: &[String]) -> Result<()> {
     let target =
         std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
     let report = target.join("bench").join("report.json");
+    // The PostgreSQL store's rows run against a server of their own.
+    let postgres = pg::Server::start_durable()?;
     section("running benchmarks");
     let status = Command::new(target.join("release").join("spool-bench"))
+        .env("JOURNAL_PG_URL", &postgres.url)
         .args(args)
         .arg("--report")
         .arg(&report)

@@ -24,8 +24,21 @@ pub(crate) struct Server {
 }
 
 impl Server {
-    /// Installs PostgreSQL when missing, and starts a fresh cluster.
+    /// Installs PostgreSQL when missing, and starts a fresh cluster for
+    /// tests: without fsync, since a test never survives the machine's
+    /// crash, only the server's or a node's, and those keep what the OS
+    /// has.
     pub(crate) fn start() -> Result<Self> {
+        Self::start_with(false)
+    }
+
+    /// [`Server::start`] with fsync as a benchmark needs it: on, so the
+    /// figures are a durable database's.
+    pub(crate) fn start_durable() -> Result<Self> {
+        Self::start_with(true)
+    }
+
+    fn start_with(fsync: bool) -> Result<Self> {
         let bin = match find_bin() {
             Some(bin) => bin,
             None => {
@@ -65,11 +78,10 @@ impl Server {
                 "--no-sync".as_ref(),
             ],
         )?;
-        // fsync off: a test never survives the machine's crash, only the
-        // server's or a node's, and those keep what the OS has.
         let options = format!(
-            "-c listen_addresses=127.0.0.1 -p {port} -k {} -c fsync=off -c max_connections=300",
-            server.dir.display()
+            "-c listen_addresses=127.0.0.1 -p {port} -k {} -c fsync={} -c max_connections=300",
+            server.dir.display(),
+            if fsync { "on" } else { "off" }
         );
         let log = server.dir.join("log");
         server.tool(

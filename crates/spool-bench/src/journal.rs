@@ -20,7 +20,7 @@ use crate::Scale;
 use crate::report::Row;
 
 /// An event of a typical size (an envelope of about 250 bytes).
-fn typical_event(n: u64) -> Event {
+pub(crate) fn typical_event(n: u64) -> Event {
     Event::TurnStarted(TurnStarted {
         turn_id: TurnId::new(format!("turn-{n}")).expect("turn-N is a valid id"),
         input: "Summarize the deployment plan and list the risks.".repeat(2),
@@ -30,7 +30,7 @@ fn typical_event(n: u64) -> Event {
     })
 }
 
-fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

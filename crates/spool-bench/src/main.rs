@@ -13,6 +13,7 @@ mod http;
 mod journal;
 mod long;
 mod otel;
+mod pg;
 mod report;
 mod rpc;
 mod wire;
@@ -37,6 +38,7 @@ type Bench = fn(Scale) -> anyhow::Result<Vec<Row>>;
 
 const BENCHES: &[(&str, Bench)] = &[
     ("journal-append", journal::append),
+    ("journal-append-pg", pg::append),
     ("replay-fold", journal::fold),
     ("journal-open", journal::open),
     ("wire-decode", wire::decode),

@@ -26,6 +26,7 @@ use std::sync::Arc;
 
 use spool_journal::chain::{GENESIS, Hash, Verifier};
 use spool_journal::fold::Status;
+use spool_journal::store::sqlite::WriterStats;
 use spool_journal::store::{
     BoxFuture, CallRef, Claim, ClaimKey, Clock, Head, Journal, JournalError, RunSummary, SeqWatch,
     Watchers, decode_row, system_clock,
@@ -118,6 +119,7 @@ impl Target {
 
 /// A journal in PostgreSQL.
 pub struct PgJournal {
+    counters: Arc<writer::Counters>,
     /// `None` when opened read-only.
     writer: Option<mpsc::Sender<writer::Op>>,
     readers: Arc<Readers>,
@@ -204,17 +206,19 @@ impl PgJournal {
         let channel = channel(&schema);
         let watchers = Arc::new(Watchers::default());
         let readers = Arc::new(Readers::new(target.clone()));
+        let counters = Arc::new(writer::Counters::default());
         let writer = if write {
             Some(
-                writer::Writer::start(
-                    target.clone(),
-                    options.fence,
-                    channel.clone(),
-                    Arc::clone(&watchers),
-                    options.clock,
-                    options.max_batch.max(1),
-                    options.queue.max(1),
-                )
+                writer::Writer::start(writer::Setup {
+                    counters: Arc::clone(&counters),
+                    target: target.clone(),
+                    fence: options.fence,
+                    channel: channel.clone(),
+                    watchers: Arc::clone(&watchers),
+                    clock: options.clock,
+                    max_batch: options.max_batch,
+                    queue: options.queue,
+                })
                 .await?,
             )
         } else {
@@ -223,6 +227,7 @@ impl PgJournal {
         let listener =
             listen::start(target, channel, Arc::clone(&watchers), Arc::clone(&readers)).await?;
         Ok(Self {
+            counters,
             writer,
             readers,
             watchers,
@@ -235,6 +240,16 @@ impl PgJournal {
     #[must_use]
     pub fn schema(&self) -> &str {
         &self.schema
+    }
+
+    /// Commits and operations so far.
+    #[must_use]
+    pub fn stats(&self) -> WriterStats {
+        use std::sync::atomic::Ordering::Relaxed;
+        WriterStats {
+            commits: self.counters.commits.load(Relaxed),
+            operations: self.counters.operations.load(Relaxed),
+        }
     }
 
     async fn send<T>(

@@ -181,7 +181,15 @@ impl Statements {
     }
 }
 
+/// What the writer has done, for [`crate::PgJournal::stats`].
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub(crate) commits: std::sync::atomic::AtomicU64,
+    pub(crate) operations: std::sync::atomic::AtomicU64,
+}
+
 pub(crate) struct Writer {
+    counters: Arc<Counters>,
     target: Target,
     fence: Option<Fence>,
     channel: String,
@@ -242,25 +250,31 @@ struct Columns {
     hashes: Vec<Vec<u8>>,
 }
 
+/// What a writer is started with.
+pub(crate) struct Setup {
+    pub(crate) counters: Arc<Counters>,
+    pub(crate) target: Target,
+    pub(crate) fence: Option<Fence>,
+    /// The notification channel.
+    pub(crate) channel: String,
+    pub(crate) watchers: Arc<Watchers>,
+    pub(crate) clock: Clock,
+    pub(crate) max_batch: usize,
+    pub(crate) queue: usize,
+}
+
 impl Writer {
     /// Connects, and starts the writer task; its queue is returned.
-    pub(crate) async fn start(
-        target: Target,
-        fence: Option<Fence>,
-        channel: String,
-        watchers: Arc<Watchers>,
-        clock: Clock,
-        max_batch: usize,
-        queue: usize,
-    ) -> Result<mpsc::Sender<Op>, JournalError> {
-        let (sender, receiver) = mpsc::channel(queue);
+    pub(crate) async fn start(setup: Setup) -> Result<mpsc::Sender<Op>, JournalError> {
+        let (sender, receiver) = mpsc::channel(setup.queue.max(1));
         let mut writer = Self {
-            target,
-            fence,
-            channel,
-            watchers,
-            clock,
-            max_batch,
+            counters: setup.counters,
+            target: setup.target,
+            fence: setup.fence,
+            channel: setup.channel,
+            watchers: setup.watchers,
+            clock: setup.clock,
+            max_batch: setup.max_batch.max(1),
             receiver,
             connection: None,
         };
@@ -333,7 +347,13 @@ impl Writer {
             }
             return;
         }
-        // Durable now: tell subscribers, then answer callers.
+        // Durable now: count it, tell subscribers, then answer callers.
+        self.counters
+            .commits
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.counters
+            .operations
+            .fetch_add(operations as u64, std::sync::atomic::Ordering::Relaxed);
         for entry in done {
             match entry {
                 Done::Append(reply, result) => {
@@ -383,20 +403,27 @@ async fn transact(
         .collect();
     runs.sort_unstable();
     runs.dedup();
+    // One round trip: the statements are pipelined, and the server runs
+    // them in order (the run locks, then the node, then the leases, as a
+    // takeover locks them, then the heads).
     let started = async {
-        client.batch_execute("BEGIN").await?;
         if runs.is_empty() {
+            client.batch_execute("BEGIN").await?;
             return Ok((Vec::new(), None));
         }
-        client.execute(&st.lock, &[&runs]).await?;
-        let Some(node) = fence else {
-            return Ok((client.query(&st.heads, &[&runs]).await?, None));
-        };
-        // Pipelined, and locked in this order (the node, then the
-        // leases), as a takeover locks them.
-        let node_param: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&node];
         let runs_param: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&runs];
-        let (alive, leases, heads) = tokio::try_join!(
+        let Some(node) = fence else {
+            let ((), _, heads) = tokio::try_join!(
+                client.batch_execute("BEGIN"),
+                client.execute(&st.lock, &runs_param),
+                client.query(&st.heads, &runs_param),
+            )?;
+            return Ok((heads, None));
+        };
+        let node_param: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&node];
+        let ((), _, alive, leases, heads) = tokio::try_join!(
+            client.batch_execute("BEGIN"),
+            client.execute(&st.lock, &runs_param),
             client.query_opt(&st.fence_node, &node_param),
             client.query(&st.fence_leases, &runs_param),
             client.query(&st.heads, &runs_param),
@@ -513,21 +540,10 @@ async fn transact(
     if let Some(reason) = broken {
         return (done, Err(Failure::Before(reason)));
     }
-    if let (Some(node), false) = (fence, leased.is_empty())
-        && let Err(error) = client.execute(&st.lease_take, &[&leased, &node]).await
-    {
-        return (done, Err(before(error)));
-    }
-    if !changed.is_empty() {
-        let written = write_rows(client, st, channel, &columns, &changed).await;
-        if let Err(error) = written {
-            return (done, Err(before(error)));
-        }
-    }
-    let committed = client
-        .batch_execute("COMMIT")
-        .await
-        .map_err(|e| Failure::Commit(e.to_string()));
+    let leases = fence
+        .filter(|_| !leased.is_empty())
+        .map(|node| (leased, node));
+    let committed = write_and_commit(client, st, channel, &columns, &changed, leases).await;
     (done, committed)
 }
 
@@ -560,15 +576,42 @@ impl Fenced {
     }
 }
 
-/// The batch's rows, its heads and its notifications: three statements,
-/// pipelined on the one connection.
+/// The batch's rows, its heads, its notifications, the leases it takes
+/// and the `COMMIT`, pipelined on the one connection: one round trip and
+/// the server's fsync.
+///
+/// A statement that fails aborts the transaction, and the `COMMIT` behind
+/// it then rolls back (the server answers it without an error), so any
+/// failed statement means nothing was recorded, unless the connection
+/// itself was lost, when the commit may have happened.
+async fn write_and_commit(
+    client: &Client,
+    st: &Statements,
+    channel: &str,
+    columns: &Columns,
+    changed: &HashMap<RunId, Head>,
+    leases: Option<(Vec<String>, i64)>,
+) -> Result<(), Failure> {
+    let outcome = write_rows(client, st, channel, columns, changed, leases.as_ref()).await;
+    match outcome {
+        Ok(()) => Ok(()),
+        Err(error) if client.is_closed() => Err(Failure::Commit(error.to_string())),
+        Err(error) => Err(Failure::Before(error.to_string())),
+    }
+}
+
 async fn write_rows(
     client: &Client,
     st: &Statements,
     channel: &str,
     columns: &Columns,
     changed: &HashMap<RunId, Head>,
+    leases: Option<&(Vec<String>, i64)>,
 ) -> Result<(), tokio_postgres::Error> {
+    if changed.is_empty() {
+        // Claims and probes only.
+        return client.batch_execute("COMMIT").await;
+    }
     let mut ids = Vec::with_capacity(changed.len());
     let mut next = Vec::with_capacity(changed.len());
     let mut hashes = Vec::with_capacity(changed.len());
@@ -596,12 +639,26 @@ async fn write_rows(
     let heads: [&(dyn tokio_postgres::types::ToSql + Sync); 7] =
         [&ids, &next, &hashes, &statuses, &titles, &created, &updated];
     let notes: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&channel, &payloads];
-    tokio::try_join!(
+    let taken = async {
+        match leases {
+            Some((runs, node)) => client.execute(&st.lease_take, &[runs, node]).await,
+            None => Ok(0),
+        }
+    };
+    // Every result is awaited before any is judged, so none of the
+    // pipelined statements is dropped unanswered.
+    let (events, heads, notified, taken, committed) = tokio::join!(
         client.execute(&st.events, &rows),
         client.execute(&st.heads_put, &heads),
         client.execute(&st.notify, &notes),
-    )?;
-    Ok(())
+        taken,
+        client.batch_execute("COMMIT"),
+    );
+    events?;
+    heads?;
+    notified?;
+    taken?;
+    committed
 }
 
 /// Writes an append's index changes; `Ok(Some(refusal))` when an index

@@ -1,0 +1,188 @@
+//! `journal-append-pg`: the PostgreSQL store's appends beside what plain
+//! PostgreSQL does with the same rows on the same server, in the same run:
+//! one transaction per event, and batched inserts of the store's own
+//! group size. Needs a server in `JOURNAL_PG_URL` (`cargo xtask bench`
+//! starts one, with fsync on); without one the rows are skipped, said.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use spool_journal::event::RunCreated;
+use spool_journal::{Envelope, Event, Journal, RunId, Seq};
+use spool_journal_pg::{Options, PgJournal};
+
+use crate::Scale;
+use crate::journal::{runtime, typical_event};
+use crate::report::Row;
+
+pub(crate) fn append(scale: Scale) -> anyhow::Result<Vec<Row>> {
+    let Ok(url) = std::env::var("JOURNAL_PG_URL") else {
+        crate::http::say(
+            "journal-append-pg: skipped, JOURNAL_PG_URL is not set (cargo xtask bench starts a server)",
+        )?;
+        return Ok(Vec::new());
+    };
+    let duration = scale.pick(Duration::from_secs(4), Duration::from_millis(300));
+    let runtime = runtime()?;
+    runtime.block_on(async {
+        let mut rows = Vec::new();
+        let mut per_event = None;
+        for runs in [1, 8, 64] {
+            let (spool, group, bytes) = spool_appends(&url, runs, duration).await?;
+            let per_event = match per_event {
+                Some(n) => n,
+                None => *per_event.insert(plain(&url, duration, 1, bytes).await?),
+            };
+            let batch = group.round().max(1.0) as usize;
+            let batched = plain(&url, duration, batch, bytes).await?;
+            let name = format!("journal-append-pg/{runs} runs");
+            let vs_batched = Row::new(
+                &name,
+                spool,
+                "events/s",
+                format!("plain batched INSERT, batch {group:.1}"),
+                batched,
+            );
+            rows.push(if runs == 64 {
+                vs_batched.ratio_at_least(0.8)
+            } else {
+                vs_batched
+            });
+            rows.push(Row::new(
+                &name,
+                spool,
+                "events/s",
+                "plain INSERT; COMMIT per event",
+                per_event,
+            ));
+        }
+        anyhow::Ok(rows)
+    })
+}
+
+/// A name no other table or schema of this process uses (the bench's
+/// server is thrown away after it).
+fn schema() -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "bench_{}_{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+async fn spool_appends(
+    url: &str,
+    runs: usize,
+    duration: Duration,
+) -> anyhow::Result<(f64, f64, usize)> {
+    let options = Options {
+        schema: Some(format!("{}_{runs}", schema())),
+        ..Options::default()
+    };
+    let journal = Arc::new(PgJournal::connect(url, options).await?);
+    let bytes = serde_json::to_vec(&Envelope {
+        run_id: RunId::new("run-00")?,
+        seq: Seq(1),
+        recorded_at: time::OffsetDateTime::now_utc(),
+        event: typical_event(1),
+    })?
+    .len();
+    for i in 0..runs {
+        let run = RunId::new(format!("run-{i}"))?;
+        journal
+            .append(&run, Seq(0), vec![Event::RunCreated(RunCreated::default())])
+            .await?;
+    }
+    let count = Arc::new(AtomicU64::new(0));
+    let before = journal.stats();
+    let start = Instant::now();
+    let deadline = start + duration;
+    let mut tasks = Vec::new();
+    for i in 0..runs {
+        let journal = Arc::clone(&journal);
+        let count = Arc::clone(&count);
+        tasks.push(tokio::spawn(async move {
+            let run = RunId::new(format!("run-{i}")).expect("run-N is a valid id");
+            let mut next = Seq(1);
+            while Instant::now() < deadline {
+                journal
+                    .append(&run, next, vec![typical_event(next.0)])
+                    .await?;
+                next = next.next();
+                count.fetch_add(1, Ordering::Relaxed);
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for task in tasks {
+        task.await??;
+    }
+    let elapsed = start.elapsed();
+    let after = journal.stats();
+    let group = (after.operations - before.operations) as f64
+        / (after.commits - before.commits).max(1) as f64;
+    Ok((
+        count.load(Ordering::Relaxed) as f64 / elapsed.as_secs_f64(),
+        group,
+        bytes,
+    ))
+}
+
+/// Plain PostgreSQL, one connection: `batch` rows of 64 runs in turn per
+/// transaction (one `INSERT … SELECT FROM unnest`, then `COMMIT`), into a
+/// table laid out as the store's events are.
+async fn plain(url: &str, duration: Duration, batch: usize, bytes: usize) -> anyhow::Result<f64> {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+    tokio::spawn(connection);
+    let table = format!("{}_plain_{batch}", schema());
+    client
+        .batch_execute(&format!(
+            "CREATE TABLE {table} (run_id TEXT COLLATE \"C\" NOT NULL, seq BIGINT NOT NULL,
+                                   body BYTEA NOT NULL, hash BYTEA NOT NULL, PRIMARY KEY (run_id, seq))"
+        ))
+        .await?;
+    let insert = client
+        .prepare(&format!(
+            "INSERT INTO {table} (run_id, seq, body, hash)
+             SELECT * FROM unnest($1::text[], $2::bigint[], $3::bytea[], $4::bytea[])"
+        ))
+        .await?;
+    let body = vec![b'x'; bytes];
+    let hash = vec![7_u8; 32];
+    let runs: Vec<String> = (0..64).map(|i| format!("run-{i}")).collect();
+    let mut seqs = [0_i64; 64];
+    let start = Instant::now();
+    let mut n = 0_usize;
+    while start.elapsed() < duration {
+        let (mut ids, mut at, mut bodies, mut hashes) = (
+            Vec::with_capacity(batch),
+            Vec::with_capacity(batch),
+            Vec::with_capacity(batch),
+            Vec::with_capacity(batch),
+        );
+        for _ in 0..batch {
+            let run = n % runs.len();
+            seqs[run] += 1;
+            ids.push(runs[run].as_str());
+            at.push(seqs[run]);
+            bodies.push(body.as_slice());
+            hashes.push(hash.as_slice());
+            n += 1;
+        }
+        if batch == 1 {
+            // Autocommit: the statement is its own transaction.
+            client
+                .execute(&insert, &[&ids, &at, &bodies, &hashes])
+                .await?;
+        } else {
+            client.batch_execute("BEGIN").await?;
+            client
+                .execute(&insert, &[&ids, &at, &bodies, &hashes])
+                .await?;
+            client.batch_execute("COMMIT").await?;
+        }
+    }
+    Ok(n as f64 / start.elapsed().as_secs_f64())
+}

@@ -168,7 +168,9 @@ impl Statements {
                 .await?,
             fence_leases: client
                 .prepare(
-                    "SELECT run_id, node FROM spool_leases WHERE run_id = ANY($1::text[]) FOR SHARE",
+                    "SELECT l.run_id, l.node, n.address FROM spool_leases l
+                     LEFT JOIN spool_nodes n ON n.id = l.node
+                     WHERE l.run_id = ANY($1::text[]) FOR SHARE OF l",
                 )
                 .await?,
             lease_take: client
@@ -429,9 +431,9 @@ async fn transact(
             client.query(&st.heads, &runs_param),
         )?;
         let alive = alive.is_some_and(|row| row.get::<_, bool>(0));
-        let leases: HashMap<String, i64> = leases
+        let leases: HashMap<String, (i64, Option<String>)> = leases
             .iter()
-            .map(|row| (row.get::<_, String>(0), row.get::<_, i64>(1)))
+            .map(|row| (row.get::<_, String>(0), (row.get(1), row.get(2))))
             .collect();
         Ok((
             heads,
@@ -551,7 +553,8 @@ async fn transact(
 struct Fenced {
     node: i64,
     alive: bool,
-    leases: HashMap<String, i64>,
+    /// Each run's holder, with its address while it is a member.
+    leases: HashMap<String, (i64, Option<String>)>,
 }
 
 impl Fenced {
@@ -569,8 +572,11 @@ impl Fenced {
             )));
         }
         match self.leases.get(run.as_str()) {
-            Some(&holder) if holder == self.node => Ok(true),
-            Some(&holder) => Err(lost(format!("node {holder} holds its lease"))),
+            Some((holder, _)) if *holder == self.node => Ok(true),
+            Some((holder, Some(address))) => Err(lost(format!(
+                "node {holder} at {address} holds its lease: send it there"
+            ))),
+            Some((holder, None)) => Err(lost(format!("node {holder} holds its lease"))),
             None => Ok(false),
         }
     }

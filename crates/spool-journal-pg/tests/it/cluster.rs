@@ -70,7 +70,10 @@ async fn a_node_past_its_lease_cannot_append_and_a_live_node_takes_its_runs_over
         .unwrap();
     // A created it, so A holds it: B may not write to it.
     let refused = lost(journal_b.append(&r, Seq(2), vec![started("t2", "x")]).await);
-    assert!(refused.contains(&format!("node {}", a.node())), "{refused}");
+    assert!(
+        refused.contains(&format!("node {} at a:8080", a.node())),
+        "the refusal says where the run is driven: {refused}"
+    );
     assert_eq!(b.holder(&r).await.unwrap().map(|(n, _)| n), Some(a.node()));
     // Nothing moves while A is alive.
     assert!(b.take_over().await.unwrap().is_empty());

@@ -53,7 +53,11 @@ impl Server {
         let as_postgres = is_root();
         // Under the system's temporary directory, which the `postgres`
         // user can reach whoever owns the checkout.
-        let dir = std::env::temp_dir().join(format!("spool-pg-{}", std::process::id()));
+        // One directory per server: `ci` runs one for the tests and the
+        // benchmarks another, in the same process.
+        static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("spool-pg-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let port = free_port()?;

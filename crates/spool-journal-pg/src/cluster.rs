@@ -93,6 +93,9 @@ pub struct Cluster {
     /// Set by [`Cluster::leave`]: the node neither renews nor takes over
     /// any more.
     left: std::sync::atomic::AtomicBool,
+    /// Whether the lease-less runs were adopted: once, at the first look
+    /// (they come only from before the cluster), not a scan every time.
+    adopted: std::sync::atomic::AtomicBool,
 }
 
 impl Cluster {
@@ -117,6 +120,7 @@ impl Cluster {
             address: options.address,
             lease: options.lease.max(Duration::from_millis(100)),
             left: std::sync::atomic::AtomicBool::new(false),
+            adopted: std::sync::atomic::AtomicBool::new(false),
         };
         let node = cluster.register(&*cluster.client.lock().await).await?;
         cluster.fence.0.store(node, Ordering::Release);
@@ -201,9 +205,10 @@ impl Cluster {
         Ok(Renewal::Rejoined { was, now })
     }
 
-    /// Takes over the runs of every node whose lease expired, and the
-    /// unfinished runs that have no lease (from before the journal had a
-    /// cluster): they are this node's now. Recover each from its log.
+    /// Takes over the runs of every node whose lease expired, and, at the
+    /// node's first look, the unfinished runs that have no lease (from
+    /// before the journal had a cluster): they are this node's now.
+    /// Recover each from its log.
     ///
     /// # Errors
     ///
@@ -215,6 +220,7 @@ impl Cluster {
         }
         let client = self.client().await?;
         let me = self.node();
+        let adopt = !self.adopted.load(Ordering::Acquire);
         client.batch_execute("BEGIN").await.map_err(storage)?;
         let moved = async {
             // Node rows first, then leases: the order appends lock them
@@ -242,6 +248,9 @@ impl Cluster {
                         .map(|row| row.get::<_, String>(0)),
                 );
             }
+            if !adopt {
+                return Ok(runs);
+            }
             runs.extend(
                 client
                     .query(
@@ -268,6 +277,7 @@ impl Cluster {
             }
         };
         client.batch_execute("COMMIT").await.map_err(storage)?;
+        self.adopted.store(true, Ordering::Release);
         runs.iter().map(|run| stored_run_id(run)).collect()
     }
 

@@ -12,7 +12,7 @@ use spool_journal::event::{
     ToolCallRequested, TurnCompleted, TurnStarted, Usage,
 };
 use spool_journal::fold::fold as fold_log;
-use spool_journal::store::sqlite::{Durability, Options, SqliteJournal};
+use spool_journal::store::sqlite::{Durability, Options, SqliteJournal, WriterStats};
 use spool_journal::{Envelope, Event, Journal, RunId, Seq, TurnId};
 use spool_wire::run::TurnPolicy;
 
@@ -50,57 +50,69 @@ fn spool_appends(
         ..Options::default()
     };
     let journal = Arc::new(SqliteJournal::open(dir.path(), options)?);
-    let runtime = runtime()?;
-    let count = Arc::new(AtomicU64::new(0));
-    let bytes = serde_json::to_vec(&Envelope {
+    let (rate, group) =
+        runtime()?.block_on(timed_appends(journal, SqliteJournal::stats, runs, duration))?;
+    Ok((rate, group, typical_bytes()?))
+}
+
+/// An envelope of [`typical_event`]'s size, in bytes.
+pub(crate) fn typical_bytes() -> anyhow::Result<usize> {
+    Ok(serde_json::to_vec(&Envelope {
         run_id: RunId::new("run-00")?,
         seq: Seq(1),
         recorded_at: time::OffsetDateTime::now_utc(),
         event: typical_event(1),
     })?
-    .len();
-    let elapsed = runtime.block_on(async {
-        // Create the runs first, so only steady-state appends are timed.
-        for i in 0..runs {
-            let run = RunId::new(format!("run-{i}"))?;
-            journal
-                .append(&run, Seq(0), vec![Event::RunCreated(RunCreated::default())])
-                .await?;
-        }
-        let before = journal.stats();
-        let start = Instant::now();
-        let deadline = start + duration;
-        let mut tasks = Vec::new();
-        for i in 0..runs {
-            let journal = Arc::clone(&journal);
-            let count = Arc::clone(&count);
-            tasks.push(tokio::spawn(async move {
-                let run = RunId::new(format!("run-{i}")).expect("run-N is a valid id");
-                let mut next = Seq(1);
-                while Instant::now() < deadline {
-                    journal
-                        .append(&run, next, vec![typical_event(next.0)])
-                        .await?;
-                    next = next.next();
-                    count.fetch_add(1, Ordering::Relaxed);
-                }
-                anyhow::Ok(())
-            }));
-        }
-        for task in tasks {
-            task.await??;
-        }
-        let elapsed = start.elapsed();
-        let after = journal.stats();
-        let group = (after.operations - before.operations) as f64
-            / (after.commits - before.commits).max(1) as f64;
-        anyhow::Ok((elapsed, group))
-    })?;
-    let (elapsed, group) = elapsed;
+    .len())
+}
+
+/// `runs` runs created in `journal`, then each appended to by a task of
+/// its own, one event per append, until `duration` has passed: appends per
+/// second, and the average commit group size by `stats`.
+pub(crate) async fn timed_appends<J: Journal>(
+    journal: Arc<J>,
+    stats: fn(&J) -> WriterStats,
+    runs: usize,
+    duration: Duration,
+) -> anyhow::Result<(f64, f64)> {
+    // Create the runs first, so only steady-state appends are timed.
+    for i in 0..runs {
+        let run = RunId::new(format!("run-{i}"))?;
+        journal
+            .append(&run, Seq(0), vec![Event::RunCreated(RunCreated::default())])
+            .await?;
+    }
+    let count = Arc::new(AtomicU64::new(0));
+    let before = stats(&journal);
+    let start = Instant::now();
+    let deadline = start + duration;
+    let mut tasks = Vec::new();
+    for i in 0..runs {
+        let journal = Arc::clone(&journal);
+        let count = Arc::clone(&count);
+        tasks.push(tokio::spawn(async move {
+            let run = RunId::new(format!("run-{i}")).expect("run-N is a valid id");
+            let mut next = Seq(1);
+            while Instant::now() < deadline {
+                journal
+                    .append(&run, next, vec![typical_event(next.0)])
+                    .await?;
+                next = next.next();
+                count.fetch_add(1, Ordering::Relaxed);
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for task in tasks {
+        task.await??;
+    }
+    let elapsed = start.elapsed();
+    let after = stats(&journal);
+    let group = (after.operations - before.operations) as f64
+        / (after.commits - before.commits).max(1) as f64;
     Ok((
         count.load(Ordering::Relaxed) as f64 / elapsed.as_secs_f64(),
         group,
-        bytes,
     ))
 }
 

@@ -8,12 +8,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use spool_journal::event::RunCreated;
-use spool_journal::{Envelope, Event, Journal, RunId, Seq};
 use spool_journal_pg::{Options, PgJournal};
 
 use crate::Scale;
-use crate::journal::{runtime, typical_event};
+use crate::journal::{runtime, timed_appends, typical_bytes};
 use crate::report::Row;
 
 pub(crate) fn append(scale: Scale) -> anyhow::Result<Vec<Row>> {
@@ -26,10 +24,11 @@ pub(crate) fn append(scale: Scale) -> anyhow::Result<Vec<Row>> {
     let duration = scale.pick(Duration::from_secs(4), Duration::from_millis(300));
     let runtime = runtime()?;
     runtime.block_on(async {
+        let bytes = typical_bytes()?;
         let mut rows = Vec::new();
         let mut per_event = None;
         for runs in [1, 8, 64] {
-            let (spool, group, bytes) = spool_appends(&url, runs, duration).await?;
+            let (spool, group) = spool_appends(&url, runs, duration).await?;
             let per_event = match per_event {
                 Some(n) => n,
                 None => *per_event.insert(plain(&url, duration, 1, bytes).await?),
@@ -72,62 +71,13 @@ fn schema() -> String {
     )
 }
 
-async fn spool_appends(
-    url: &str,
-    runs: usize,
-    duration: Duration,
-) -> anyhow::Result<(f64, f64, usize)> {
+async fn spool_appends(url: &str, runs: usize, duration: Duration) -> anyhow::Result<(f64, f64)> {
     let options = Options {
         schema: Some(format!("{}_{runs}", schema())),
         ..Options::default()
     };
     let journal = Arc::new(PgJournal::connect(url, options).await?);
-    let bytes = serde_json::to_vec(&Envelope {
-        run_id: RunId::new("run-00")?,
-        seq: Seq(1),
-        recorded_at: time::OffsetDateTime::now_utc(),
-        event: typical_event(1),
-    })?
-    .len();
-    for i in 0..runs {
-        let run = RunId::new(format!("run-{i}"))?;
-        journal
-            .append(&run, Seq(0), vec![Event::RunCreated(RunCreated::default())])
-            .await?;
-    }
-    let count = Arc::new(AtomicU64::new(0));
-    let before = journal.stats();
-    let start = Instant::now();
-    let deadline = start + duration;
-    let mut tasks = Vec::new();
-    for i in 0..runs {
-        let journal = Arc::clone(&journal);
-        let count = Arc::clone(&count);
-        tasks.push(tokio::spawn(async move {
-            let run = RunId::new(format!("run-{i}")).expect("run-N is a valid id");
-            let mut next = Seq(1);
-            while Instant::now() < deadline {
-                journal
-                    .append(&run, next, vec![typical_event(next.0)])
-                    .await?;
-                next = next.next();
-                count.fetch_add(1, Ordering::Relaxed);
-            }
-            anyhow::Ok(())
-        }));
-    }
-    for task in tasks {
-        task.await??;
-    }
-    let elapsed = start.elapsed();
-    let after = journal.stats();
-    let group = (after.operations - before.operations) as f64
-        / (after.commits - before.commits).max(1) as f64;
-    Ok((
-        count.load(Ordering::Relaxed) as f64 / elapsed.as_secs_f64(),
-        group,
-        bytes,
-    ))
+    timed_appends(journal, PgJournal::stats, runs, duration).await
 }
 
 /// Plain PostgreSQL, one connection: `batch` rows of 64 runs in turn per

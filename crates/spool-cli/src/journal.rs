@@ -87,6 +87,14 @@ impl Claim {
 
 /// Opens the journal for a runtime, and claims it for this process.
 pub(crate) async fn open_owned(at: &JournalAt) -> anyhow::Result<(Arc<dyn Journal>, Claim)> {
+    open_owned_with(at, None).await
+}
+
+/// [`open_owned`], its store's `recorded_at` from `clock` when given.
+async fn open_owned_with(
+    at: &JournalAt,
+    clock: Option<Clock>,
+) -> anyhow::Result<(Arc<dyn Journal>, Claim)> {
     let in_use = |error: JournalError| match error {
         JournalError::InUse { .. } => anyhow::anyhow!(
             "{error}: a server has it? talk to it with `--url`, or give this process its own `--journal`"
@@ -96,14 +104,22 @@ pub(crate) async fn open_owned(at: &JournalAt) -> anyhow::Result<(Arc<dyn Journa
     match at {
         JournalAt::Dir(dir) => {
             let owner = sqlite::Owner::claim(dir).map_err(in_use)?;
-            let store = SqliteJournal::open(dir, sqlite::Options::default())
+            let mut options = sqlite::Options::default();
+            if let Some(clock) = clock {
+                options.clock = clock;
+            }
+            let store = SqliteJournal::open(dir, options)
                 .with_context(|| format!("opening the journal in {}", dir.display()))?;
             Ok((Arc::new(store), Claim::Dir(owner)))
         }
         JournalAt::Postgres(url) => {
             // Opening first creates the tables, where the claim records
             // its pid; opening is safe beside another owner.
-            let store = spool_journal_pg::PgJournal::connect(url, pg_options())
+            let mut options = pg_options();
+            if let Some(clock) = clock {
+                options.clock = clock;
+            }
+            let store = spool_journal_pg::PgJournal::connect(url, options)
                 .await
                 .with_context(|| format!("opening the journal at {at}"))?;
             let owner = spool_journal_pg::Owner::claim(url, None)
@@ -164,12 +180,6 @@ pub(crate) async fn open_node(
         let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
         format!("{}-{}", host.trim(), std::process::id())
     });
-    // Opening migrates: the cluster's tables exist before the node joins.
-    drop(
-        spool_journal_pg::PgJournal::connect(url, pg_options())
-            .await
-            .with_context(|| format!("opening the journal at {at}"))?,
-    );
     let cluster = Cluster::join(
         url,
         spool_journal_pg::ClusterOptions {
@@ -287,29 +297,7 @@ async fn copy(from: &JournalAt, to: &JournalAt) -> anyhow::Result<ExitCode> {
         let at = Arc::clone(&at);
         Arc::new(move || *at.lock().unwrap_or_else(PoisonError::into_inner))
     };
-    let (target, _claim): (Arc<dyn Journal>, Claim) = match to {
-        JournalAt::Dir(dir) => {
-            let owner = sqlite::Owner::claim(dir)?;
-            let options = sqlite::Options {
-                clock,
-                ..sqlite::Options::default()
-            };
-            let store = SqliteJournal::open(dir, options)
-                .with_context(|| format!("opening the journal in {}", dir.display()))?;
-            (Arc::new(store), Claim::Dir(owner))
-        }
-        JournalAt::Postgres(url) => {
-            let options = spool_journal_pg::Options {
-                clock,
-                ..pg_options()
-            };
-            let store = spool_journal_pg::PgJournal::connect(url, options)
-                .await
-                .with_context(|| format!("opening the journal at {to}"))?;
-            let owner = spool_journal_pg::Owner::claim(url, None).await?;
-            (Arc::new(store), Claim::Postgres(owner))
-        }
-    };
+    let (target, _claim) = open_owned_with(to, Some(clock)).await?;
     let existing = target.runs().await?;
     if !existing.is_empty() {
         bail!(

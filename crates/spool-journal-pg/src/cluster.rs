@@ -99,19 +99,20 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// Joins the cluster of the journal at `url` (whose tables must exist:
-    /// open the journal first) as a new node.
+    /// Joins the cluster of the journal at `url` as a new node, creating or
+    /// migrating the journal's schema and tables first when needed.
     ///
     /// # Errors
     ///
-    /// [`JournalError::Storage`] when the server cannot be reached or the
-    /// journal has no cluster tables yet.
+    /// [`JournalError::Storage`] when the server cannot be reached;
+    /// [`JournalError::NewerSchema`] for a database written by a newer
+    /// Spool.
     pub async fn join(url: &str, options: ClusterOptions) -> Result<Self, JournalError> {
         let target = Target {
             config: parse_url(url)?,
             schema: options.schema.clone(),
         };
-        let client = target.connect().await?;
+        let client = target.migrated().await?;
         let cluster = Self {
             client: Mutex::new(client),
             target,

@@ -21,11 +21,13 @@
 //!   head is read back, so no append goes unannounced.
 //!
 //! Methods must be called from within a Tokio runtime.
+#![warn(missing_docs)]
 
 use std::sync::Arc;
 
 use spool_journal::chain::{GENESIS, Hash, Verifier};
 use spool_journal::fold::Status;
+use spool_journal::store::queue::Op;
 use spool_journal::store::sqlite::WriterStats;
 use spool_journal::store::{
     BoxFuture, CallRef, Claim, ClaimKey, Clock, Head, Journal, JournalError, RunSummary, SeqWatch,
@@ -105,6 +107,25 @@ impl Target {
         Ok(client)
     }
 
+    /// A new connection in the journal's schema, with the schema created
+    /// and its tables created or migrated when needed.
+    pub(crate) async fn migrated(&self) -> Result<Client, JournalError> {
+        let (client, connection) = self.config.connect(NoTls).await.map_err(storage)?;
+        tokio::spawn(connection);
+        if let Some(schema) = &self.schema {
+            client
+                .batch_execute(&format!(
+                    "CREATE SCHEMA IF NOT EXISTS {}",
+                    quote_ident(schema)
+                ))
+                .await
+                .map_err(storage)?;
+        }
+        self.enter(&client).await?;
+        schema::migrate(&client).await?;
+        Ok(client)
+    }
+
     /// Puts `client` in the journal's schema.
     async fn enter(&self, client: &Client) -> Result<(), JournalError> {
         if let Some(schema) = &self.schema {
@@ -121,7 +142,7 @@ impl Target {
 pub struct PgJournal {
     counters: Arc<writer::Counters>,
     /// `None` when opened read-only.
-    writer: Option<mpsc::Sender<writer::Op>>,
+    writer: Option<mpsc::Sender<Op>>,
     readers: Arc<Readers>,
     watchers: Arc<Watchers>,
     /// The listening task; stopped when the journal is dropped.
@@ -177,26 +198,13 @@ impl PgJournal {
             config: parse_url(url)?,
             schema: options.schema.clone(),
         };
-        let setup = {
-            let (client, connection) = target.config.connect(NoTls).await.map_err(storage)?;
-            tokio::spawn(connection);
+        let setup = if write {
+            target.migrated().await?
+        } else {
+            let client = target.connect().await?;
+            schema::check(&client).await?;
             client
         };
-        if let Some(schema) = target.schema.as_ref().filter(|_| write) {
-            setup
-                .batch_execute(&format!(
-                    "CREATE SCHEMA IF NOT EXISTS {}",
-                    quote_ident(schema)
-                ))
-                .await
-                .map_err(storage)?;
-        }
-        target.enter(&setup).await?;
-        if write {
-            schema::migrate(&setup).await?;
-        } else {
-            schema::check(&setup).await?;
-        }
         let schema: String = setup
             .query_one("SELECT current_schema()", &[])
             .await
@@ -254,7 +262,7 @@ impl PgJournal {
 
     async fn send<T>(
         &self,
-        op: impl FnOnce(oneshot::Sender<Result<T, JournalError>>) -> writer::Op,
+        op: impl FnOnce(oneshot::Sender<Result<T, JournalError>>) -> Op,
     ) -> Result<T, JournalError> {
         let writer = self.writer.as_ref().ok_or(JournalError::ReadOnly)?;
         let (reply, answer) = oneshot::channel();
@@ -638,7 +646,7 @@ impl Journal for PgJournal {
         expected: Seq,
         events: Vec<Event>,
     ) -> BoxFuture<'a, Result<Vec<Envelope>, JournalError>> {
-        Box::pin(self.send(move |reply| writer::Op::Append {
+        Box::pin(self.send(move |reply| Op::Append {
             run: run.clone(),
             expected,
             events,
@@ -686,7 +694,7 @@ impl Journal for PgJournal {
         key: &'a ClaimKey,
         holder: &'a CallRef,
     ) -> BoxFuture<'a, Result<Claim, JournalError>> {
-        Box::pin(self.send(move |reply| writer::Op::Claim {
+        Box::pin(self.send(move |reply| Op::Claim {
             key: key.clone(),
             holder: holder.clone(),
             reply,
@@ -703,7 +711,7 @@ impl Journal for PgJournal {
     }
 
     fn probe(&self) -> BoxFuture<'_, Result<(), JournalError>> {
-        Box::pin(self.send(|reply| writer::Op::Probe { reply }))
+        Box::pin(self.send(|reply| Op::Probe { reply }))
     }
 }
 

@@ -16,34 +16,18 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use serde_json::Value;
+use spool_journal::RunId;
+use spool_journal::store::queue::{Done, Op};
 use spool_journal::store::{
     CallRef, Claim, ClaimDecision, ClaimKey, ClaimRow, Clock, Head, IndexChange, JournalError,
     Watchers, decide_claim, plan,
 };
-use spool_journal::{Envelope, Event, RunId, Seq};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio_postgres::{Client, Statement};
 
 use crate::cluster::Fence;
 use crate::schema::LOCK_CLASS;
 use crate::{Target, head_of, listen, nanos, seq_sql, storage, stored_run_id, stored_seq};
-
-pub(crate) enum Op {
-    Append {
-        run: RunId,
-        expected: Seq,
-        events: Vec<Event>,
-        reply: oneshot::Sender<Result<Vec<Envelope>, JournalError>>,
-    },
-    Claim {
-        key: ClaimKey,
-        holder: CallRef,
-        reply: oneshot::Sender<Result<Claim, JournalError>>,
-    },
-    Probe {
-        reply: oneshot::Sender<Result<(), JournalError>>,
-    },
-}
 
 /// The statements a batch runs, prepared once per connection.
 struct Statements {
@@ -202,47 +186,6 @@ pub(crate) struct Writer {
     connection: Option<(Client, Statements)>,
 }
 
-/// An operation applied inside the open transaction, waiting for the
-/// commit before its caller is answered.
-enum Done {
-    Append(
-        oneshot::Sender<Result<Vec<Envelope>, JournalError>>,
-        Result<(RunId, Vec<Envelope>, Seq), JournalError>,
-    ),
-    Claim(
-        oneshot::Sender<Result<Claim, JournalError>>,
-        Result<Claim, JournalError>,
-    ),
-    Probe(oneshot::Sender<Result<(), JournalError>>),
-}
-
-impl Done {
-    fn of(op: Op, error: JournalError) -> Self {
-        match op {
-            Op::Append { reply, .. } => Self::Append(reply, Err(error)),
-            Op::Claim { reply, .. } => Self::Claim(reply, Err(error)),
-            Op::Probe { reply } => Self::Probe(reply),
-        }
-    }
-
-    /// Tells the caller the batch failed. A caller that stopped waiting
-    /// needs no answer.
-    fn fail(self, message: &str) {
-        let error = || JournalError::storage(message.to_owned());
-        match self {
-            Self::Append(reply, _) => {
-                let _ = reply.send(Err(error()));
-            }
-            Self::Claim(reply, _) => {
-                let _ = reply.send(Err(error()));
-            }
-            Self::Probe(reply) => {
-                let _ = reply.send(Err(error()));
-            }
-        }
-    }
-}
-
 /// The columns of the rows and heads a batch writes, as arrays.
 #[derive(Default)]
 struct Columns {
@@ -315,7 +258,7 @@ impl Writer {
         {
             let message = format!("nothing was recorded: the database cannot be reached: {error}");
             for op in batch {
-                Done::of(op, JournalError::Closed).fail(&message);
+                Done::refused(op, JournalError::Closed).fail(&message);
             }
             return;
         }
@@ -357,21 +300,7 @@ impl Writer {
             .operations
             .fetch_add(operations as u64, std::sync::atomic::Ordering::Relaxed);
         for entry in done {
-            match entry {
-                Done::Append(reply, result) => {
-                    let result = result.map(|(run, envelopes, next)| {
-                        self.watchers.notify(&run, next);
-                        envelopes
-                    });
-                    let _ = reply.send(result);
-                }
-                Done::Claim(reply, result) => {
-                    let _ = reply.send(result);
-                }
-                Done::Probe(reply) => {
-                    let _ = reply.send(Ok(()));
-                }
-            }
+            entry.commit(&self.watchers);
         }
     }
 }
@@ -450,7 +379,7 @@ async fn transact(
         Err(error) => {
             let done = batch
                 .into_iter()
-                .map(|op| Done::of(op, JournalError::Closed))
+                .map(|op| Done::refused(op, JournalError::Closed))
                 .collect();
             return (done, Err(before(error)));
         }
@@ -473,7 +402,7 @@ async fn transact(
     let mut done = Vec::with_capacity(batch.len());
     for op in batch {
         if let Some(reason) = &broken {
-            done.push(Done::of(op, JournalError::storage(reason.clone())));
+            done.push(Done::refused(op, JournalError::storage(reason.clone())));
             continue;
         }
         let entry = match op {

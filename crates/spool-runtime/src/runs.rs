@@ -35,9 +35,9 @@ pub(crate) struct Runs {
     map: Mutex<Map>,
     capacity: usize,
     system: Option<Arc<str>>,
-    /// Other processes append to the journal: check a cached run's log
-    /// for what is past its head before using it.
-    shared: bool,
+    /// Other processes append to the journal: a cached run another
+    /// process may have changed is checked against its log before use.
+    pub(crate) shared: bool,
 }
 
 #[derive(Default)]
@@ -311,17 +311,18 @@ impl std::fmt::Debug for Locked {
 }
 
 impl Locked {
-    /// Locks `run`, reading its log once if it is not cached.
+    /// Locks `run`, reading its log once if it is not cached. With
+    /// `recheck` (a journal other processes append to, and a run this one
+    /// is not driving), a cached run is first checked for events past its
+    /// head, and read again when there are.
     pub(crate) async fn existing(
         runs: &Runs,
         journal: &dyn Journal,
         run: &RunId,
+        recheck: bool,
     ) -> Result<Self, RuntimeError> {
         let mut guard = runs.entry(run).lock_owned().await;
-        if guard.loaded && runs.shared && !journal.read(run, guard.next).await?.is_empty() {
-            // Another process appended since: read the run again. (Rare on
-            // the node that drives it; the cost of reading a run another
-            // node drives.)
+        if guard.loaded && recheck && !journal.read(run, guard.next).await?.is_empty() {
             guard.loaded = false;
         }
         if !guard.loaded {

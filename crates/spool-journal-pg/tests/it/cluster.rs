@@ -10,8 +10,6 @@ use spool_journal::{Journal, JournalError, Seq};
 use spool_journal_pg::{Cluster, ClusterOptions, Options, PgJournal, Renewal};
 
 async fn node(url: &str, schema: &str, name: &str) -> (Cluster, Arc<PgJournal>) {
-    // The tables exist before a node joins.
-    drop(crate::journal(url, schema).await);
     let cluster = Cluster::join(
         url,
         ClusterOptions {

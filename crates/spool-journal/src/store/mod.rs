@@ -16,6 +16,7 @@ use crate::id::{Address, Principal, RunId, Seq};
 
 pub mod faulty;
 pub mod memory;
+pub mod queue;
 pub mod sqlite;
 
 /// A boxed future, so `Journal` can be used as `dyn Journal`.

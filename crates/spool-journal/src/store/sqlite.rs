@@ -22,6 +22,7 @@ use serde_json::Value;
 use time::OffsetDateTime;
 use tokio::sync::{mpsc, oneshot, watch};
 
+use super::queue::{Done, Op};
 use super::{
     BoxFuture, CallRef, Claim, ClaimDecision, ClaimKey, ClaimRow, Clock, Head, IndexChange,
     Journal, JournalError, RunSummary, Watchers, decide_claim, decode_row, plan, system_clock,
@@ -127,24 +128,6 @@ impl Drop for SqliteJournal {
             let _ = thread.join();
         }
     }
-}
-
-enum Op {
-    Append {
-        run: RunId,
-        expected: Seq,
-        events: Vec<Event>,
-        reply: oneshot::Sender<Result<Vec<Envelope>, JournalError>>,
-    },
-    Claim {
-        key: ClaimKey,
-        holder: CallRef,
-        reply: oneshot::Sender<Result<Claim, JournalError>>,
-    },
-    /// A write of the meta table's `probed_at`, committed like any other.
-    Probe {
-        reply: oneshot::Sender<Result<(), JournalError>>,
-    },
 }
 
 const SCHEMA: &str = "
@@ -551,20 +534,6 @@ struct Writer {
 /// served 50,000 one-turn runs held 11 MB more for heads it never used).
 const MAX_CACHED_HEADS: usize = 4_096;
 
-/// An operation applied inside the open transaction, waiting for the commit
-/// before its caller is answered.
-enum Done {
-    Append(
-        oneshot::Sender<Result<Vec<Envelope>, JournalError>>,
-        Result<(RunId, Vec<Envelope>, Seq), JournalError>,
-    ),
-    Claim(
-        oneshot::Sender<Result<Claim, JournalError>>,
-        Result<Claim, JournalError>,
-    ),
-    Probe(oneshot::Sender<Result<(), JournalError>>),
-}
-
 /// Why an operation did not apply.
 enum Failed {
     /// Refused before it wrote anything: only its caller is told.
@@ -605,7 +574,7 @@ impl Writer {
         let mut broken: Option<String> = None;
         for op in batch {
             if broken.is_some() {
-                done.push(Done::refuse(
+                done.push(Done::refused(
                     op,
                     JournalError::storage("the batch's transaction failed"),
                 ));
@@ -675,8 +644,9 @@ impl Writer {
                 tracing::debug!(%error, "rollback after a failed commit");
             }
             self.heads.clear();
+            let message = format!("nothing was recorded: {reason}");
             for entry in done {
-                entry.fail(&reason);
+                entry.fail(&message);
             }
             return;
         }
@@ -698,23 +668,7 @@ impl Writer {
             .operations
             .fetch_add(done.len() as u64, std::sync::atomic::Ordering::Relaxed);
         for entry in done {
-            match entry {
-                Done::Append(reply, result) => {
-                    let result = result.map(|(run, envelopes, next)| {
-                        self.watchers.notify(&run, next);
-                        envelopes
-                    });
-                    // A caller that stopped waiting (its request was
-                    // dropped) is told nothing; the append stands.
-                    let _ = reply.send(result);
-                }
-                Done::Claim(reply, result) => {
-                    let _ = reply.send(result);
-                }
-                Done::Probe(reply) => {
-                    let _ = reply.send(Ok(()));
-                }
-            }
+            entry.commit(&self.watchers);
         }
     }
 
@@ -765,35 +719,10 @@ impl Writer {
     }
 }
 
-impl Done {
-    fn refuse(op: Op, error: JournalError) -> Self {
-        match op {
-            Op::Append { reply, .. } => Self::Append(reply, Err(error)),
-            Op::Claim { reply, .. } => Self::Claim(reply, Err(error)),
-            Op::Probe { reply } => Self::Probe(reply),
-        }
-    }
-
-    fn fail(self, reason: &str) {
-        let error = JournalError::storage(format!("nothing was recorded: {reason}"));
-        // As in a commit: a caller that stopped waiting needs no answer.
-        match self {
-            Self::Append(reply, _) => {
-                let _ = reply.send(Err(error));
-            }
-            Self::Claim(reply, _) => {
-                let _ = reply.send(Err(error));
-            }
-            Self::Probe(reply) => {
-                let _ = reply.send(Err(error));
-            }
-        }
-    }
-}
-
 fn fail_all(batch: Vec<Op>, message: &str) {
+    let message = format!("nothing was recorded: {message}");
     for op in batch {
-        Done::refuse(op, JournalError::storage(message)).fail(message);
+        Done::refused(op, JournalError::storage(message.clone())).fail(&message);
     }
 }
 

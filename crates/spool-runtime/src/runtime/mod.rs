@@ -106,23 +106,30 @@ impl Runtime {
     /// [`recover`](Self::recover) for `runs` only: what a node of a
     /// cluster does with the runs it takes over from a node that died.
     /// What this runtime had cached of them is dropped first (another
-    /// process drove them since), so each is read from its log.
+    /// process drove them since), so each is read from its log; the
+    /// journal is not listed, so the cost follows the runs taken.
     ///
     /// # Errors
     ///
-    /// When the journal cannot be listed.
+    /// None today: a run that cannot be read is reported in
+    /// [`Recovery::unreadable`]. The `Result` leaves room for a store
+    /// error that stops the whole recovery.
     pub async fn recover_runs(&self, runs: &[RunId]) -> Result<Recovery, RuntimeError> {
         let mut recovery = Recovery::default();
-        if runs.is_empty() {
-            return Ok(recovery);
-        }
-        let wanted: HashSet<&RunId> = runs.iter().collect();
-        for summary in self.inner.journal.runs().await? {
-            if wanted.contains(&summary.run_id) {
-                self.inner.runs.invalidate(&summary.run_id).await;
-                self.recover_one(summary.run_id, &summary.status, &mut recovery)
-                    .await;
-            }
+        for run in runs {
+            self.inner.runs.invalidate(run).await;
+            let status = match self.inner.lock(run).await {
+                Ok(locked) => locked.state().status,
+                // A schedule's record run is its scheduler's, and an
+                // unknown one has nothing to recover.
+                Err(RuntimeError::RunNotFound(_)) => continue,
+                Err(error) => {
+                    tracing::error!(run_id = %run, %error, "a run's log cannot be read; it is left as it is");
+                    recovery.unreadable.push((run.clone(), error));
+                    continue;
+                }
+            };
+            self.recover_one(run.clone(), &status, &mut recovery).await;
         }
         Ok(recovery)
     }
@@ -166,7 +173,16 @@ impl Inner {
     /// scheduler's alone, and no caller reaches it (nor appends a turn to
     /// it); a journal error when its log must be read and cannot.
     pub(crate) async fn lock(&self, run: &RunId) -> Result<Locked, RuntimeError> {
-        let locked = Locked::existing(&self.runs, &*self.journal, run).await?;
+        // A run this process drives changes only through it (a node that
+        // lost it finds out when its next append is refused), so only the
+        // others are checked against their logs: no read per driver step.
+        let recheck = self.runs.shared
+            && !self
+                .driving
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .contains_key(run);
+        let locked = Locked::existing(&self.runs, &*self.journal, run, recheck).await?;
         let reserved = locked
             .state()
             .created

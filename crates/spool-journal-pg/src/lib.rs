@@ -732,6 +732,16 @@ mod tests {
         assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
     }
 
+    #[tokio::test]
+    async fn a_url_that_does_not_parse_is_refused_by_name_without_its_password() {
+        let refused = PgJournal::connect("postgres://u:secret@h:notaport/db", Options::default())
+            .await
+            .unwrap_err();
+        let message = refused.to_string();
+        assert!(message.contains("is not a PostgreSQL URL"), "{message}");
+        assert!(!message.contains("secret"), "{message}");
+    }
+
     #[test]
     fn a_long_schema_name_still_gives_a_valid_channel() {
         assert!(channel(&"s".repeat(100)).len() <= 63);

@@ -195,3 +195,31 @@ fn journal_copy_moves_runs_to_postgres_and_back_with_identical_logs() {
         text(&again.stderr)
     );
 }
+
+#[test]
+fn cluster_mode_on_a_directory_journal_is_refused_and_its_flags_need_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = dir.path().join("journal");
+    let journal = journal.to_str().unwrap();
+    let on_dir = spool(&[
+        "serve",
+        "--addr",
+        "127.0.0.1:0",
+        "--journal",
+        journal,
+        "--cluster",
+    ]);
+    assert!(!on_dir.status.success());
+    assert!(
+        text(&on_dir.stderr).contains("--cluster needs a PostgreSQL journal"),
+        "{}",
+        text(&on_dir.stderr)
+    );
+    let lone = spool(&["serve", "--journal", journal, "--node-name", "a"]);
+    assert_eq!(lone.status.code(), Some(2), "a usage error");
+    assert!(
+        text(&lone.stderr).contains("--cluster"),
+        "{}",
+        text(&lone.stderr)
+    );
+}

@@ -164,6 +164,52 @@ pub(crate) struct ClusterArgs {
     /// runs move after this long.
     #[arg(long, requires = "cluster", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub(crate) lease_seconds: u64,
+    /// Where the other nodes reach this one to forward it commands for
+    /// the runs it drives: `http://HOST:PORT` or `unix:/PATH` (default:
+    /// the address it listens on; needed when that is 0.0.0.0 or ::).
+    #[arg(long, requires = "cluster", value_name = "URL")]
+    pub(crate) advertise: Option<String>,
+}
+
+impl ClusterArgs {
+    /// The address other nodes forward commands to: `--advertise`, or the
+    /// listener's own when it names one host.
+    pub(crate) fn advertised(&self, listening: &str) -> anyhow::Result<String> {
+        if let Some(url) = &self.advertise {
+            spool_http::Client::new(url).map_err(|_| {
+                anyhow::anyhow!("--advertise `{url}`: give http://HOST:PORT or unix:/PATH")
+            })?;
+            return Ok(url.trim_end_matches('/').to_owned());
+        }
+        if let Ok(addr) = listening.parse::<std::net::SocketAddr>() {
+            if addr.ip().is_unspecified() {
+                bail!(
+                    "listening on {addr} names no host the other nodes can reach: pass --advertise http://THIS-HOST:{}",
+                    addr.port()
+                );
+            }
+            return Ok(format!("http://{addr}"));
+        }
+        Ok(listening.to_owned())
+    }
+}
+
+/// Which node drives a run, for the HTTP channel: the live node holding
+/// its lease, when that is not this one.
+pub(crate) struct Placement(pub(crate) Arc<Cluster>);
+
+impl spool_http::Placement for Placement {
+    fn elsewhere<'a>(
+        &'a self,
+        run: &'a spool_journal::RunId,
+    ) -> spool_runtime::BoxFuture<'a, Result<Option<String>, spool_runtime::RuntimeError>> {
+        Box::pin(async move {
+            let holder = self.0.holder(run).await?;
+            Ok(holder
+                .filter(|(node, _)| *node != self.0.node())
+                .and_then(|(_, address)| address))
+        })
+    }
 }
 
 /// Joins the cluster on the journal at `at` and opens the journal fenced
@@ -208,10 +254,16 @@ pub(crate) async fn open_node(
 
 /// Takes over what dead nodes left and recovers it, then keeps doing so,
 /// and keeps this node's lease, every third of the lease time, for as
-/// long as the process runs. Returns how many runs the first look
-/// resumed.
-pub(crate) async fn keep_node(node: Arc<Cluster>, runtime: Runtime) -> anyhow::Result<usize> {
-    let resumed = take_over(&node, &runtime).await?;
+/// long as the process runs. Returns what the first look took over, and
+/// how many of those runs it resumed; later takeovers are handed to the
+/// scheduler in `schedules` once it is there (a schedule whose record
+/// run moved here fires from this node now).
+pub(crate) async fn keep_node(
+    node: Arc<Cluster>,
+    runtime: Runtime,
+    schedules: Arc<std::sync::OnceLock<spool_runtime::Scheduler>>,
+) -> anyhow::Result<(Vec<spool_journal::RunId>, usize)> {
+    let first = take_over(&node, &runtime).await?;
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(node.lease() / 3);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -230,18 +282,31 @@ pub(crate) async fn keep_node(node: Arc<Cluster>, runtime: Runtime) -> anyhow::R
                     continue;
                 }
             }
-            if let Err(error) = take_over(&node, &runtime).await {
-                tracing::warn!(target: "spool::cluster", %error, "taking over the runs of dead nodes");
+            match take_over(&node, &runtime).await {
+                Ok((runs, _)) if !runs.is_empty() => {
+                    if let Some(schedules) = schedules.get()
+                        && let Err(error) = schedules.taken_over(&runs).await
+                    {
+                        tracing::warn!(target: "spool::cluster", %error, "settling the schedules taken over");
+                    }
+                }
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::warn!(target: "spool::cluster", %error, "taking over the runs of dead nodes");
+                }
             }
         }
     });
-    Ok(resumed)
+    Ok(first)
 }
 
-async fn take_over(node: &Cluster, runtime: &Runtime) -> anyhow::Result<usize> {
+async fn take_over(
+    node: &Cluster,
+    runtime: &Runtime,
+) -> anyhow::Result<(Vec<spool_journal::RunId>, usize)> {
     let runs = node.take_over().await?;
     if runs.is_empty() {
-        return Ok(0);
+        return Ok((runs, 0));
     }
     let recovery = runtime.recover_runs(&runs).await?;
     crate::serve::say(&format!(
@@ -254,7 +319,7 @@ async fn take_over(node: &Cluster, runtime: &Runtime) -> anyhow::Result<usize> {
             "spool: run {run} cannot be read and is left as it is: {error}"
         ));
     }
-    Ok(recovery.resumed)
+    Ok((runs, recovery.resumed))
 }
 
 #[derive(Debug, Subcommand)]

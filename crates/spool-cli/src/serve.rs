@@ -144,14 +144,22 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let cached_runs = usize::try_from(args.cached_runs).unwrap_or(usize::MAX);
+    // On a cluster, the scheduler learns of schedules whose record run
+    // this node takes over; it starts after the first takeover.
+    let scheduler_slot = Arc::new(std::sync::OnceLock::new());
+    let mut taken = Vec::new();
     let (runtime, owner, resumed) = if args.cluster.cluster {
         // A node drives only the runs it holds leases on: recovery is a
         // takeover of the runs of nodes that died, repeated as long as it
         // serves.
+        let advertised = args.cluster.advertised(&listener.describe())?;
         let (store, node) =
-            crate::journal::open_node(&args.journal, &args.cluster, &listener.describe()).await?;
+            crate::journal::open_node(&args.journal, &args.cluster, &advertised).await?;
         let runtime = build_runtime(store, &agent, Some(cached_runs), true)?;
-        let resumed = crate::journal::keep_node(node.clone(), runtime.clone()).await?;
+        let (first, resumed) =
+            crate::journal::keep_node(node.clone(), runtime.clone(), scheduler_slot.clone())
+                .await?;
+        taken = first;
         (runtime, Claim::Node(node), resumed)
     } else {
         let (runtime, owner) = open_runtime(&args.journal, &agent, Some(cached_runs)).await?;
@@ -168,6 +176,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     )
     .await
     .context("starting the schedules")?;
+    if !taken.is_empty() {
+        scheduler
+            .taken_over(&taken)
+            .await
+            .context("settling the schedules of the runs taken over")?;
+    }
+    let _ = scheduler_slot.set(scheduler.clone());
     let (stop, closing) = tokio::sync::watch::channel(false);
     let pods =
         crate::pod::serve_pods(&runtime, &args.pods, args.runtime_dir.as_deref(), &closing).await?;
@@ -191,6 +206,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     if !schedules.is_empty() {
         let names: Vec<&str> = schedules.iter().map(|s| s.name.as_str()).collect();
         say(&format!("spool: schedules: {}", names.join(", ")));
+    }
+    if let Claim::Node(node) = &owner {
+        // A command for a run another node drives is answered by that node.
+        channel = channel.with_placement(Arc::new(crate::journal::Placement(node.clone())));
     }
     if matches!(args.run_access, RunAccessArg::Owner) {
         channel = channel.with_run_access(spool_http::channel::RunAccess::Owner);

@@ -46,6 +46,9 @@ pub struct HttpChannel {
     schedules: Option<spool_runtime::Scheduler>,
     /// Who may trigger a schedule; without one the route is refused.
     trigger: Option<crate::schedules::TriggerAuthorizer>,
+    /// Which node drives a run, on a cluster: commands for runs driven
+    /// elsewhere are forwarded there.
+    placement: Option<Arc<dyn crate::forward::Placement>>,
 }
 
 /// Who may read or drive a run through the channel.
@@ -131,7 +134,19 @@ impl HttpChannel {
             access: RunAccess::Any,
             schedules: None,
             trigger: None,
+            placement: None,
         }
+    }
+
+    /// Forwards each command (a message, an answer, a cancel, reset,
+    /// clear, compact, a schedule's trigger) for a run another node drives
+    /// to that node, as `placement` tells, and answers with that node's
+    /// reply: on a cluster every node answers every route as the run's
+    /// own node would. Reads are answered here, from the shared journal.
+    #[must_use]
+    pub fn with_placement(mut self, placement: Arc<dyn crate::forward::Placement>) -> Self {
+        self.placement = Some(placement);
+        self
     }
 
     /// Serves `scheduler`'s schedules under `/schedules`.
@@ -374,16 +389,23 @@ impl HttpChannel {
                 "file uploads are not supported: send a JSON body",
             );
         }
+        let (parts, incoming) = request.into_parts();
         let bytes = if method == Method::POST {
-            match body::read_capped(request.into_body(), wire::MAX_BODY_BYTES, self.body_timeout)
-                .await
-            {
+            match body::read_capped(incoming, wire::MAX_BODY_BYTES, self.body_timeout).await {
                 Ok(bytes) => bytes,
                 Err(reply) => return *reply,
             }
         } else {
             Bytes::new()
         };
+        if method == Method::POST
+            && self.placement.is_some()
+            && !crate::forward::forwarded(&parts.headers)
+            && let Some(run) = self.commanded_run(&route)
+            && let Some(address) = crate::forward::holder(self.placement.as_ref(), &run).await
+        {
+            return crate::forward::forward(&address, &parts, bytes).await;
+        }
         let text = String::from_utf8_lossy(&bytes);
         let result = match (route, method) {
             (Route::Info, _) => Ok(body::json(
@@ -435,6 +457,17 @@ impl HttpChannel {
             },
         };
         result.unwrap_or_else(|error| runtime_error(&error))
+    }
+
+    /// The run a command (a `POST`) changes, which its driving node must
+    /// answer: a message or an action to a run, a schedule's trigger (its
+    /// record run). Starting a run or binding an address is done here.
+    fn commanded_run(&self, route: &Route) -> Option<RunId> {
+        match route {
+            Route::Run(id) | Route::RunAction(id, _) => run_id(id).ok(),
+            Route::Trigger(name) => self.schedules.as_ref()?.record_run(name),
+            _ => None,
+        }
     }
 
     /// Whether `caller` may reach `run` under the channel's [`RunAccess`].

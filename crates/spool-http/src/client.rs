@@ -277,30 +277,9 @@ impl Client {
         path: &str,
         body: Option<Vec<u8>>,
     ) -> Result<http::Response<Incoming>, ClientError> {
-        let (mut sender, host) = match &self.target {
-            Target::Tcp(authority) => {
-                let stream = tokio::net::TcpStream::connect(authority.as_str())
-                    .await
-                    .map_err(|source| ClientError::Connect {
-                        target: authority.clone(),
-                        source,
-                    })?;
-                (handshake(stream).await?, authority.clone())
-            }
-            Target::Unix(path) => {
-                let stream = tokio::net::UnixStream::connect(path)
-                    .await
-                    .map_err(|source| ClientError::Connect {
-                        target: path.display().to_string(),
-                        source,
-                    })?;
-                (handshake(stream).await?, "localhost".to_owned())
-            }
-        };
         let mut request = Request::builder()
             .method(method)
-            .uri(format!("{BASE_PATH}{path}"))
-            .header(HOST, host);
+            .uri(format!("{BASE_PATH}{path}"));
         if let Some(token) = &self.token {
             request = request.header(AUTHORIZATION, format!("Bearer {token}"));
         }
@@ -310,7 +289,60 @@ impl Client {
         let request = request
             .body(Full::new(Bytes::from(body.unwrap_or_default())))
             .map_err(|e| ClientError::Decode(e.to_string()))?;
+        self.send_request(request).await
+    }
+
+    /// Sends `request` as it is, on a connection of its own, with its
+    /// `Host` set to this client's target: what a node forwarding a
+    /// command sends.
+    pub(crate) async fn send_request(
+        &self,
+        mut request: Request<Full<Bytes>>,
+    ) -> Result<http::Response<Incoming>, ClientError> {
+        let (mut sender, host) = match &self.target {
+            Target::Tcp(authority) => {
+                let stream = connect(
+                    authority,
+                    tokio::net::TcpStream::connect(authority.as_str()),
+                )
+                .await?;
+                (handshake(stream).await?, authority.clone())
+            }
+            Target::Unix(path) => {
+                let stream = connect(
+                    &path.display().to_string(),
+                    tokio::net::UnixStream::connect(path),
+                )
+                .await?;
+                (handshake(stream).await?, "localhost".to_owned())
+            }
+        };
+        let host =
+            http::HeaderValue::try_from(host).map_err(|e| ClientError::Decode(e.to_string()))?;
+        request.headers_mut().insert(HOST, host);
         Ok(sender.send_request(request).await?)
+    }
+}
+
+/// How long a connection may take to open: a host that has gone silent
+/// (a partition, a machine that is off) is reported, not waited on for
+/// the operating system's minutes.
+pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+async fn connect<S>(
+    target: &str,
+    connecting: impl std::future::Future<Output = std::io::Result<S>>,
+) -> Result<S, ClientError> {
+    let failed = |source| ClientError::Connect {
+        target: target.to_owned(),
+        source,
+    };
+    match tokio::time::timeout(CONNECT_TIMEOUT, connecting).await {
+        Ok(connected) => connected.map_err(failed),
+        Err(_) => Err(failed(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("no connection within {} s", CONNECT_TIMEOUT.as_secs()),
+        ))),
     }
 }
 

@@ -9,6 +9,7 @@
 pub mod body;
 pub mod channel;
 pub mod client;
+pub mod forward;
 pub mod lines;
 mod refusals;
 pub mod schedules;
@@ -18,6 +19,7 @@ pub mod token;
 
 pub use channel::HttpChannel;
 pub use client::{Client, ClientError};
+pub use forward::Placement;
 pub use server::{Listener, serve};
 pub use stream::stream_lines;
 pub use token::TokenFile;

@@ -344,6 +344,9 @@ struct Schedule {
     /// trigger's) happen one at a time.
     state: tokio::sync::Mutex<State>,
     next: Mutex<Option<Timestamp>>,
+    /// The record run, which never changes: what a cluster node asks
+    /// about to learn which node fires the schedule.
+    record: RunId,
 }
 
 struct State {
@@ -383,7 +386,9 @@ impl Scheduler {
         for definition in definitions {
             let parsed = definition.parse().map_err(RuntimeError::BadRequest)?;
             let state = State::open(runtime, &definition.name).await?;
+            let record = state.record.clone();
             let schedule = Arc::new(Schedule {
+                record,
                 principal: Principal {
                     authenticator: "spool".into(),
                     kind: "schedule".into(),
@@ -396,10 +401,16 @@ impl Scheduler {
                 state: tokio::sync::Mutex::new(state),
                 next: Mutex::new(None),
             });
-            schedule
-                .settle_in_doubt(&mut *schedule.state.lock().await, &fired)
-                .await?;
-            schedule.catch_up(&fired).await?;
+            // On a shared journal only the node holding the record run's
+            // lease may settle or catch up, or a firing another node is
+            // delivering right now would be delivered twice: that node
+            // does it when it takes the run over ([`Scheduler::taken_over`]).
+            if !runtime.inner.runs.shared {
+                schedule
+                    .settle_in_doubt(&mut *schedule.state.lock().await, &fired)
+                    .await?;
+                schedule.catch_up(&fired).await?;
+            }
             schedules.insert(definition.name.clone(), schedule);
         }
         for schedule in schedules.values() {
@@ -460,9 +471,51 @@ impl Scheduler {
                 timestamp(scheduled_at),
             ),
         };
-        Ok(schedule
+        schedule
             .fire(kind, fire_id, scheduled_at, &self.inner.fired)
-            .await?)
+            .await?
+            // Only an occurrence of the cron expression is ever found
+            // fired already.
+            .ok_or_else(|| ScheduleError::Invalid("the firing was made already".into()))
+    }
+
+    /// On a shared journal, after this node took `runs` over from nodes
+    /// that died: each schedule whose record run is among them is this
+    /// node's to fire now. It reads what the dead node recorded, delivers
+    /// a firing the dead node recorded but never delivered (unless the
+    /// message is already where it went), and fires a missed occurrence
+    /// once (per `catch_up`), as a restart does.
+    ///
+    /// # Errors
+    ///
+    /// A journal error when a record run cannot be read or written; the
+    /// schedules not reached are settled at their next firing.
+    pub async fn taken_over(&self, runs: &[RunId]) -> Result<(), RuntimeError> {
+        for schedule in self.inner.schedules.values() {
+            if !runs.contains(&schedule.record) {
+                continue;
+            }
+            {
+                let mut state = schedule.state.lock().await;
+                state.refresh(&schedule.runtime).await?;
+                schedule
+                    .settle_in_doubt(&mut state, &self.inner.fired)
+                    .await?;
+            }
+            schedule.catch_up(&self.inner.fired).await?;
+            tracing::info!(
+                schedule = schedule.name(),
+                "this node fires the schedule now"
+            );
+        }
+        Ok(())
+    }
+
+    /// The run that records `name`'s firings: on a cluster, the node that
+    /// holds its lease fires the schedule.
+    #[must_use]
+    pub fn record_run(&self, name: &str) -> Option<RunId> {
+        Some(self.inner.schedules.get(name)?.record.clone())
     }
 
     /// A receiver of the number of firings recorded since start: wait on
@@ -495,13 +548,21 @@ impl State {
             None => {
                 let record = runtime.inner.ids.run_id();
                 let created = Event::RunCreated(RunCreated {
-                    address: Some(address),
+                    address: Some(address.clone()),
                     title: Some(format!("schedule {name}: its firings")),
                     kind: Some("schedule".into()),
                     ..RunCreated::default()
                 });
-                let envelopes = journal.append(&record, Seq(0), vec![created]).await?;
-                (record, envelopes)
+                match journal.append(&record, Seq(0), vec![created]).await {
+                    Ok(envelopes) => (record, envelopes),
+                    // Another node sharing the journal made it first: use
+                    // that one.
+                    Err(spool_journal::JournalError::AddressTaken { run, .. }) => {
+                        let envelopes = journal.read(&run, Seq(0)).await?;
+                        (run, envelopes)
+                    }
+                    Err(error) => return Err(error.into()),
+                }
             }
         };
         let next = envelopes.last().map_or(Seq(0), |e| e.seq.next());
@@ -518,6 +579,17 @@ impl State {
             state.replay(&envelope);
         }
         Ok(state)
+    }
+
+    /// Reads what was recorded after `next` by another node sharing the
+    /// journal.
+    async fn refresh(&mut self, runtime: &Runtime) -> Result<(), RuntimeError> {
+        let envelopes = runtime.inner.journal.read(&self.record, self.next).await?;
+        for envelope in envelopes {
+            self.next = envelope.seq.next();
+            self.replay(&envelope);
+        }
+        Ok(())
     }
 
     /// Takes one record-run event into the in-memory view.
@@ -592,7 +664,14 @@ impl Schedule {
     }
 
     async fn view(&self) -> ScheduleView {
-        let history = self.state.lock().await.history.iter().cloned().collect();
+        let mut state = self.state.lock().await;
+        if self.runtime.inner.runs.shared
+            && let Err(error) = state.refresh(&self.runtime).await
+        {
+            tracing::warn!(schedule = self.name(), %error, "reading the firings other nodes recorded");
+        }
+        let history = state.history.iter().cloned().collect();
+        drop(state);
         let next = *self.next.lock().unwrap_or_else(PoisonError::into_inner);
         ScheduleView {
             definition: self.parsed.definition.clone(),
@@ -626,10 +705,17 @@ impl Schedule {
             };
             *self.next.lock().unwrap_or_else(PoisonError::into_inner) = Some(due);
             self.clock.sleep_until(due).await;
-            if let Err(error) = self.fire(FireKind::Cron, cron_id(due), due, fired).await {
+            match self.fire(FireKind::Cron, cron_id(due), due, fired).await {
+                Ok(_) => {}
+                // On a cluster, the node holding the record run fired it.
+                Err(error) if error.kind() == crate::ErrorKind::OwnedElsewhere => {
+                    tracing::debug!(schedule = self.name(), %error, "another node fires this schedule");
+                }
                 // Not recorded, so not fired: the occurrence is lost, as one
                 // missed while the server was down would be.
-                tracing::warn!(schedule = self.name(), %error, "a firing could not be recorded");
+                Err(error) => {
+                    tracing::warn!(schedule = self.name(), %error, "a firing could not be recorded");
+                }
             }
         }
     }
@@ -657,22 +743,36 @@ impl Schedule {
     }
 
     /// Records a firing, delivers its message, records what became of it.
+    /// `None`: an occurrence of the cron expression at or before the
+    /// latest one fired (by a catch-up here, or by another node): it is
+    /// not fired again.
     async fn fire(
         &self,
         kind: FireKind,
         fire_id: String,
         scheduled_at: Timestamp,
         fired: &watch::Sender<u64>,
-    ) -> Result<Triggered, RuntimeError> {
+    ) -> Result<Option<Triggered>, RuntimeError> {
         let mut state = self.state.lock().await;
-        // A firing left in doubt by a journal that stopped writing is
-        // settled before the next one, not only at the next start.
-        self.settle_in_doubt(&mut state, fired).await?;
+        let shared = self.runtime.inner.runs.shared;
+        if shared {
+            // Other nodes may have fired since: see their firings first.
+            state.refresh(&self.runtime).await?;
+        } else {
+            // A firing left in doubt by a journal that stopped writing is
+            // settled before the next one, not only at the next start.
+            self.settle_in_doubt(&mut state, fired).await?;
+        }
         if let Some(firing) = state.externals.get(&fire_id) {
-            return Ok(Triggered {
+            return Ok(Some(Triggered {
                 firing: firing.clone(),
                 replayed: true,
-            });
+            }));
+        }
+        if matches!(kind, FireKind::Cron | FireKind::CatchUp)
+            && state.last_cron.is_some_and(|last| last >= scheduled_at)
+        {
+            return Ok(None);
         }
         let (target_run, target_seq) = match self.target_address() {
             Some(address) => match self.runtime.inner.journal.find_address(&address).await? {
@@ -692,9 +792,16 @@ impl Schedule {
             target_run,
             target_seq,
         };
+        // On a shared journal the append is refused unless this node holds
+        // the record run's lease: one node fires each occurrence.
         state
             .record(&self.runtime, Event::ScheduleFired(record.clone()))
             .await?;
+        if shared {
+            // The append proved the lease this node holds, so firings left
+            // in doubt before are its to settle, and no other node's.
+            self.settle_in_doubt(&mut state, fired).await?;
+        }
         state.remember(Firing {
             fire_id: fire_id.clone(),
             kind,
@@ -712,10 +819,10 @@ impl Schedule {
             .find(|f| f.fire_id == fire_id)
             .cloned()
             .expect("the firing was just remembered");
-        Ok(Triggered {
+        Ok(Some(Triggered {
             firing,
             replayed: false,
-        })
+        }))
     }
 
     async fn settle(

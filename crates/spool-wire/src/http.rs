@@ -637,6 +637,11 @@ string_enum! {
         /// nothing was recorded. Runs resume by themselves once it can;
         /// retry after `Retry-After` seconds.
         JournalUnavailable = "journal_unavailable",
+        /// On a cluster: the node that drives the run could not be
+        /// reached to forward the command to; nothing was recorded. Retry
+        /// after `Retry-After` seconds (a dead node's runs move to a live
+        /// one within the lease time).
+        NodeUnavailable = "node_unavailable",
     }
 }
 
@@ -666,7 +671,7 @@ impl ErrorCode {
             Self::Internal => 500,
             Self::FilesUnsupported | Self::CompactionUnsupported => 501,
             Self::EngineFailed => 502,
-            Self::JournalUnavailable => 503,
+            Self::JournalUnavailable | Self::NodeUnavailable => 503,
             Self::Unknown(_) => return None,
         })
     }

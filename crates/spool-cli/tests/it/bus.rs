@@ -162,7 +162,7 @@ pub(crate) fn run_to_end(addr: &str, text: &str) -> serde_json::Value {
 }
 
 /// `GET path`'s JSON body.
-fn get_json(addr: &str, path: &str) -> serde_json::Value {
+pub(crate) fn get_json(addr: &str, path: &str) -> serde_json::Value {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(addr).unwrap();
     stream

@@ -146,6 +146,66 @@ fn three_nodes_complete_300_runs_spread_over_them() {
     assert_eq!(completed, 300);
 }
 
+/// A reply's body, without the headers (their `Date` differs).
+fn body_of(reply: &str) -> &str {
+    reply.split("\r\n\r\n").nth(1).unwrap_or_default()
+}
+
+#[test]
+fn every_node_answers_a_command_for_a_run_another_node_drives_as_that_node_does() {
+    let Some(url) = crate::postgres::database() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let nodes: Vec<Running> = ["a", "b", "c"]
+        .iter()
+        .map(|name| node(dir.path(), &url, name))
+        .collect();
+    let (a, b, c) = (&nodes[0].addr, &nodes[1].addr, &nodes[2].addr);
+    let started = crate::bus::run_to_end(a, "one");
+    let run = started["run_id"].as_str().unwrap().to_owned();
+    // A message through B and another through C: each is a turn A drives
+    // and answers, and the client gets A's reply.
+    for (via, text) in [(b, "two"), (c, "three")] {
+        let (status, reply) = post(
+            via,
+            &format!("/spool/v1/runs/{run}"),
+            &serde_json::json!({ "text": text }).to_string(),
+            None,
+        );
+        assert_eq!(status, 200, "{reply}");
+        let reply: serde_json::Value = serde_json::from_str(body_of(&reply)).unwrap();
+        assert_eq!(reply["response"], format!("echo: {text}"), "{reply}");
+        assert_eq!(reply["run_id"], run.as_str());
+    }
+    // The same command to A and through C: the same answer.
+    let cancel = format!("/spool/v1/runs/{run}/cancel");
+    let (direct_status, direct) = post(a, &cancel, "{}", None);
+    let (status, forwarded) = post(c, &cancel, "{}", None);
+    assert_eq!(
+        (status, body_of(&forwarded)),
+        (direct_status, body_of(&direct))
+    );
+    // Reads are every node's own, from the shared journal: the same view.
+    let views: Vec<serde_json::Value> = [a, b, c]
+        .iter()
+        .map(|node| crate::bus::get_json(node, &format!("/spool/v1/runs/{run}")))
+        .collect();
+    assert_eq!(views[0]["response"], "echo: three", "{}", views[0]);
+    assert_eq!(views[1], views[0]);
+    assert_eq!(views[2], views[0]);
+    // The log holds three turns, every one A's.
+    let shown = Command::new(env!("CARGO_BIN_EXE_spool"))
+        .args(["runs", "show", &run, "--json", "--journal", &url])
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&shown.stdout);
+    assert_eq!(log.matches("\"turn_completed\"").count(), 3, "{log}");
+    for running in nodes {
+        assert!(terminate(running).success());
+    }
+}
+
 #[test]
 fn a_node_killed_mid_turn_has_its_runs_finished_by_the_others_and_no_write_runs_twice() {
     let Some(url) = crate::postgres::database() else {
@@ -228,16 +288,77 @@ fn a_node_paused_past_its_lease_cannot_write_when_it_wakes_and_lets_its_runs_go(
     let log = String::from_utf8_lossy(&shown.stdout);
     assert_eq!(log.matches("\"turn_completed\"").count(), 1, "{log}");
     assert_eq!(writes_in(&writes), 1, "the write ran once");
-    // And A now answers a command for the run as a node that does not
-    // hold it.
+    // And a command for the run sent to A is B's to answer now: A sends
+    // it on, and B records the turn (whose model, scripted for one turn,
+    // has nothing more to say).
     let (status, reply) = post(
         &a.addr,
         &format!("/spool/v1/runs/{run}"),
         r#"{"text": "more"}"#,
         None,
     );
-    assert_eq!(status, 409, "{reply}");
-    assert!(reply.contains("run_owned_elsewhere"), "{reply}");
+    assert_eq!(status, 200, "{reply}");
+    let shown = Command::new(env!("CARGO_BIN_EXE_spool"))
+        .args(["runs", "show", &run, "--json", "--journal", &url])
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&shown.stdout);
+    assert_eq!(log.matches("\"input\":\"more\"").count(), 1, "{log}");
     assert!(terminate(a).success());
     assert!(terminate(b).success());
+}
+
+#[test]
+fn a_schedule_on_three_nodes_fires_each_occurrence_once_and_goes_on_after_its_node_dies() {
+    let Some(url) = crate::postgres::database() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("spool.toml"),
+        "[[schedule]]\nname = \"tick\"\ncron = \"* * * * * *\"\ntext = \"tick\"\naddress = \"ticker\"\n",
+    )
+    .unwrap();
+    // A starts first: it makes the schedule's record run, and so fires it.
+    let a = node(dir.path(), &url, "a");
+    let (status, reply) = post(&a.addr, "/spool/v1/addresses/ticker", "", None);
+    assert_eq!(status, 200, "{reply}");
+    let ensured: serde_json::Value = serde_json::from_str(body_of(&reply)).unwrap();
+    let run = ensured["run_id"].as_str().unwrap().to_owned();
+    let b = node(dir.path(), &url, "b");
+    let c = node(dir.path(), &url, "c");
+    let lines = stream_lines(&b.addr, &format!("/spool/v1/runs/{run}/stream"));
+    let answered = |n: usize| {
+        for _ in 0..n {
+            response(&lines, Duration::from_secs(30));
+        }
+    };
+    answered(2);
+    let Running { mut child, .. } = a;
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    // B or C takes the schedule over within the lease time, and it goes
+    // on firing every second.
+    answered(3);
+    assert!(terminate(b).success());
+    assert!(terminate(c).success());
+    let shown = Command::new(env!("CARGO_BIN_EXE_spool"))
+        .args(["runs", "show", &run, "--json", "--journal", &url])
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&shown.stdout);
+    let mut firings: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains("\"turn_started\""))
+        .filter_map(|line| line.split("(firing ").nth(1)?.split(')').next())
+        .collect();
+    let delivered = firings.len();
+    assert!(delivered >= 5, "{log}");
+    firings.sort_unstable();
+    firings.dedup();
+    assert_eq!(
+        firings.len(),
+        delivered,
+        "an occurrence delivered twice: {log}"
+    );
 }

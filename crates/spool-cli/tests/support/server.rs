@@ -7,7 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 pub(crate) struct Running {
-    pub(crate) child: Child,
+    pub(crate) child: Reaped,
     pub(crate) addr: String,
     /// What the server said before it listened (pods, the bus, …).
     #[allow(
@@ -21,6 +21,33 @@ pub(crate) struct Running {
         reason = "read by the test binaries that wait on a log line"
     )]
     pub(crate) said: std::sync::mpsc::Receiver<String>,
+}
+
+/// A server process that is killed when dropped unreaped: a test that
+/// fails halfway leaves no `spool serve` behind holding ports and
+/// databases.
+pub(crate) struct Reaped(Child);
+
+impl std::ops::Deref for Reaped {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Reaped {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
 }
 
 pub(crate) fn serve(dir: &std::path::Path, extra: &[&str]) -> Running {
@@ -74,7 +101,7 @@ pub(crate) fn serve_on(
         }
     });
     Running {
-        child,
+        child: Reaped(child),
         addr: addr.expect("the server says where it listens"),
         notes,
         said,

@@ -7,6 +7,7 @@
 
 mod channel;
 mod client;
+mod forward;
 mod openapi;
 mod remote;
 mod schedules;

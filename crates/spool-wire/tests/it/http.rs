@@ -38,6 +38,7 @@ fn each_error_code_has_its_string_and_status() {
         ),
         ("engine_failed", ErrorCode::EngineFailed, 502),
         ("internal", ErrorCode::Internal, 500),
+        ("node_unavailable", ErrorCode::NodeUnavailable, 503),
         ("journal_unavailable", ErrorCode::JournalUnavailable, 503),
     ];
     assert_eq!(ErrorCode::KNOWN.len(), table.len());

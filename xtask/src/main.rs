@@ -136,6 +136,31 @@ fn ci() -> Result<()> {
             bail!("{name} failed ({status})");
         }
     }
+    drop(postgres);
+    // The test that restarts PostgreSQL under load gets a server of its
+    // own: a restart would break every other test sharing one.
+    section("PostgreSQL restarted under load");
+    let restarted = pg::Server::start()?;
+    let status = cargo()
+        .args([
+            "nextest",
+            "run",
+            "--locked",
+            "-p",
+            "spool-journal-pg",
+            "--run-ignored",
+            "only",
+        ])
+        .env("JOURNAL_PG_URL", &restarted.url)
+        .env("JOURNAL_PG_RESTART", restarted.restart_command())
+        .env("SPOOL_REQUIRE_PG", "1")
+        .current_dir(&root)
+        .status()
+        .context("starting cargo for the restart test")?;
+    if !status.success() {
+        bail!("the restart test failed ({status})");
+    }
+    drop(restarted);
     section("tidy");
     tidy::run(&root)?;
     api::run(&root, false)?;

@@ -105,6 +105,24 @@ impl Server {
         Ok(server)
     }
 
+    /// A shell command that restarts the server (a fast shutdown, then a
+    /// start with the same options), waiting until it accepts
+    /// connections again: what a test of the store surviving a restart
+    /// runs, as `JOURNAL_PG_RESTART`.
+    pub(crate) fn restart_command(&self) -> String {
+        let pg_ctl = format!(
+            "{} -D {} -l {} -m fast -w restart",
+            self.bin.join("pg_ctl").display(),
+            self.dir.join("data").display(),
+            self.dir.join("log").display()
+        );
+        if self.as_postgres {
+            format!("runuser -u postgres -- {pg_ctl}")
+        } else {
+            pg_ctl
+        }
+    }
+
     fn tool(&self, name: &str, args: &[&std::ffi::OsStr]) -> Result<()> {
         let path = self.bin.join(name);
         let mut command = if self.as_postgres {
@@ -162,6 +180,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     let status = Command::new(&command[0])
         .args(&command[1..])
         .env("JOURNAL_PG_URL", &server.url)
+        .env("JOURNAL_PG_RESTART", server.restart_command())
         .env("SPOOL_REQUIRE_PG", "1")
         .status()
         .with_context(|| format!("starting {}", command[0]))?;

@@ -223,3 +223,52 @@ fn cluster_mode_on_a_directory_journal_is_refused_and_its_flags_need_it() {
         text(&lone.stderr)
     );
 }
+
+#[test]
+fn a_cluster_node_on_every_interface_needs_an_address_the_others_can_reach() {
+    let Some(url) = database() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    let issued = spool(&[
+        "token",
+        "new",
+        "ops",
+        "--token-file",
+        tokens.to_str().unwrap(),
+    ]);
+    assert!(issued.status.success(), "{}", text(&issued.stderr));
+    let refused = spool(&[
+        "serve",
+        "--addr",
+        "0.0.0.0:0",
+        "--token-file",
+        tokens.to_str().unwrap(),
+        "--journal",
+        &url,
+        "--cluster",
+    ]);
+    assert!(!refused.status.success());
+    assert!(
+        text(&refused.stderr).contains("pass --advertise http://THIS-HOST:"),
+        "{}",
+        text(&refused.stderr)
+    );
+    let bad = spool(&[
+        "serve",
+        "--addr",
+        "127.0.0.1:0",
+        "--journal",
+        &url,
+        "--cluster",
+        "--advertise",
+        "ftp://x",
+    ]);
+    assert!(!bad.status.success());
+    assert!(
+        text(&bad.stderr).contains("--advertise `ftp://x`"),
+        "{}",
+        text(&bad.stderr)
+    );
+}

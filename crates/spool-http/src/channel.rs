@@ -399,12 +399,13 @@ impl HttpChannel {
             Bytes::new()
         };
         if method == Method::POST
-            && self.placement.is_some()
+            && let Some(placement) = &self.placement
             && !crate::forward::forwarded(&parts.headers)
             && let Some(run) = self.commanded_run(&route)
-            && let Some(address) = crate::forward::holder(self.placement.as_ref(), &run).await
+            && let Some(address) = crate::forward::holder(placement.as_ref(), &run).await
         {
-            return crate::forward::forward(&address, &parts, bytes).await;
+            return crate::forward::forward(placement.as_ref(), &run, &address, &parts, bytes)
+                .await;
         }
         let text = String::from_utf8_lossy(&bytes);
         let result = match (route, method) {

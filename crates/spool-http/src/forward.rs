@@ -11,7 +11,7 @@
 //! view, snapshot, stream, the listings) need no forwarding: every node
 //! reads them from the shared journal.
 
-use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Request, Response, header};
@@ -67,8 +67,7 @@ pub(crate) fn forwarded(headers: &http::HeaderMap) -> bool {
 /// drives it. A placement that cannot tell (its database away) leaves the
 /// command here, where the journal's fencing still refuses a write to a
 /// run this node does not hold.
-pub(crate) async fn holder(placement: Option<&Arc<dyn Placement>>, run: &RunId) -> Option<String> {
-    let placement = placement?;
+pub(crate) async fn holder(placement: &dyn Placement, run: &RunId) -> Option<String> {
     match placement.elsewhere(run).await {
         Ok(address) => address,
         Err(error) => {
@@ -78,13 +77,51 @@ pub(crate) async fn holder(placement: Option<&Arc<dyn Placement>>, run: &RunId) 
     }
 }
 
-/// Sends the command (`parts` and its `bytes`) to the node at `address`
-/// and returns that node's reply as it is.
+/// How often a forwarded command that is still waiting for its reply
+/// checks that its run has not moved: a node that stops answering (paused,
+/// cut off) loses its lease, and the command must not wait on it for ever.
+const RECHECK: Duration = Duration::from_secs(2);
+
+/// Sends the command (`parts` and its `bytes`) for `run` to the node at
+/// `address` and returns that node's reply as it is. While it waits, it
+/// checks every [`RECHECK`] that the node still drives the run; if the
+/// run moved, the node stopped answering, and the client is told so
+/// instead of waiting on it.
 pub(crate) async fn forward(
+    placement: &dyn Placement,
+    run: &RunId,
     address: &str,
     parts: &http::request::Parts,
     bytes: Bytes,
 ) -> Response<Body> {
+    let sent = send(address, parts, bytes);
+    let moved = async {
+        loop {
+            tokio::time::sleep(RECHECK).await;
+            match placement.elsewhere(run).await {
+                Ok(Some(now)) if now == address => {}
+                // Cannot tell: keep waiting for the reply.
+                Err(_) => {}
+                Ok(_) => return,
+            }
+        }
+    };
+    tokio::select! {
+        reply = sent => reply,
+        () = moved => {
+            let mut reply = body::error(
+                ErrorCode::NodeUnavailable,
+                format!("the node at {address} stopped answering while it had this command, and the run has moved to another node: the command may or may not have been recorded; read the run before sending it again"),
+            );
+            reply
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            reply
+        }
+    }
+}
+
+async fn send(address: &str, parts: &http::request::Parts, bytes: Bytes) -> Response<Body> {
     let unavailable = |why: String| {
         let mut reply = body::error(
             ErrorCode::NodeUnavailable,

@@ -143,3 +143,49 @@ async fn a_forwarded_command_is_answered_where_it_lands_never_sent_on_again() {
     a.stop().await;
     b.stop().await;
 }
+
+/// A placement that puts every run on one node until the run moves (its
+/// first answer only).
+struct MovesAway {
+    addr: String,
+    asked: std::sync::atomic::AtomicUsize,
+}
+
+impl Placement for MovesAway {
+    fn elsewhere<'a>(
+        &'a self,
+        _run: &'a RunId,
+    ) -> BoxFuture<'a, Result<Option<String>, RuntimeError>> {
+        let first = self.asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0;
+        Box::pin(async move { Ok(first.then(|| self.addr.clone())) })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_waiting_on_a_node_that_stopped_answering_ends_when_its_run_moves() {
+    // A node that takes the connection and never answers: paused.
+    let paused = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let placement: Arc<dyn Placement> = Arc::new(MovesAway {
+        addr: paused.local_addr().unwrap().to_string(),
+        asked: std::sync::atomic::AtomicUsize::new(0),
+    });
+    let b = Server::start_with(echo_runtime(), move |c| c.with_placement(placement)).await;
+    let reply = b
+        .post(
+            "/spool/v1/runs/run_01aaaaaaaaaaaaaaaaaaaaaaaa",
+            r#"{"text": "x"}"#,
+        )
+        .await;
+    assert_eq!(reply.status, 503, "{:?}", reply.json());
+    assert_eq!(reply.json()["code"], "node_unavailable");
+    assert!(
+        reply.json()["error"]
+            .as_str()
+            .unwrap()
+            .contains("may or may not have been recorded"),
+        "{:?}",
+        reply.json()
+    );
+    drop(paused);
+    b.stop().await;
+}

@@ -22,7 +22,7 @@ use crate::report::Row;
 
 /// One model call that answers at once: a one-turn run costs the channel,
 /// the runtime and the journal, not a model.
-const ONE_TURN: &str = r#"{"text": "done"}"#;
+pub(crate) const ONE_TURN: &str = r#"{"text": "done"}"#;
 
 /// A model call that asks for approval, so the run parks in `waiting`.
 const PARKS: &str = r#"{"tool_calls": [{"id": "c1", "name": "request_approval", "arguments": {"prompt": "Deploy?"}}]}"#;
@@ -56,7 +56,7 @@ fn durable_runtime(dir: &std::path::Path, script: &str) -> anyhow::Result<Runtim
 
 /// Requests per second and latencies (seconds, sorted) of `clients`
 /// concurrent clients posting `body` to `path` for `duration`.
-async fn load(
+pub(crate) async fn load(
     url: &str,
     path: &str,
     body: Value,

@@ -43,6 +43,7 @@ const BENCHES: &[(&str, Bench)] = &[
     ("journal-open", journal::open),
     ("wire-decode", wire::decode),
     ("http-runs", http::runs),
+    ("http-runs-pg", pg::cluster_runs),
     ("soak", http::soak),
     ("parked-runs", http::parked),
     ("stream-fanout", http::fanout),

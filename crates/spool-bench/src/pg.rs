@@ -1,8 +1,10 @@
 //! `journal-append-pg`: the PostgreSQL store's appends beside what plain
 //! PostgreSQL does with the same rows on the same server, in the same run:
 //! one transaction per event, and batched inserts of the store's own
-//! group size. Needs a server in `JOURNAL_PG_URL` (`cargo xtask bench`
-//! starts one, with fsync on); without one the rows are skipped, said.
+//! group size. `http-runs-pg`: one-turn runs over HTTP on three cluster
+//! nodes against one node, on the same database. Both need a server in
+//! `JOURNAL_PG_URL` (`cargo xtask bench` starts one, with fsync on);
+//! without one the rows are skipped, said.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,11 +16,21 @@ use crate::Scale;
 use crate::journal::{runtime, timed_appends, typical_bytes};
 use crate::report::Row;
 
+/// The bench server's URL, or `None` after saying that `bench` is skipped.
+fn server(bench: &str) -> anyhow::Result<Option<String>> {
+    match std::env::var("JOURNAL_PG_URL") {
+        Ok(url) => Ok(Some(url)),
+        Err(_) => {
+            crate::http::say(&format!(
+                "{bench}: skipped, JOURNAL_PG_URL is not set (cargo xtask bench starts a server)"
+            ))?;
+            Ok(None)
+        }
+    }
+}
+
 pub(crate) fn append(scale: Scale) -> anyhow::Result<Vec<Row>> {
-    let Ok(url) = std::env::var("JOURNAL_PG_URL") else {
-        crate::http::say(
-            "journal-append-pg: skipped, JOURNAL_PG_URL is not set (cargo xtask bench starts a server)",
-        )?;
+    let Some(url) = server("journal-append-pg")? else {
         return Ok(Vec::new());
     };
     let duration = scale.pick(Duration::from_secs(4), Duration::from_millis(300));
@@ -135,4 +147,103 @@ async fn plain(url: &str, duration: Duration, batch: usize, bytes: usize) -> any
         }
     }
     Ok(n as f64 / start.elapsed().as_secs_f64())
+}
+
+/// One-turn runs per second over HTTP from 64 clients, spread evenly over
+/// three cluster nodes in this process, against the same clients on one
+/// node: what leases, fencing and three writers cost. The nodes share the
+/// machine's cores with the database and the clients, so this measures
+/// coordination, not scaling out.
+pub(crate) fn cluster_runs(scale: Scale) -> anyhow::Result<Vec<Row>> {
+    let Some(url) = server("http-runs-pg")? else {
+        return Ok(Vec::new());
+    };
+    let duration = scale.pick(Duration::from_secs(5), Duration::from_millis(300));
+    let tokio = crate::http::tokio()?;
+    let clients = 64;
+    let (one, three) = tokio.block_on(async {
+        let one = nodes_serving(&url, 1, clients, duration).await?;
+        let three = nodes_serving(&url, 3, clients, duration).await?;
+        anyhow::Ok((one, three))
+    })?;
+    Ok(vec![
+        Row::new(
+            format!("http-runs-pg/{clients} clients on 3 nodes"),
+            three,
+            "runs/s",
+            "the same on 1 node",
+            one,
+        )
+        .ratio_at_least(0.8),
+    ])
+}
+
+/// Runs/s of `clients` clients over `nodes` cluster nodes on a fresh
+/// schema, each node with its own store, lease loop and HTTP server.
+async fn nodes_serving(
+    url: &str,
+    nodes: usize,
+    clients: usize,
+    duration: Duration,
+) -> anyhow::Result<f64> {
+    let schema = schema();
+    let mut urls = Vec::new();
+    let mut stops = Vec::new();
+    for n in 0..nodes {
+        let cluster = Arc::new(
+            spool_journal_pg::Cluster::join(
+                url,
+                spool_journal_pg::ClusterOptions {
+                    schema: Some(schema.clone()),
+                    name: format!("bench-{n}"),
+                    address: None,
+                    lease: spool_journal_pg::cluster::DEFAULT_LEASE,
+                },
+            )
+            .await?,
+        );
+        let options = Options {
+            schema: Some(schema.clone()),
+            fence: Some(cluster.fence()),
+            ..Options::default()
+        };
+        let journal = Arc::new(PgJournal::connect(url, options).await?);
+        let runtime = spool_runtime::Runtime::builder(journal)
+            .engine(Arc::new(
+                spool_runtime::engines::ScriptedEngine::from_jsonl(crate::http::ONE_TURN)?,
+            ))
+            .shared_journal(true)
+            .build();
+        // The node renews its membership as `spool serve` does.
+        let renewing = Arc::clone(&cluster);
+        let renew = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(renewing.lease() / 3);
+            loop {
+                tick.tick().await;
+                let _ = renewing.renew().await;
+            }
+        });
+        let (stop_runtime, closing) = tokio::sync::watch::channel(false);
+        let channel = spool_http::HttpChannel::new(runtime, closing);
+        let (node_url, stop) = crate::http::start(channel.handler()).await?;
+        urls.push(node_url);
+        stops.push((stop_runtime, stop, renew, cluster));
+    }
+    let per_node = clients / nodes;
+    let loads = urls.iter().enumerate().map(|(n, node_url)| {
+        // The first nodes take the clients left over.
+        let mine = per_node + usize::from(n < clients % nodes);
+        crate::http::load(node_url, "/runs", serde_json::json!({"text": "go"}), mine, duration)
+    });
+    let mut rate = 0.0;
+    for outcome in futures_util::future::join_all(loads).await {
+        rate += outcome?.0;
+    }
+    for (stop_runtime, stop, renew, cluster) in stops {
+        stop_runtime.send_replace(true);
+        stop.send_replace(true);
+        renew.abort();
+        cluster.leave().await?;
+    }
+    Ok(rate)
 }

@@ -43,16 +43,17 @@ pub(crate) fn append(scale: Scale) -> anyhow::Result<Vec<Row>> {
             let (spool, group) = spool_appends(&url, runs, duration).await?;
             let per_event = match per_event {
                 Some(n) => n,
-                None => *per_event.insert(plain(&url, duration, 1, bytes).await?),
+                None => *per_event.insert(plain(&url, duration, 1, bytes, 1).await?),
             };
             let batch = group.round().max(1.0) as usize;
-            let batched = plain(&url, duration, batch, bytes).await?;
+            let writers = Options::default().writers;
+            let batched = plain(&url, duration, batch, bytes, writers).await?;
             let name = format!("journal-append-pg/{runs} runs");
             let vs_batched = Row::new(
                 &name,
                 spool,
                 "events/s",
-                format!("plain batched INSERT, batch {group:.1}"),
+                format!("plain batched INSERT, batch {group:.1} x {writers} connections"),
                 batched,
             );
             rows.push(if runs == 64 {
@@ -92,10 +93,20 @@ async fn spool_appends(url: &str, runs: usize, duration: Duration) -> anyhow::Re
     timed_appends(journal, PgJournal::stats, runs, duration).await
 }
 
-/// Plain PostgreSQL, one connection: `batch` rows of 64 runs in turn per
-/// transaction (one `INSERT … SELECT FROM unnest`, then `COMMIT`), into a
-/// table laid out as the store's events are.
-async fn plain(url: &str, duration: Duration, batch: usize, bytes: usize) -> anyhow::Result<f64> {
+/// Plain PostgreSQL inserting rows of `bytes` bytes for 64 runs, `batch`
+/// rows per transaction (its `BEGIN`, one `INSERT … SELECT FROM unnest`
+/// and `COMMIT` pipelined in one round trip), from `connections`
+/// connections at once, each on its own share of the runs: the same rows
+/// with the same grouping and parallelism as the store's writers, with
+/// none of a journal's work. `batch == 1` is one autocommitted insert per
+/// row.
+async fn plain(
+    url: &str,
+    duration: Duration,
+    batch: usize,
+    bytes: usize,
+    connections: usize,
+) -> anyhow::Result<f64> {
     let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
     tokio::spawn(connection);
     let table = format!("{}_plain_{batch}", schema());
@@ -105,46 +116,62 @@ async fn plain(url: &str, duration: Duration, batch: usize, bytes: usize) -> any
                                    body BYTEA NOT NULL, hash BYTEA NOT NULL, PRIMARY KEY (run_id, seq))"
         ))
         .await?;
-    let insert = client
-        .prepare(&format!(
-            "INSERT INTO {table} (run_id, seq, body, hash)
-             SELECT * FROM unnest($1::text[], $2::bigint[], $3::bytea[], $4::bytea[])"
-        ))
-        .await?;
-    let body = vec![b'x'; bytes];
-    let hash = vec![7_u8; 32];
-    let runs: Vec<String> = (0..64).map(|i| format!("run-{i}")).collect();
-    let mut seqs = [0_i64; 64];
+    let connections = connections.max(1);
     let start = Instant::now();
-    let mut n = 0_usize;
-    while start.elapsed() < duration {
-        let (mut ids, mut at, mut bodies, mut hashes) = (
-            Vec::with_capacity(batch),
-            Vec::with_capacity(batch),
-            Vec::with_capacity(batch),
-            Vec::with_capacity(batch),
-        );
-        for _ in 0..batch {
-            let run = n % runs.len();
-            seqs[run] += 1;
-            ids.push(runs[run].as_str());
-            at.push(seqs[run]);
-            bodies.push(body.as_slice());
-            hashes.push(hash.as_slice());
-            n += 1;
-        }
-        if batch == 1 {
-            // Autocommit: the statement is its own transaction.
-            client
-                .execute(&insert, &[&ids, &at, &bodies, &hashes])
+    let inserting = (0..connections).map(|lane| {
+        let (url, table) = (url.to_owned(), table.clone());
+        async move {
+            let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await?;
+            tokio::spawn(connection);
+            let insert = client
+                .prepare(&format!(
+                    "INSERT INTO {table} (run_id, seq, body, hash)
+                     SELECT * FROM unnest($1::text[], $2::bigint[], $3::bytea[], $4::bytea[])"
+                ))
                 .await?;
-        } else {
-            client.batch_execute("BEGIN").await?;
-            client
-                .execute(&insert, &[&ids, &at, &bodies, &hashes])
-                .await?;
-            client.batch_execute("COMMIT").await?;
+            let body = vec![b'x'; bytes];
+            let hash = vec![7_u8; 32];
+            let runs: Vec<String> = (0..64)
+                .filter(|i| i % connections == lane)
+                .map(|i| format!("run-{i}"))
+                .collect();
+            let mut seqs = vec![0_i64; runs.len()];
+            let mut n = 0_usize;
+            while start.elapsed() < duration {
+                let (mut ids, mut at, mut bodies, mut hashes) = (
+                    Vec::with_capacity(batch),
+                    Vec::with_capacity(batch),
+                    Vec::with_capacity(batch),
+                    Vec::with_capacity(batch),
+                );
+                for _ in 0..batch {
+                    let run = n % runs.len();
+                    seqs[run] += 1;
+                    ids.push(runs[run].as_str());
+                    at.push(seqs[run]);
+                    bodies.push(body.as_slice());
+                    hashes.push(hash.as_slice());
+                    n += 1;
+                }
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
+                    [&ids, &at, &bodies, &hashes];
+                if batch == 1 {
+                    // Autocommit: the statement is its own transaction.
+                    client.execute(&insert, &params).await?;
+                } else {
+                    tokio::try_join!(
+                        client.batch_execute("BEGIN"),
+                        client.execute(&insert, &params),
+                        client.batch_execute("COMMIT"),
+                    )?;
+                }
+            }
+            anyhow::Ok(n)
         }
+    });
+    let mut n = 0;
+    for inserted in futures_util::future::join_all(inserting).await {
+        n += inserted?;
     }
     Ok(n as f64 / start.elapsed().as_secs_f64())
 }
@@ -233,7 +260,13 @@ async fn nodes_serving(
     let loads = urls.iter().enumerate().map(|(n, node_url)| {
         // The first nodes take the clients left over.
         let mine = per_node + usize::from(n < clients % nodes);
-        crate::http::load(node_url, "/runs", serde_json::json!({"text": "go"}), mine, duration)
+        crate::http::load(
+            node_url,
+            "/runs",
+            serde_json::json!({"text": "go"}),
+            mine,
+            duration,
+        )
     });
     let mut rate = 0.0;
     for outcome in futures_util::future::join_all(loads).await {

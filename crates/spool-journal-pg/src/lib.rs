@@ -5,17 +5,19 @@
 //! out every append; both stores only write it down), passes the same
 //! conformance suite, and adds what sharing needs:
 //!
-//! - **Group commit**: one writer task per process turns the appends that
-//!   arrive while a commit is in flight into one transaction, its rows
-//!   written by one `INSERT … SELECT FROM unnest(…)` and its run heads by
-//!   one upsert, pipelined on one connection.
-//! - **Writers in other processes**: a transaction takes a
+//! - **Group commit**: a writer task turns the appends that arrive while
+//!   its commit is in flight into one transaction, its rows written by one
+//!   `INSERT … SELECT FROM unnest(…)` and its run heads by one upsert,
+//!   pipelined on its connection. A store has [`Options::writers`] of them
+//!   (two by default), each for its own share of the runs, so one's
+//!   transaction is under way while another waits for its commit.
+//! - **Writers in other processes** (and the other writers of this one): a transaction takes a
 //!   transaction-scoped advisory lock per run it appends to (in one
 //!   order, so two writers never deadlock on them) before it reads their
 //!   heads, so a chain never forks; address and operation-id bindings and
 //!   claims are decided by the database's unique keys.
-//! - **Subscribers in other processes**: each commit sends a `NOTIFY` per
-//!   run on the schema's channel; every open store listens on it and moves
+//! - **Subscribers in other processes**: each commit sends one `NOTIFY`
+//!   on the schema's channel, a line per run it changed; every open store listens on it and moves
 //!   its subscribers' positions. The log stays the source of truth: after
 //!   the listening connection is lost and made again, every watched run's
 //!   head is read back, so no append goes unannounced.
@@ -53,8 +55,14 @@ pub struct Options {
     pub schema: Option<String>,
     /// The most operations one transaction takes.
     pub max_batch: usize,
-    /// How many operations may wait for the writer before callers wait.
+    /// How many operations may wait for each writer before callers wait.
     pub queue: usize,
+    /// How many writers commit at once, each on a connection of its own
+    /// and for its own share of the runs (all of one run's appends go
+    /// through the same writer, in order): while one waits for its
+    /// commit's round trips and flush, another's transaction is under
+    /// way, and the server flushes them together.
+    pub writers: usize,
     /// Where `recorded_at` comes from.
     pub clock: Clock,
     /// In a cluster, the node's fence ([`Cluster::fence`]): appends are
@@ -70,6 +78,7 @@ impl std::fmt::Debug for Options {
             .field("schema", &self.schema)
             .field("max_batch", &self.max_batch)
             .field("queue", &self.queue)
+            .field("writers", &self.writers)
             .field("fence", &self.fence)
             .finish_non_exhaustive()
     }
@@ -81,6 +90,7 @@ impl Default for Options {
             schema: None,
             max_batch: 512,
             queue: 4096,
+            writers: 2,
             clock: system_clock(),
             fence: None,
         }
@@ -141,8 +151,8 @@ impl Target {
 /// A journal in PostgreSQL.
 pub struct PgJournal {
     counters: Arc<writer::Counters>,
-    /// `None` when opened read-only.
-    writer: Option<mpsc::Sender<Op>>,
+    /// The writers' queues; none when opened read-only.
+    writers: Vec<mpsc::Sender<Op>>,
     readers: Arc<Readers>,
     watchers: Arc<Watchers>,
     /// The listening task; stopped when the journal is dropped.
@@ -215,28 +225,29 @@ impl PgJournal {
         let watchers = Arc::new(Watchers::default());
         let readers = Arc::new(Readers::new(target.clone()));
         let counters = Arc::new(writer::Counters::default());
-        let writer = if write {
-            Some(
-                writer::Writer::start(writer::Setup {
-                    counters: Arc::clone(&counters),
-                    target: target.clone(),
-                    fence: options.fence,
-                    channel: channel.clone(),
-                    watchers: Arc::clone(&watchers),
-                    clock: options.clock,
-                    max_batch: options.max_batch,
-                    queue: options.queue,
-                })
-                .await?,
-            )
-        } else {
-            None
-        };
+        let mut writers = Vec::new();
+        if write {
+            for _ in 0..options.writers.max(1) {
+                writers.push(
+                    writer::Writer::start(writer::Setup {
+                        counters: Arc::clone(&counters),
+                        target: target.clone(),
+                        fence: options.fence.clone(),
+                        channel: channel.clone(),
+                        watchers: Arc::clone(&watchers),
+                        clock: Arc::clone(&options.clock),
+                        max_batch: options.max_batch,
+                        queue: options.queue,
+                    })
+                    .await?,
+                );
+            }
+        }
         let listener =
             listen::start(target, channel, Arc::clone(&watchers), Arc::clone(&readers)).await?;
         Ok(Self {
             counters,
-            writer,
+            writers,
             readers,
             watchers,
             listener,
@@ -260,11 +271,23 @@ impl PgJournal {
         }
     }
 
+    /// Queues `op` for `run`'s writer and waits for its answer.
     async fn send<T>(
         &self,
+        run: Option<&RunId>,
         op: impl FnOnce(oneshot::Sender<Result<T, JournalError>>) -> Op,
     ) -> Result<T, JournalError> {
-        let writer = self.writer.as_ref().ok_or(JournalError::ReadOnly)?;
+        let lane = run.map_or(0, |run| {
+            use std::hash::{Hash, Hasher};
+            let mut hasher = std::collections::hash_map::DefaultHasher::new();
+            run.as_str().hash(&mut hasher);
+            hasher.finish() as usize
+        });
+        let count = self.writers.len();
+        let writer = self
+            .writers
+            .get(lane % count.max(1))
+            .ok_or(JournalError::ReadOnly)?;
         let (reply, answer) = oneshot::channel();
         writer
             .send(op(reply))
@@ -646,7 +669,7 @@ impl Journal for PgJournal {
         expected: Seq,
         events: Vec<Event>,
     ) -> BoxFuture<'a, Result<Vec<Envelope>, JournalError>> {
-        Box::pin(self.send(move |reply| Op::Append {
+        Box::pin(self.send(Some(run), move |reply| Op::Append {
             run: run.clone(),
             expected,
             events,
@@ -694,7 +717,7 @@ impl Journal for PgJournal {
         key: &'a ClaimKey,
         holder: &'a CallRef,
     ) -> BoxFuture<'a, Result<Claim, JournalError>> {
-        Box::pin(self.send(move |reply| Op::Claim {
+        Box::pin(self.send(Some(&holder.run), move |reply| Op::Claim {
             key: key.clone(),
             holder: holder.clone(),
             reply,
@@ -711,7 +734,7 @@ impl Journal for PgJournal {
     }
 
     fn probe(&self) -> BoxFuture<'_, Result<(), JournalError>> {
-        Box::pin(self.send(|reply| Op::Probe { reply }))
+        Box::pin(self.send(None, |reply| Op::Probe { reply }))
     }
 }
 

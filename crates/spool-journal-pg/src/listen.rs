@@ -16,14 +16,37 @@ use tokio_postgres::AsyncMessage;
 
 use crate::{Readers, Target, quote_ident, storage};
 
-/// The payload of one run's notification: its next position and its id.
-pub(crate) fn payload(run: &RunId, next: Seq) -> String {
-    format!("{} {}", next.0, run.as_str())
+/// The most bytes one notification carries (the server's limit is 8000).
+const MAX_PAYLOAD: usize = 7000;
+
+/// The payloads announcing a commit's runs: one line per run, its next
+/// position and its id, as few notifications as fit (one per commit, but
+/// for commits touching hundreds of runs): a notification costs the
+/// server and every listener far more than a line in one.
+pub(crate) fn payloads<'a>(heads: impl Iterator<Item = (&'a RunId, Seq)>) -> Vec<String> {
+    let mut payloads = vec![String::new()];
+    for (run, next) in heads {
+        let line = format!("{} {}", next.0, run.as_str());
+        let last = payloads.last_mut().expect("there is always one");
+        if !last.is_empty() && last.len() + 1 + line.len() > MAX_PAYLOAD {
+            payloads.push(line);
+        } else {
+            if !last.is_empty() {
+                last.push('\n');
+            }
+            last.push_str(&line);
+        }
+    }
+    payloads
 }
 
-fn parse(payload: &str) -> Option<(RunId, Seq)> {
-    let (next, run) = payload.split_once(' ')?;
-    Some((RunId::new(run).ok()?, Seq(next.parse().ok()?)))
+/// The runs and positions a payload announces; a line that does not
+/// parse is skipped.
+fn parse(payload: &str) -> impl Iterator<Item = (RunId, Seq)> + '_ {
+    payload.lines().filter_map(|line| {
+        let (next, run) = line.split_once(' ')?;
+        Some((RunId::new(run).ok()?, Seq(next.parse().ok()?)))
+    })
 }
 
 /// Starts listening; the first connection is made before this returns, so
@@ -64,7 +87,7 @@ pub(crate) async fn start(
                 },
             };
             while let Some(message) = messages.recv().await {
-                if let Some((run, next)) = parse(&message) {
+                for (run, next) in parse(&message) {
                     watchers.advance(&run, next);
                 }
             }
@@ -120,10 +143,38 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_payload_reads_back_as_its_run_and_position_and_junk_is_ignored() {
-        let run = RunId::new("run-1").unwrap();
-        assert_eq!(parse(&payload(&run, Seq(7))), Some((run, Seq(7))));
-        assert_eq!(parse("x run-1"), None);
-        assert_eq!(parse("7"), None);
+    fn payloads_read_back_as_their_runs_and_positions_and_junk_lines_are_skipped() {
+        let runs: Vec<RunId> = (0..3)
+            .map(|n| RunId::new(format!("run-{n}")).unwrap())
+            .collect();
+        let payloads = payloads(runs.iter().zip([Seq(7), Seq(1), Seq(30)]));
+        assert_eq!(payloads.len(), 1);
+        let read: Vec<(RunId, Seq)> = parse(&payloads[0]).collect();
+        assert_eq!(
+            read,
+            vec![
+                (runs[0].clone(), Seq(7)),
+                (runs[1].clone(), Seq(1)),
+                (runs[2].clone(), Seq(30))
+            ]
+        );
+        let junk: Vec<(RunId, Seq)> = parse("x run-1\n7\n3 run-2").collect();
+        assert_eq!(junk, vec![(RunId::new("run-2").unwrap(), Seq(3))]);
+    }
+
+    #[test]
+    fn a_commit_of_many_runs_is_announced_in_payloads_under_the_servers_limit() {
+        let runs: Vec<RunId> = (0..1000)
+            .map(|n| RunId::new(format!("run_01a22dc2c5db000000a915d{n:04}")).unwrap())
+            .collect();
+        let payloads = payloads(runs.iter().map(|run| (run, Seq(123_456))));
+        assert!(payloads.len() > 1);
+        assert!(payloads.iter().all(|p| p.len() <= MAX_PAYLOAD));
+        let read: Vec<RunId> = payloads
+            .iter()
+            .flat_map(|p| parse(p))
+            .map(|(run, _)| run)
+            .collect();
+        assert_eq!(read, runs);
     }
 }

@@ -1,5 +1,6 @@
-//! The writer: one task per process that group-commits appends, claims and
-//! probes into PostgreSQL.
+//! A writer: a task that group-commits appends, claims and probes into
+//! PostgreSQL on a connection of its own (a store runs a few, each for its
+//! share of the runs).
 //!
 //! A batch is one transaction. It first takes an advisory lock per run it
 //! appends to, in run-id order (every Spool writer does the same, so two
@@ -554,7 +555,6 @@ async fn write_rows(
     let mut titles = Vec::with_capacity(changed.len());
     let mut created = Vec::with_capacity(changed.len());
     let mut updated = Vec::with_capacity(changed.len());
-    let mut payloads = Vec::with_capacity(changed.len());
     for (run, head) in changed {
         ids.push(run.as_str());
         next.push(seq_sql(head.next_seq).unwrap_or(i64::MAX));
@@ -563,7 +563,6 @@ async fn write_rows(
         titles.push(head.title.as_deref());
         created.push(nanos(head.created_at));
         updated.push(nanos(head.updated_at));
-        payloads.push(listen::payload(run, head.next_seq));
     }
     let rows: [&(dyn tokio_postgres::types::ToSql + Sync); 4] = [
         &columns.run_ids,
@@ -573,6 +572,7 @@ async fn write_rows(
     ];
     let heads: [&(dyn tokio_postgres::types::ToSql + Sync); 7] =
         [&ids, &next, &hashes, &statuses, &titles, &created, &updated];
+    let payloads = listen::payloads(changed.iter().map(|(run, head)| (run, head.next_seq)));
     let notes: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&channel, &payloads];
     let taken = async {
         match leases {

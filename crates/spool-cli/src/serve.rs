@@ -378,7 +378,16 @@ fn build_runtime(
 /// Resumes the journal's interrupted runs; says which runs could not be
 /// read (they answer `conversation_corrupt`; `spool runs show` tells why).
 pub(crate) async fn recover(runtime: &Runtime) -> anyhow::Result<usize> {
-    let recovery = runtime.recover().await?;
+    report(runtime.recover().await?)
+}
+
+/// Resumes the journal's runs cut off mid-turn only (see
+/// `Runtime::recover_interrupted`); says which could not be read.
+pub(crate) async fn recover_interrupted(runtime: &Runtime) -> anyhow::Result<usize> {
+    report(runtime.recover_interrupted().await?)
+}
+
+fn report(recovery: spool_runtime::Recovery) -> anyhow::Result<usize> {
     for (run, error) in &recovery.unreadable {
         say(&format!(
             "spool: run {run} cannot be read and is left as it is: {error}"

@@ -27,7 +27,7 @@ use spool_wire::http::{
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
-use crate::serve::{load_agent, open_runtime, recover, say};
+use crate::serve::{load_agent, open_runtime, recover_interrupted, say};
 
 /// Where the conversation happens.
 #[derive(Debug, Args)]
@@ -165,8 +165,10 @@ impl Backend {
         }
         let agent = load_agent(target.agent.as_deref(), target.model.as_ref())?;
         let (runtime, owner) = open_runtime(&target.journal, &agent, None).await?;
-        // The journal's promise: runs interrupted earlier finish now.
-        let resumed = recover(&runtime).await?;
+        // The journal's promise: runs interrupted earlier finish now. Only
+        // those: a one-shot process reads no other run's log (a server's
+        // start settles idle runs' queued input, cancels and sleeps).
+        let resumed = recover_interrupted(&runtime).await?;
         if resumed > 0 {
             say(&format!("spool: resumed {resumed} interrupted runs"));
         }

@@ -408,7 +408,7 @@ impl AgentDefinition {
                 .as_ref()
                 .is_none_or(|enabled| enabled.contains(&tool.spec().name));
             if on {
-                tools.add(tool)?;
+                tools.add_builtin(tool);
             }
         }
         for definition in &self.tools {

@@ -175,7 +175,10 @@ pub struct Tools {
 #[derive(Clone)]
 struct Entry {
     tool: Arc<dyn Tool>,
-    validator: Arc<jsonschema::Validator>,
+    /// Compiled when the tool is added, or, for the built-in tools (whose
+    /// schemas are known good), at their first call: a process that never
+    /// calls them never compiles them.
+    validator: Arc<std::sync::OnceLock<jsonschema::Validator>>,
 }
 
 impl std::fmt::Debug for Tools {
@@ -228,22 +231,34 @@ impl Tools {
             spec.name,
             Entry {
                 tool,
-                validator: Arc::new(validator),
+                validator: Arc::new(std::sync::OnceLock::from(validator)),
             },
         );
         Ok(())
     }
 
-    /// The built-in tools: `ask_human` and `request_approval`.
+    /// The built-in tools: `ask_human` and `request_approval`. Their
+    /// schemas are compiled at their first call (a test checks that they
+    /// compile).
     #[must_use]
     pub fn builtin() -> Self {
         let mut tools = Self::new();
         for tool in crate::tools::builtin() {
-            tools
-                .add(tool)
-                .expect("the built-in tools have distinct names and valid schemas");
+            tools.add_builtin(tool);
         }
         tools
+    }
+
+    /// Adds one of [`crate::tools::builtin`], its schema compiled at its
+    /// first call.
+    pub(crate) fn add_builtin(&mut self, tool: Arc<dyn Tool>) {
+        self.tools.insert(
+            tool.spec().name,
+            Entry {
+                tool,
+                validator: Arc::default(),
+            },
+        );
     }
 
     /// The specs the model is told of, in name order.
@@ -263,8 +278,16 @@ impl Tools {
         let Some(entry) = self.tools.get(name) else {
             return Err(format!("no tool is named `{name}`"));
         };
-        let problems: Vec<String> = entry
-            .validator
+        let validator = match entry.validator.get() {
+            Some(validator) => validator,
+            None => {
+                let schema = entry.tool.spec().input_schema;
+                let compiled = jsonschema::validator_for(&schema)
+                    .map_err(|e| format!("the tool's input schema is invalid: {e}"))?;
+                entry.validator.get_or_init(|| compiled)
+            }
+        };
+        let problems: Vec<String> = validator
             .iter_errors(input)
             .map(|e| {
                 let at = e.instance_path().to_string();
@@ -295,5 +318,20 @@ pub(crate) fn check_answer(schema: &Value, answer: &Value) -> Result<(), String>
         Ok(())
     } else {
         Err(problems.join("; "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_built_in_tools_input_schema_compiles() {
+        for tool in crate::tools::builtin() {
+            let spec = tool.spec();
+            assert!(
+                jsonschema::validator_for(&spec.input_schema).is_ok(),
+                "{}",
+                spec.name
+            );
+        }
     }
 }

@@ -103,6 +103,27 @@ impl Runtime {
         Ok(recovery)
     }
 
+    /// Resumes only the runs the journal lists as running: turns cut off
+    /// mid-way, each driven on from its log. Nothing else's log is read,
+    /// so the cost follows the interrupted runs, not the journal: what a
+    /// one-shot process (`spool run`) does before its own run. Cancels,
+    /// queued input and sleeps of idle runs are left for the next full
+    /// [`recover`](Self::recover) (a server's start).
+    ///
+    /// # Errors
+    ///
+    /// When the journal cannot be listed.
+    pub async fn recover_interrupted(&self) -> Result<Recovery, RuntimeError> {
+        let mut recovery = Recovery::default();
+        for summary in self.inner.journal.runs().await? {
+            if matches!(summary.status, Status::Running) {
+                self.recover_one(summary.run_id, &summary.status, &mut recovery)
+                    .await;
+            }
+        }
+        Ok(recovery)
+    }
+
     /// [`recover`](Self::recover) for `runs` only: what a node of a
     /// cluster does with the runs it takes over from a node that died.
     /// What this runtime had cached of them is dropped first (another

@@ -403,3 +403,35 @@ async fn a_runtime_on_a_shared_journal_never_answers_from_a_copy_another_process
     let view = unshared.snapshot(&run).await.unwrap().view;
     assert_eq!(view.response.as_deref(), Some("echo: one"));
 }
+
+#[tokio::test]
+async fn recovering_the_interrupted_runs_reads_no_idle_runs_log() {
+    let journal = Arc::new(Instrumented::default());
+    let shared: Arc<dyn Journal> = Arc::clone(&journal) as Arc<dyn Journal>;
+    {
+        let first = Runtime::builder(Arc::clone(&shared)).build();
+        for n in 0..3 {
+            let (run, turn) = begin(&first, &format!("idle {n}")).await;
+            settle(&first, &run, &turn).await;
+        }
+    }
+    let v1 = "sha256:b0ba777bc16d7457a2dd20c2c9d087c4e91bdd17e9020b011ed23d5e04a6794c";
+    let cut_off = older_spools_dangling_call(&shared, v1).await;
+    let reads = || journal.reads_from_start.load(Ordering::SeqCst);
+
+    let before = reads();
+    let one_shot = Runtime::builder(Arc::clone(&shared))
+        .tools(Tools::new())
+        .build();
+    assert_eq!(one_shot.recover_interrupted().await.unwrap().resumed, 1);
+    let turn = spool_journal::TurnId::new("turn_from_v1").unwrap();
+    settle(&one_shot, &cut_off, &turn).await;
+    assert_eq!(reads() - before, 1, "only the cut-off run's log was read");
+    drop(one_shot);
+
+    // A full recovery, by contrast, reads every run that is not pending.
+    let before = reads();
+    let server = Runtime::builder(Arc::clone(&shared)).build();
+    server.recover().await.unwrap();
+    assert_eq!(reads() - before, 4);
+}

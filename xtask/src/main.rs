@@ -180,7 +180,16 @@ fn bench(args: &[String]) -> Result<()> {
     let root = root();
     section("building benchmarks (release)");
     let status = cargo()
-        .args(["build", "--release", "--locked", "-p", "spool-bench"])
+        // `spool` too: the one-shot benchmark runs it as a user does.
+        .args([
+            "build",
+            "--release",
+            "--locked",
+            "-p",
+            "spool-bench",
+            "-p",
+            "spool-cli",
+        ])
         .current_dir(&root)
         .status()?;
     if !status.success() {
@@ -194,6 +203,7 @@ fn bench(args: &[String]) -> Result<()> {
     section("running benchmarks");
     let status = Command::new(target.join("release").join("spool-bench"))
         .env("JOURNAL_PG_URL", &postgres.url)
+        .env("SPOOL_BIN", target.join("release").join("spool"))
         .args(args)
         .arg("--report")
         .arg(&report)

@@ -12,6 +12,7 @@ use std::process::ExitCode;
 mod http;
 mod journal;
 mod long;
+mod oneshot;
 mod otel;
 mod pg;
 mod report;
@@ -44,6 +45,7 @@ const BENCHES: &[(&str, Bench)] = &[
     ("wire-decode", wire::decode),
     ("http-runs", http::runs),
     ("http-runs-pg", pg::cluster_runs),
+    ("one-shot-run", oneshot::run),
     ("soak", http::soak),
     ("parked-runs", http::parked),
     ("stream-fanout", http::fanout),

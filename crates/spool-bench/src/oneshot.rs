@@ -1,0 +1,92 @@
+//! `one-shot-run`: `spool run hello` as a whole process (start, open the
+//! journal, one durable echo turn, exit), against the same binary doing
+//! nothing (`spool --version`): what a one-shot run costs beyond starting
+//! the program. Needs the `spool` binary in `SPOOL_BIN` (`cargo xtask
+//! bench` builds it); without it the rows are skipped, said.
+
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+
+use crate::Scale;
+use crate::report::Row;
+
+pub(crate) fn run(scale: Scale) -> anyhow::Result<Vec<Row>> {
+    let Ok(spool) = std::env::var("SPOOL_BIN") else {
+        crate::http::say(
+            "one-shot-run: skipped, SPOOL_BIN is not set (cargo xtask bench builds spool and sets it)",
+        )?;
+        return Ok(Vec::new());
+    };
+    let times = scale.pick(40, 3);
+    let dir = tempfile::tempdir()?;
+    let journal = dir.path().join("journal");
+    let journal = journal.to_str().context("a temporary path that is UTF-8")?;
+    // A journal that already holds runs, as a user's does.
+    timed(&spool, &["run", "warm up", "--journal", journal], 3)?;
+    let (bare_wall, bare_cpu) = timed(&spool, &["--version"], times)?;
+    let (wall, cpu) = timed(&spool, &["run", "hello", "--journal", journal], times)?;
+    Ok(vec![
+        Row::new(
+            "one-shot-run wall",
+            wall,
+            "ms",
+            "spool --version wall",
+            bare_wall,
+        )
+        .lower_is_better()
+        .figure_at_most(6.0),
+        Row::new(
+            "one-shot-run CPU",
+            cpu,
+            "ms",
+            "spool --version CPU",
+            bare_cpu,
+        )
+        .lower_is_better(),
+    ])
+}
+
+/// The median wall time and the mean CPU time (user and system, from
+/// this process's waited-for children) of `times` runs, in milliseconds.
+fn timed(program: &str, args: &[&str], times: usize) -> anyhow::Result<(f64, f64)> {
+    let cpu_before = children_cpu()?;
+    let mut walls = Vec::with_capacity(times);
+    for _ in 0..times {
+        let started = Instant::now();
+        let status = Command::new(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .with_context(|| format!("starting {program}"))?;
+        walls.push(started.elapsed().as_secs_f64() * 1e3);
+        if !status.success() {
+            bail!("{program} {} failed ({status})", args.join(" "));
+        }
+    }
+    walls.sort_by(f64::total_cmp);
+    let cpu = (children_cpu()? - cpu_before) / times as f64;
+    Ok((crate::http::percentile(&walls, 0.5), cpu))
+}
+
+/// The CPU time of this process's waited-for children so far, in
+/// milliseconds (`/proc/self/stat`'s `cutime` and `cstime`, in ticks of
+/// 10 ms: a mean over many runs is what is read).
+fn children_cpu() -> anyhow::Result<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").context("reading /proc/self/stat")?;
+    // The fields after the command's name, which is in parentheses.
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    // cutime and cstime are the 16th and 17th fields; 2 of them came
+    // before the part read here.
+    let ticks = |n: usize| -> anyhow::Result<f64> {
+        Ok(fields
+            .get(n - 3)
+            .context("a short /proc/self/stat")?
+            .parse::<f64>()?)
+    };
+    Ok((ticks(16)? + ticks(17)?) * 10.0)
+}

@@ -95,6 +95,23 @@ fn response(lines: &Receiver<serde_json::Value>, within: Duration) -> String {
     }
 }
 
+/// Nodes a, b and c on the journal at `url`.
+fn three_nodes(dir: &std::path::Path, url: &str) -> Vec<Running> {
+    ["a", "b", "c"]
+        .iter()
+        .map(|name| node(dir, url, name))
+        .collect()
+}
+
+/// `spool runs show RUN --json`: the run's log, a line per event.
+fn log_of(url: &str, run: &str) -> String {
+    let shown = Command::new(env!("CARGO_BIN_EXE_spool"))
+        .args(["runs", "show", run, "--json", "--journal", url])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&shown.stdout).into_owned()
+}
+
 /// How many times the `write` tool ran: each run appends its input,
 /// `{"id":"w1"}`, to the log.
 fn writes_in(log: &std::path::Path) -> usize {
@@ -110,10 +127,7 @@ fn three_nodes_complete_300_runs_spread_over_them() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let nodes: Vec<Running> = ["a", "b", "c"]
-        .iter()
-        .map(|name| node(dir.path(), &url, name))
-        .collect();
+    let nodes = three_nodes(dir.path(), &url);
     let clients: Vec<_> = (0..6)
         .map(|client| {
             let addr = nodes[client % 3].addr.clone();
@@ -157,10 +171,7 @@ fn every_node_answers_a_command_for_a_run_another_node_drives_as_that_node_does(
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let nodes: Vec<Running> = ["a", "b", "c"]
-        .iter()
-        .map(|name| node(dir.path(), &url, name))
-        .collect();
+    let nodes = three_nodes(dir.path(), &url);
     let (a, b, c) = (&nodes[0].addr, &nodes[1].addr, &nodes[2].addr);
     let started = crate::bus::run_to_end(a, "one");
     let run = started["run_id"].as_str().unwrap().to_owned();
@@ -195,11 +206,7 @@ fn every_node_answers_a_command_for_a_run_another_node_drives_as_that_node_does(
     assert_eq!(views[1], views[0]);
     assert_eq!(views[2], views[0]);
     // The log holds three turns, every one A's.
-    let shown = Command::new(env!("CARGO_BIN_EXE_spool"))
-        .args(["runs", "show", &run, "--json", "--journal", &url])
-        .output()
-        .unwrap();
-    let log = String::from_utf8_lossy(&shown.stdout);
+    let log = log_of(&url, &run);
     assert_eq!(log.matches("\"turn_completed\"").count(), 3, "{log}");
     for running in nodes {
         assert!(terminate(running).success());
@@ -281,11 +288,7 @@ fn a_node_paused_past_its_lease_cannot_write_when_it_wakes_and_lets_its_runs_go(
         }
     }
     // The run's log holds one answer: B's. A's was never written.
-    let shown = Command::new(env!("CARGO_BIN_EXE_spool"))
-        .args(["runs", "show", &run, "--json", "--journal", &url])
-        .output()
-        .unwrap();
-    let log = String::from_utf8_lossy(&shown.stdout);
+    let log = log_of(&url, &run);
     assert_eq!(log.matches("\"turn_completed\"").count(), 1, "{log}");
     assert_eq!(writes_in(&writes), 1, "the write ran once");
     // And a command for the run sent to A is B's to answer now: A sends
@@ -298,11 +301,7 @@ fn a_node_paused_past_its_lease_cannot_write_when_it_wakes_and_lets_its_runs_go(
         None,
     );
     assert_eq!(status, 200, "{reply}");
-    let shown = Command::new(env!("CARGO_BIN_EXE_spool"))
-        .args(["runs", "show", &run, "--json", "--journal", &url])
-        .output()
-        .unwrap();
-    let log = String::from_utf8_lossy(&shown.stdout);
+    let log = log_of(&url, &run);
     assert_eq!(log.matches("\"input\":\"more\"").count(), 1, "{log}");
     assert!(terminate(a).success());
     assert!(terminate(b).success());
@@ -342,11 +341,7 @@ fn a_schedule_on_three_nodes_fires_each_occurrence_once_and_goes_on_after_its_no
     answered(3);
     assert!(terminate(b).success());
     assert!(terminate(c).success());
-    let shown = Command::new(env!("CARGO_BIN_EXE_spool"))
-        .args(["runs", "show", &run, "--json", "--journal", &url])
-        .output()
-        .unwrap();
-    let log = String::from_utf8_lossy(&shown.stdout);
+    let log = log_of(&url, &run);
     let mut firings: Vec<&str> = log
         .lines()
         .filter(|line| line.contains("\"turn_started\""))

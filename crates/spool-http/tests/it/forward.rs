@@ -94,6 +94,21 @@ async fn a_command_sent_to_another_node_is_answered_by_the_runs_node_with_its_re
     b.stop().await;
 }
 
+/// Sends a message to a run through `node` and checks the reply is
+/// `503 node_unavailable` with `Retry-After: 1`; its error text.
+async fn node_unavailable(node: &Server) -> String {
+    let reply = node
+        .post(
+            "/spool/v1/runs/run_01aaaaaaaaaaaaaaaaaaaaaaaa",
+            r#"{"text": "x"}"#,
+        )
+        .await;
+    assert_eq!(reply.status, 503, "{:?}", reply.json());
+    assert_eq!(reply.json()["code"], "node_unavailable");
+    assert_eq!(reply.header("retry-after"), Some("1"));
+    reply.json()["error"].as_str().unwrap().to_owned()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_that_cannot_reach_the_runs_node_answers_503_node_unavailable() {
     // A port nobody listens on any more.
@@ -102,20 +117,8 @@ async fn a_node_that_cannot_reach_the_runs_node_answers_503_node_unavailable() {
     drop(gone);
     let placement = placed_on(&addr);
     let b = Server::start_with(echo_runtime(), move |c| c.with_placement(placement)).await;
-    let reply = b
-        .post(
-            "/spool/v1/runs/run_01aaaaaaaaaaaaaaaaaaaaaaaa",
-            r#"{"text": "x"}"#,
-        )
-        .await;
-    assert_eq!(reply.status, 503);
-    assert_eq!(reply.json()["code"], "node_unavailable");
-    assert_eq!(reply.header("retry-after"), Some("1"));
-    assert!(
-        reply.json()["error"].as_str().unwrap().contains(&addr),
-        "{:?}",
-        reply.json()
-    );
+    let error = node_unavailable(&b).await;
+    assert!(error.contains(&addr), "{error}");
     b.stop().await;
 }
 
@@ -170,21 +173,10 @@ async fn a_command_waiting_on_a_node_that_stopped_answering_ends_when_its_run_mo
         asked: std::sync::atomic::AtomicUsize::new(0),
     });
     let b = Server::start_with(echo_runtime(), move |c| c.with_placement(placement)).await;
-    let reply = b
-        .post(
-            "/spool/v1/runs/run_01aaaaaaaaaaaaaaaaaaaaaaaa",
-            r#"{"text": "x"}"#,
-        )
-        .await;
-    assert_eq!(reply.status, 503, "{:?}", reply.json());
-    assert_eq!(reply.json()["code"], "node_unavailable");
+    let error = node_unavailable(&b).await;
     assert!(
-        reply.json()["error"]
-            .as_str()
-            .unwrap()
-            .contains("may or may not have been recorded"),
-        "{:?}",
-        reply.json()
+        error.contains("may or may not have been recorded"),
+        "{error}"
     );
     drop(paused);
     b.stop().await;

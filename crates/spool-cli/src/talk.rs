@@ -71,7 +71,7 @@ pub(crate) struct ChatArgs {
 }
 
 pub(crate) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
-    crate::telemetry::block_on_here(async move {
+    crate::telemetry::block_on(async move {
         let backend = Backend::open(&args.target).await?;
         let mut conversation = Conversation::open(backend, args.target.address).await?;
         let mut lines = stdin_lines();
@@ -82,7 +82,7 @@ pub(crate) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
 }
 
 pub(crate) fn chat(args: ChatArgs) -> anyhow::Result<ExitCode> {
-    crate::telemetry::block_on_here(async move {
+    crate::telemetry::block_on(async move {
         let backend = Backend::open(&args.target).await?;
         let mut conversation = Conversation::open(backend, args.target.address).await?;
         let mut lines = stdin_lines();

@@ -82,25 +82,8 @@ pub(crate) fn observe(
 pub(crate) fn block_on(
     command: impl std::future::Future<Output = anyhow::Result<std::process::ExitCode>>,
 ) -> anyhow::Result<std::process::ExitCode> {
-    run_on(tokio::runtime::Builder::new_multi_thread(), command)
-}
-
-/// [`block_on`] on this thread alone: for a one-shot command (`spool run`,
-/// `spool chat`), which drives one conversation and has no use for a
-/// worker thread per core (starting them, and waking them, is most of
-/// what a short command would spend on its runtime).
-pub(crate) fn block_on_here(
-    command: impl std::future::Future<Output = anyhow::Result<std::process::ExitCode>>,
-) -> anyhow::Result<std::process::ExitCode> {
-    run_on(tokio::runtime::Builder::new_current_thread(), command)
-}
-
-fn run_on(
-    mut builder: tokio::runtime::Builder,
-    command: impl std::future::Future<Output = anyhow::Result<std::process::ExitCode>>,
-) -> anyhow::Result<std::process::ExitCode> {
     use anyhow::Context as _;
-    builder
+    tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?

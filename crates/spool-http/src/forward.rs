@@ -108,31 +108,24 @@ pub(crate) async fn forward(
     };
     tokio::select! {
         reply = sent => reply,
-        () = moved => {
-            let mut reply = body::error(
-                ErrorCode::NodeUnavailable,
-                format!("the node at {address} stopped answering while it had this command, and the run has moved to another node: the command may or may not have been recorded; read the run before sending it again"),
-            );
-            reply
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-            reply
-        }
+        () = moved => node_unavailable(format!("the node at {address} stopped answering while it had this command, and the run has moved to another node: the command may or may not have been recorded; read the run before sending it again")),
     }
+}
+
+/// `503 node_unavailable` with `Retry-After: 1`.
+fn node_unavailable(message: String) -> Response<Body> {
+    let mut reply = body::error(ErrorCode::NodeUnavailable, message);
+    reply
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    reply
 }
 
 async fn send(address: &str, parts: &http::request::Parts, bytes: Bytes) -> Response<Body> {
     let unavailable = |why: String| {
-        let mut reply = body::error(
-            ErrorCode::NodeUnavailable,
-            format!(
-                "the node that drives this run, at {address}, {why}; retry shortly (if it has died, another node takes the run over within its lease time)"
-            ),
-        );
-        reply
-            .headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-        reply
+        node_unavailable(format!(
+            "the node that drives this run, at {address}, {why}; retry shortly (if it has died, another node takes the run over within its lease time)"
+        ))
     };
     // A bare `HOST:PORT` (what a TCP listener describes itself as) is
     // spoken to over plain HTTP.

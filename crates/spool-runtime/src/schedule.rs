@@ -538,13 +538,16 @@ impl State {
     async fn open(runtime: &Runtime, name: &str) -> Result<Self, RuntimeError> {
         let journal = &runtime.inner.journal;
         let address = Address::new(RECORD_NAMESPACE, name);
+        // The recent part of a record run's log: enough for the history,
+        // however long the schedule has run.
+        let tail = |record: RunId| async move {
+            let next = *journal.subscribe(&record).await?.borrow();
+            let from = Seq(next.0.saturating_sub(RECORD_TAIL));
+            let envelopes = journal.read(&record, from).await?;
+            Ok::<_, RuntimeError>((record, envelopes))
+        };
         let (record, envelopes) = match journal.find_address(&address).await? {
-            Some(record) => {
-                let next = *journal.subscribe(&record).await?.borrow();
-                let from = Seq(next.0.saturating_sub(RECORD_TAIL));
-                let envelopes = journal.read(&record, from).await?;
-                (record, envelopes)
-            }
+            Some(record) => tail(record).await?,
             None => {
                 let record = runtime.inner.ids.run_id();
                 let created = Event::RunCreated(RunCreated {
@@ -557,10 +560,7 @@ impl State {
                     Ok(envelopes) => (record, envelopes),
                     // Another node sharing the journal made it first: use
                     // that one.
-                    Err(spool_journal::JournalError::AddressTaken { run, .. }) => {
-                        let envelopes = journal.read(&run, Seq(0)).await?;
-                        (run, envelopes)
-                    }
+                    Err(spool_journal::JournalError::AddressTaken { run, .. }) => tail(run).await?,
                     Err(error) => return Err(error.into()),
                 }
             }

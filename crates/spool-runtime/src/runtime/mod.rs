@@ -95,12 +95,7 @@ impl Runtime {
     ///
     /// When the journal cannot be listed.
     pub async fn recover(&self) -> Result<Recovery, RuntimeError> {
-        let mut recovery = Recovery::default();
-        for summary in self.inner.journal.runs().await? {
-            self.recover_one(summary.run_id, &summary.status, &mut recovery)
-                .await;
-        }
-        Ok(recovery)
+        self.recover_listed(|_| true).await
     }
 
     /// Resumes only the runs the journal lists as running: turns cut off
@@ -114,9 +109,18 @@ impl Runtime {
     ///
     /// When the journal cannot be listed.
     pub async fn recover_interrupted(&self) -> Result<Recovery, RuntimeError> {
+        self.recover_listed(|status| matches!(status, Status::Running))
+            .await
+    }
+
+    /// Recovers the journal's listed runs whose status `wanted` picks.
+    async fn recover_listed(
+        &self,
+        wanted: impl Fn(&Status) -> bool,
+    ) -> Result<Recovery, RuntimeError> {
         let mut recovery = Recovery::default();
         for summary in self.inner.journal.runs().await? {
-            if matches!(summary.status, Status::Running) {
+            if wanted(&summary.status) {
                 self.recover_one(summary.run_id, &summary.status, &mut recovery)
                     .await;
             }

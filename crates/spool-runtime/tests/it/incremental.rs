@@ -356,24 +356,10 @@ async fn a_parked_turn_cancelled_without_resuming_still_joins_the_models_history
 /// only when the other knows the journal is shared.
 #[tokio::test]
 async fn a_runtime_on_a_shared_journal_never_answers_from_a_copy_another_process_outdated() {
-    use std::sync::Arc;
-
-    use spool_journal::store::memory::MemoryJournal;
-    use spool_runtime::{Accepted, MessageRequest, Runtime, StartRequest};
-
-    let journal: Arc<dyn spool_journal::Journal> = Arc::new(MemoryJournal::new());
+    let journal: Arc<dyn Journal> = Arc::new(MemoryJournal::new());
     let driver = Runtime::builder(Arc::clone(&journal)).build();
-    let Accepted::Started { run, turn } = driver
-        .start(StartRequest {
-            text: "one".into(),
-            ..StartRequest::default()
-        })
-        .await
-        .unwrap()
-    else {
-        panic!("a new run starts a turn");
-    };
-    driver.wait_for(&run, &turn).await.unwrap();
+    let (run, turn) = begin(&driver, "one").await;
+    settle(&driver, &run, &turn).await;
     let shared = Runtime::builder(Arc::clone(&journal))
         .shared_journal(true)
         .build();
@@ -382,20 +368,7 @@ async fn a_runtime_on_a_shared_journal_never_answers_from_a_copy_another_process
         let view = reader.snapshot(&run).await.unwrap().view;
         assert_eq!(view.response.as_deref(), Some("echo: one"));
     }
-    let Accepted::Started { turn, .. } = driver
-        .send(
-            &run,
-            MessageRequest {
-                text: "two".into(),
-                ..MessageRequest::default()
-            },
-        )
-        .await
-        .unwrap()
-    else {
-        panic!("an idle run starts a turn");
-    };
-    driver.wait_for(&run, &turn).await.unwrap();
+    next_turn(&driver, &run, "two").await;
     let view = shared.snapshot(&run).await.unwrap().view;
     assert_eq!(view.response.as_deref(), Some("echo: two"), "read again");
     // Without the setting, a runtime trusts its cache: right for a

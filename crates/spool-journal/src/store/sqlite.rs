@@ -8,7 +8,9 @@
 //! cannot sink the others, and every caller is answered only after the
 //! commit holding its events is durable. The async executor never waits on
 //! SQLite: the writer is a plain thread fed by a bounded channel, and reads
-//! run on a small pool of separate connections in `spawn_blocking`.
+//! run on a small pool of separate connections in `spawn_blocking`. A
+//! commit writes its events side by side in arrival order; each run's
+//! index is written behind it (docs/journal.md, "Layout").
 //!
 //! Methods must be called from within a Tokio runtime.
 
@@ -130,14 +132,39 @@ impl Drop for SqliteJournal {
     }
 }
 
-const SCHEMA: &str = "
+/// The event tables of a new journal (layout version `STORE_VERSION`).
+///
+/// Events sit in arrival order (`pos`, the rowid), so a group commit's
+/// events are written side by side at the end of one B-tree instead of
+/// each in its own run's place: keeping a `(run_id, seq)` B-tree in the
+/// commit cost three quarters of SQLite's appends/s at 64 runs, because
+/// every run's rows dirtied their own leaf pages (see docs/performance.md).
+/// The per-run index, `event_index`, is written behind the commits in
+/// batches (`INDEX_BATCH` events, without an fsync of its own), and
+/// `indexed.through` says how far it reaches: a read takes the indexed
+/// part through it and scans the short tail of events after it, and
+/// opening the journal indexes whatever tail a crash left.
+const EVENT_TABLES: &str = "
 CREATE TABLE events (
+    pos INTEGER PRIMARY KEY,
     run_id TEXT NOT NULL,
     seq INTEGER NOT NULL,
     body BLOB NOT NULL,
-    hash BLOB NOT NULL,
+    hash BLOB NOT NULL
+);
+CREATE TABLE event_index (
+    run_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    pos INTEGER NOT NULL,
     PRIMARY KEY (run_id, seq)
 ) WITHOUT ROWID;
+CREATE TABLE indexed (through INTEGER NOT NULL);
+INSERT INTO indexed (through) VALUES (0);
+";
+
+/// The rest of a journal's tables: run heads and the indexes commands
+/// check (addresses, operation ids, idempotency claims).
+const SCHEMA: &str = "
 CREATE TABLE runs (
     run_id TEXT PRIMARY KEY,
     next_seq INTEGER NOT NULL,
@@ -172,6 +199,48 @@ CREATE TABLE claims (
 ) WITHOUT ROWID;
 CREATE UNIQUE INDEX claims_holder ON claims (run_id, call_id);
 ";
+
+/// The journal's layout, recorded as `store_version` in `meta` (apart from
+/// `schema_version`, the events' vocabulary). Version 1 (no
+/// `store_version`) kept events in a `(run_id, seq)` B-tree; opening such
+/// a journal for writing migrates it, and a read-only open reads it as it
+/// is.
+const STORE_VERSION: u32 = 2;
+
+/// How many events the writer lets go unindexed before it indexes them in
+/// a transaction of their own. The larger, the fewer index pages each
+/// event costs (64 runs appending: each run's leaf page written once per
+/// batch, not once per commit); the smaller, the shorter the tail a read
+/// scans (about 100 µs for a full one).
+const INDEX_BATCH: usize = 1_024;
+
+/// Takes the unindexed tail into `event_index` and moves the mark; the
+/// same statement serves the writer's batches, an open after a crash and
+/// a migration, and it indexes what any writer of the file appended.
+const INDEX_TAIL: &str = "
+INSERT OR IGNORE INTO event_index (run_id, seq, pos)
+    SELECT run_id, seq, pos FROM events WHERE pos > (SELECT through FROM indexed) ORDER BY pos;
+UPDATE indexed SET through = (SELECT coalesce(max(pos), 0) FROM events);
+";
+
+/// A version-1 journal's events (in a table renamed `events_by_run`),
+/// moved into the arrival-order table in run order, so `pos` grows with
+/// `seq` within each run as reads need.
+const MOVE_BY_RUN: &str = "
+INSERT INTO events (run_id, seq, body, hash)
+    SELECT run_id, seq, body, hash FROM events_by_run ORDER BY run_id, seq;
+DROP TABLE events_by_run;
+";
+
+/// Where a journal's events are, as its reads need to know.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Layout {
+    /// Version 1: one `(run_id, seq)` B-tree (read-only opens of a journal
+    /// no writer has migrated yet).
+    ByRun,
+    /// Version 2: arrival order, indexed behind.
+    InArrivalOrder,
+}
 
 /// WAL pages after which the writer copies them into the database file.
 /// SQLite's default (1 000) checkpoints every dozen commits when many runs
@@ -281,6 +350,9 @@ impl SqliteJournal {
             counters: Arc::clone(&counters),
             heads: HashMap::new(),
             data_version: None,
+            unindexed: 0,
+            durability: options.durability,
+            restore_sync: false,
             conn,
             receiver,
             watchers: Arc::clone(&watchers),
@@ -319,7 +391,7 @@ impl SqliteJournal {
         check_wal(&path)?;
         let mut readers = ReadPool::new(path.clone(), true);
         let opened = readers.take().and_then(|conn| {
-            check_schema(&conn)?;
+            readers.layout = check_schema(&conn)?;
             readers.give(conn);
             Ok(())
         });
@@ -351,7 +423,7 @@ impl SqliteJournal {
             readers = ReadPool::new(path.clone(), true);
             readers.immutable = true;
             let conn = readers.take()?;
-            check_schema(&conn)?;
+            readers.layout = check_schema(&conn)?;
             readers.give(conn);
         }
         Ok(Self {
@@ -430,7 +502,8 @@ impl Journal for SqliteJournal {
         from: Seq,
     ) -> BoxFuture<'a, Result<Vec<Envelope>, JournalError>> {
         let run = run.clone();
-        Box::pin(self.with_reader(move |conn| read_events(conn, &run, from)))
+        let layout = self.readers.layout;
+        Box::pin(self.with_reader(move |conn| read_events(conn, layout, &run, from)))
     }
 
     fn runs(&self) -> BoxFuture<'_, Result<Vec<RunSummary>, JournalError>> {
@@ -524,6 +597,12 @@ struct Writer {
     /// SQLite's count of commits by *other* connections, as of our last
     /// transaction: when it moves, our cached heads may be stale.
     data_version: Option<i64>,
+    /// Events committed since the index last took the tail.
+    unindexed: usize,
+    durability: Durability,
+    /// Set when `synchronous` could not be put back after indexing: no
+    /// commit may happen until it is.
+    restore_sync: bool,
 }
 
 /// The most heads kept; past it the cache starts over, so memory stays
@@ -555,6 +634,9 @@ impl Writer {
             }
             self.commit(batch);
         }
+        if self.unindexed > 0 {
+            self.index_tail();
+        }
         // A clean stop leaves everything in the database file and the
         // write-ahead log empty (it reached tens of MiB under load, and
         // stayed that size on disk after a stop).
@@ -571,6 +653,7 @@ impl Writer {
         // commits.
         let mut pending: HashMap<RunId, Head> = HashMap::new();
         let mut done = Vec::with_capacity(batch.len());
+        let mut appended = 0;
         let mut broken: Option<String> = None;
         for op in batch {
             if broken.is_some() {
@@ -587,7 +670,10 @@ impl Writer {
                     events,
                     reply,
                 } => match self.append(&mut pending, &run, expected, events) {
-                    Ok((envelopes, next)) => Done::Append(reply, Ok((run, envelopes, next))),
+                    Ok((envelopes, next)) => {
+                        appended += envelopes.len();
+                        Done::Append(reply, Ok((run, envelopes, next)))
+                    }
                     Err(Failed::Refused(error)) => Done::Append(reply, Err(error)),
                     Err(Failed::Broken(error)) => {
                         broken = Some(error.to_string());
@@ -670,11 +756,56 @@ impl Writer {
         for entry in done {
             entry.commit(&self.watchers);
         }
+        self.unindexed += appended;
+        if self.unindexed >= INDEX_BATCH {
+            self.index_tail();
+        }
+    }
+
+    /// Indexes the events committed since the last time, after their
+    /// callers were answered, in a transaction that does not wait for an
+    /// fsync of its own: the events are durable already, an index a power
+    /// loss takes back is rebuilt from them at open, and the next commit's
+    /// fsync covers it (the log is written in order).
+    fn index_tail(&mut self) {
+        let relax = self.durability == Durability::Full;
+        if relax && let Err(error) = self.conn.execute_batch("PRAGMA synchronous=NORMAL") {
+            tracing::warn!(target: "spool::journal", %error, "indexing waits for the next batch");
+            return;
+        }
+        let indexed = in_transaction(&self.conn, "indexing appended events", |conn| {
+            conn.execute_batch(INDEX_TAIL)
+        });
+        if relax {
+            self.restore_sync = true;
+            if let Err(error) = self.restore_sync() {
+                // `begin` tries again, and fails the batch until it works.
+                tracing::error!(target: "spool::journal", %error, "synchronous=FULL could not be restored after indexing");
+            }
+        }
+        match indexed {
+            Ok(()) => self.unindexed = 0,
+            // Reads scan the longer tail meanwhile; the next commit tries
+            // again.
+            Err(error) => tracing::warn!(target: "spool::journal", %error, "indexing waits for the next batch"),
+        }
+    }
+
+    /// Puts `synchronous=FULL` back after indexing, if it was taken away.
+    fn restore_sync(&mut self) -> rusqlite::Result<()> {
+        if self.restore_sync {
+            self.conn.execute_batch("PRAGMA synchronous=FULL")?;
+            self.restore_sync = false;
+        }
+        Ok(())
     }
 
     /// Begins the write transaction, and drops cached heads if another
     /// connection has committed since our last one.
     fn begin(&mut self) -> rusqlite::Result<()> {
+        // Never commit an acknowledged append with less than the durability
+        // asked for.
+        self.restore_sync()?;
         self.conn.execute_batch("BEGIN IMMEDIATE")?;
         let version: i64 = self
             .conn
@@ -942,11 +1073,16 @@ fn load_head(conn: &Connection, run: &RunId) -> Result<Option<Head>, JournalErro
     }))
 }
 
-fn read_events(conn: &Connection, run: &RunId, from: Seq) -> Result<Vec<Envelope>, JournalError> {
-    // One read transaction, so the predecessor's hash and the rows come
-    // from the same snapshot.
+fn read_events(
+    conn: &Connection,
+    layout: Layout,
+    run: &RunId,
+    from: Seq,
+) -> Result<Vec<Envelope>, JournalError> {
+    // One read transaction, so the predecessor's hash, the index's mark
+    // and the rows come from the same snapshot.
     conn.execute_batch("BEGIN").map_err(storage)?;
-    let result = read_snapshot(conn, run, from);
+    let result = read_snapshot(conn, layout, run, from);
     // Ending a read transaction cannot lose data, but a connection left
     // inside one would refuse the next BEGIN: roll back instead.
     if let Err(error) = conn.execute_batch("COMMIT") {
@@ -956,47 +1092,53 @@ fn read_events(conn: &Connection, run: &RunId, from: Seq) -> Result<Vec<Envelope
     result
 }
 
-fn read_snapshot(conn: &Connection, run: &RunId, from: Seq) -> Result<Vec<Envelope>, JournalError> {
+/// A run's rows from `from` on: the indexed ones in `seq` order, then the
+/// unindexed tail (events after the index's mark), in arrival order,
+/// which is `seq` order within a run.
+const READ_INDEXED: &str = "SELECT e.seq, e.body, e.hash FROM event_index i CROSS JOIN events e ON e.pos = i.pos
+     WHERE i.run_id = ?1 AND i.seq >= ?2 ORDER BY i.seq";
+const READ_TAIL: &str =
+    "SELECT seq, body, hash FROM events WHERE pos > ?3 AND run_id = ?1 AND seq >= ?2 ORDER BY pos";
+/// The same for a version-1 journal.
+const READ_BY_RUN: &str =
+    "SELECT seq, body, hash FROM events WHERE run_id = ?1 AND seq >= ?2 ORDER BY seq";
+
+fn read_snapshot(
+    conn: &Connection,
+    layout: Layout,
+    run: &RunId,
+    from: Seq,
+) -> Result<Vec<Envelope>, JournalError> {
+    let through: i64 = match layout {
+        Layout::ByRun => 0,
+        Layout::InArrivalOrder => conn
+            .query_row("SELECT through FROM indexed", [], |row| row.get(0))
+            .map_err(storage)?,
+    };
     let prev = if from.0 == 0 {
         GENESIS
     } else {
-        let stored: Option<Option<Vec<u8>>> = conn
-            .query_row(
-                "SELECT hash FROM events WHERE run_id = ?1 AND seq = ?2",
-                params![run.as_str(), seq_sql(Seq(from.0 - 1))?],
-                |row| Ok(stored_bytes(row.get_ref(0)?)),
-            )
-            .optional()
-            .map_err(storage)?;
-        match stored {
+        let before = Seq(from.0 - 1);
+        let mut found = None;
+        scan(conn, layout, run, before, through, |seq, _, hash| {
+            if seq == before {
+                found = Some(hash);
+            }
+            Ok(false)
+        })?;
+        match found {
             None => return Ok(Vec::new()),
             Some(hash) => Hash::try_from(hash.unwrap_or_default().as_slice()).map_err(|_| {
                 crate::chain::TamperEvident {
                     run: run.clone(),
-                    seq: Seq(from.0 - 1),
+                    seq: before,
                 }
             })?,
         }
     };
-    let mut statement = conn
-        .prepare_cached(
-            "SELECT seq, body, hash FROM events WHERE run_id = ?1 AND seq >= ?2 ORDER BY seq",
-        )
-        .map_err(storage)?;
-    let rows = statement
-        .query_map(params![run.as_str(), seq_sql(from)?], |row| {
-            Ok((
-                row.get::<_, i64>(0)?,
-                stored_bytes(row.get_ref(1)?),
-                stored_bytes(row.get_ref(2)?),
-            ))
-        })
-        .map_err(storage)?;
     let mut verifier = Verifier::new(run.clone(), from, prev);
     let mut envelopes = Vec::new();
-    for row in rows {
-        let (seq, bytes, hash) = row.map_err(storage)?;
-        let seq = Seq(u64::try_from(seq).unwrap_or(u64::MAX));
+    scan(conn, layout, run, from, through, |seq, bytes, hash| {
         let tampered = || crate::chain::TamperEvident {
             run: run.clone(),
             seq,
@@ -1007,8 +1149,43 @@ fn read_snapshot(conn: &Connection, run: &RunId, from: Seq) -> Result<Vec<Envelo
         let hash = Hash::try_from(hash.as_slice()).map_err(|_| tampered())?;
         verifier.check(seq, &bytes, &hash)?;
         envelopes.push(decode_row(run, seq, &bytes)?);
-    }
+        Ok(true)
+    })?;
     Ok(envelopes)
+}
+
+/// Hands `row` each of a run's rows from `from` on, in `seq` order, until
+/// it answers `false`.
+fn scan(
+    conn: &Connection,
+    layout: Layout,
+    run: &RunId,
+    from: Seq,
+    through: i64,
+    mut row: impl FnMut(Seq, Option<Vec<u8>>, Option<Vec<u8>>) -> Result<bool, JournalError>,
+) -> Result<(), JournalError> {
+    let queries: &[&str] = match layout {
+        Layout::ByRun => &[READ_BY_RUN],
+        Layout::InArrivalOrder => &[READ_INDEXED, READ_TAIL],
+    };
+    for sql in queries {
+        let mut statement = conn.prepare_cached(sql).map_err(storage)?;
+        let mut rows = if *sql == READ_TAIL {
+            statement.query(params![run.as_str(), seq_sql(from)?, through])
+        } else {
+            statement.query(params![run.as_str(), seq_sql(from)?])
+        }
+        .map_err(storage)?;
+        while let Some(found) = rows.next().map_err(storage)? {
+            let seq = Seq(u64::try_from(found.get::<_, i64>(0).map_err(storage)?).unwrap_or(u64::MAX));
+            let bytes = stored_bytes(found.get_ref(1).map_err(storage)?);
+            let hash = stored_bytes(found.get_ref(2).map_err(storage)?);
+            if !row(seq, bytes, hash)? {
+                return Ok(());
+            }
+        }
+    }
+    Ok(())
 }
 
 fn list_runs(conn: &Connection) -> Result<Vec<RunSummary>, JournalError> {
@@ -1048,46 +1225,97 @@ fn list_runs(conn: &Connection) -> Result<Vec<RunSummary>, JournalError> {
     .collect()
 }
 
-/// Creates the schema in a new file, or checks an existing file's version.
+/// Creates the schema in a new file, or checks an existing file's versions
+/// and migrates its layout to this build's.
 fn migrate(conn: &Connection) -> Result<(), JournalError> {
     conn.execute_batch(
         "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID",
     )
     .map_err(storage)?;
-    if stored_version(conn)?.is_none() {
-        conn.execute_batch(&format!(
-            "BEGIN IMMEDIATE; {SCHEMA} INSERT INTO meta (key, value) VALUES ('schema_version', '{SCHEMA_VERSION}'); COMMIT;"
-        ))
-        .map_err(|e| {
-            if let Err(error) = conn.execute_batch("ROLLBACK") {
-                tracing::debug!(%error, "rollback after a failed schema creation");
-            }
-            storage(e)
+    if stored_version(conn, "schema_version")?.is_none() {
+        return in_transaction(conn, "creating the journal", |conn| {
+            conn.execute_batch(&format!(
+                "{SCHEMA} {EVENT_TABLES}
+                 INSERT INTO meta (key, value) VALUES ('schema_version', '{SCHEMA_VERSION}');
+                 INSERT INTO meta (key, value) VALUES ('store_version', '{STORE_VERSION}');"
+            ))
+        });
+    }
+    if check_schema(conn)? == Layout::ByRun {
+        tracing::info!(target: "spool::journal", "moving the journal's events into arrival order (layout version 1 to 2), once");
+        in_transaction(conn, "migrating the journal to layout version 2", |conn| {
+            conn.execute_batch(&format!(
+                "ALTER TABLE events RENAME TO events_by_run; {EVENT_TABLES} {MOVE_BY_RUN} {INDEX_TAIL}
+                 INSERT INTO meta (key, value) VALUES ('store_version', '{STORE_VERSION}')
+                     ON CONFLICT (key) DO UPDATE SET value = excluded.value;"
+            ))
         })?;
     }
-    check_schema(conn)
-}
-
-fn check_schema(conn: &Connection) -> Result<(), JournalError> {
-    match stored_version(conn)? {
-        Some(found) if found > SCHEMA_VERSION => Err(JournalError::NewerSchema {
-            found,
-            supported: SCHEMA_VERSION,
-        }),
-        Some(_) => Ok(()),
-        None => Err(JournalError::storage(
-            "the file is not a Spool journal (no schema version)",
-        )),
-    }
-}
-
-fn stored_version(conn: &Connection) -> Result<Option<u32>, JournalError> {
-    let text: Option<String> = conn
+    // What a crash left unindexed; an open with nothing to index commits
+    // nothing (a one-shot `spool run` would pay an fsync for it).
+    let behind: bool = conn
         .query_row(
-            "SELECT value FROM meta WHERE key = 'schema_version'",
+            "SELECT coalesce(max(pos), 0) > (SELECT through FROM indexed) FROM events",
             [],
             |row| row.get(0),
         )
+        .map_err(storage)?;
+    if !behind {
+        return Ok(());
+    }
+    in_transaction(conn, "indexing the journal's last events", |conn| {
+        conn.execute_batch(INDEX_TAIL)
+    })
+}
+
+/// Runs `work` in one write transaction, rolled back if any of it fails.
+fn in_transaction(
+    conn: &Connection,
+    doing: &str,
+    work: impl FnOnce(&Connection) -> rusqlite::Result<()>,
+) -> Result<(), JournalError> {
+    let result = conn
+        .execute_batch("BEGIN IMMEDIATE")
+        .and_then(|()| work(conn))
+        .and_then(|()| conn.execute_batch("COMMIT"));
+    result.map_err(|error| {
+        if !conn.is_autocommit()
+            && let Err(rollback) = conn.execute_batch("ROLLBACK")
+        {
+            tracing::debug!(error = %rollback, "rollback after a failed transaction");
+        }
+        JournalError::storage(format!("{doing}: {error}"))
+    })
+}
+
+/// Checks that this build reads the journal, and says where its events are.
+fn check_schema(conn: &Connection) -> Result<Layout, JournalError> {
+    let Some(events) = stored_version(conn, "schema_version")? else {
+        return Err(JournalError::storage(
+            "the file is not a Spool journal (no schema version)",
+        ));
+    };
+    if events > SCHEMA_VERSION {
+        return Err(JournalError::NewerSchema {
+            found: events,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    match stored_version(conn, "store_version")?.unwrap_or(1) {
+        1 => Ok(Layout::ByRun),
+        STORE_VERSION => Ok(Layout::InArrivalOrder),
+        found => Err(JournalError::NewerSchema {
+            found,
+            supported: STORE_VERSION,
+        }),
+    }
+}
+
+fn stored_version(conn: &Connection, key: &str) -> Result<Option<u32>, JournalError> {
+    let text: Option<String> = conn
+        .query_row("SELECT value FROM meta WHERE key = ?1", [key], |row| {
+            row.get(0)
+        })
         .optional()
         .or_else(|e| match e {
             // A read-only open of a file with no meta table: not a journal.
@@ -1099,7 +1327,7 @@ fn stored_version(conn: &Connection) -> Result<Option<u32>, JournalError> {
         .map_err(storage)?;
     text.map(|t| {
         t.parse()
-            .map_err(|_| JournalError::storage(format!("unreadable schema version `{t}`")))
+            .map_err(|_| JournalError::storage(format!("unreadable {key} `{t}`")))
     })
     .transpose()
 }
@@ -1108,6 +1336,8 @@ fn stored_version(conn: &Connection) -> Result<Option<u32>, JournalError> {
 struct ReadPool {
     path: PathBuf,
     read_only: bool,
+    /// Where the events are.
+    layout: Layout,
     /// Open the file as one nothing changes (a journal on a read-only
     /// filesystem): SQLite then needs no `-shm` file beside it.
     immutable: bool,
@@ -1121,6 +1351,7 @@ impl ReadPool {
         Self {
             path,
             read_only,
+            layout: Layout::InArrivalOrder,
             immutable: false,
             idle: Mutex::new(Vec::new()),
         }

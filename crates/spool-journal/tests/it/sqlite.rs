@@ -1,9 +1,10 @@
 //! The SQLite store's own guarantees: its file, schema versioning, tamper
-//! evidence, read-only access beside a writer, and reopening.
+//! evidence, read-only access beside a writer, reopening, and its layout
+//! (events in arrival order, indexed behind; version 1 migrated).
 
 use rusqlite::Connection;
 use spool_journal::store::sqlite::{FILE_NAME, Options, SqliteJournal};
-use spool_journal::{Journal, JournalError, Seq};
+use spool_journal::{Envelope, Journal, JournalError, RunId, Seq};
 
 use crate::support::*;
 
@@ -378,4 +379,152 @@ fn a_storage_error_keeps_sqlites_own_error_as_its_source() {
         message.contains(&source.to_string()),
         "the message says it too: {message}"
     );
+}
+
+/// Appends `rounds` appends of ten events to each of three runs, the runs
+/// taking turns, and returns every run's envelopes as acknowledged.
+async fn interleaved(journal: &SqliteJournal, rounds: u64) -> Vec<(RunId, Vec<Envelope>)> {
+    let mut logs: Vec<(RunId, Vec<Envelope>)> =
+        ["a", "b", "c"].iter().map(|r| (run(r), Vec::new())).collect();
+    for round in 0..rounds {
+        for (run, log) in &mut logs {
+            let events = (0..10)
+                .map(|k| {
+                    if round == 0 && k == 0 {
+                        created()
+                    } else {
+                        started(&format!("t{round}-{k}"), "x")
+                    }
+                })
+                .collect();
+            let appended = journal
+                .append(run, Seq(log.len() as u64), events)
+                .await
+                .unwrap();
+            log.extend(appended);
+        }
+    }
+    logs
+}
+
+/// The index's mark and the last event's position, read beside the store.
+fn index_mark(dir: &std::path::Path) -> (i64, i64) {
+    let conn = Connection::open(dir.join(FILE_NAME)).unwrap();
+    conn.query_row(
+        "SELECT (SELECT through FROM indexed), (SELECT max(pos) FROM events)",
+        [],
+        |row| Ok((row.get(0)?, row.get(1)?)),
+    )
+    .unwrap()
+}
+
+/// Reads each run whole and from positions on both sides of the index's
+/// mark, against what its appends returned.
+async fn reads_match(journal: &SqliteJournal, logs: &[(RunId, Vec<Envelope>)]) {
+    for (run, log) in logs {
+        for from in [0, 1, 150, 345, 420, log.len() - 1, log.len()] {
+            let read = journal.read(run, Seq(from as u64)).await.unwrap();
+            assert_eq!(read, log[from..], "run {run} read from {from}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn runs_read_whole_across_the_index_written_behind_and_after_reopening() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = SqliteJournal::open(dir.path(), Options::default()).unwrap();
+    // 1,440 events: more than one index batch, so part of each run is
+    // indexed and part is still in the tail.
+    let logs = interleaved(&journal, 48).await;
+    let (through, last) = index_mark(dir.path());
+    assert!(
+        0 < through && through < last,
+        "the index lags the commits: indexed through {through} of {last}"
+    );
+    reads_match(&journal, &logs).await;
+    drop(journal);
+    assert_eq!(index_mark(dir.path()), (last, last), "a clean stop indexes the tail");
+    let reopened = SqliteJournal::open(dir.path(), Options::default()).unwrap();
+    reads_match(&reopened, &logs).await;
+}
+
+#[tokio::test]
+async fn an_unindexed_tail_left_by_a_crash_is_indexed_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let logs = interleaved(
+        &SqliteJournal::open(dir.path(), Options::default()).unwrap(),
+        48,
+    )
+    .await;
+    // As a kill between a commit and its indexing leaves the file.
+    let conn = Connection::open(dir.path().join(FILE_NAME)).unwrap();
+    conn.execute_batch("DELETE FROM event_index WHERE pos > 200; UPDATE indexed SET through = 200;")
+        .unwrap();
+    let read_only = SqliteJournal::open_read_only(dir.path()).unwrap();
+    reads_match(&read_only, &logs).await;
+    drop(read_only);
+    let reopened = SqliteJournal::open(dir.path(), Options::default()).unwrap();
+    let (through, last) = index_mark(dir.path());
+    assert_eq!(through, last, "opening indexes the tail");
+    let indexed: i64 = conn
+        .query_row("SELECT count(*) FROM event_index", [], |row| row.get(0))
+        .unwrap();
+    assert_eq!(indexed, last);
+    reads_match(&reopened, &logs).await;
+}
+
+/// Puts a journal back in the layout of version 1: events in one
+/// `(run_id, seq)` B-tree, and no `store_version`.
+fn to_layout_1(dir: &std::path::Path) {
+    let conn = Connection::open(dir.join(FILE_NAME)).unwrap();
+    conn.execute_batch(
+        "BEGIN;
+         CREATE TABLE events_v1 (
+             run_id TEXT NOT NULL,
+             seq INTEGER NOT NULL,
+             body BLOB NOT NULL,
+             hash BLOB NOT NULL,
+             PRIMARY KEY (run_id, seq)
+         ) WITHOUT ROWID;
+         INSERT INTO events_v1 SELECT run_id, seq, body, hash FROM events;
+         DROP TABLE events; DROP TABLE event_index; DROP TABLE indexed;
+         ALTER TABLE events_v1 RENAME TO events;
+         DELETE FROM meta WHERE key = 'store_version';
+         COMMIT;",
+    )
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_version_1_journal_is_read_as_it_is_read_only_and_migrated_when_opened_for_writing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut logs = interleaved(
+        &SqliteJournal::open(dir.path(), Options::default()).unwrap(),
+        48,
+    )
+    .await;
+    to_layout_1(dir.path());
+    let read_only = SqliteJournal::open_read_only(dir.path()).unwrap();
+    reads_match(&read_only, &logs).await;
+    drop(read_only);
+
+    let journal = SqliteJournal::open(dir.path(), Options::default()).unwrap();
+    let conn = Connection::open(dir.path().join(FILE_NAME)).unwrap();
+    let version: String = conn
+        .query_row(
+            "SELECT value FROM meta WHERE key = 'store_version'",
+            [],
+            |row| row.get(0),
+        )
+        .unwrap();
+    assert_eq!(version, "2");
+    reads_match(&journal, &logs).await;
+    // The chains go on where they stopped.
+    let (run, log) = &mut logs[1];
+    let appended = journal
+        .append(run, Seq(log.len() as u64), vec![started("after", "x")])
+        .await
+        .unwrap();
+    log.extend(appended);
+    reads_match(&journal, &logs).await;
 }

@@ -787,7 +787,9 @@ impl Writer {
             Ok(()) => self.unindexed = 0,
             // Reads scan the longer tail meanwhile; the next commit tries
             // again.
-            Err(error) => tracing::warn!(target: "spool::journal", %error, "indexing waits for the next batch"),
+            Err(error) => {
+                tracing::warn!(target: "spool::journal", %error, "indexing waits for the next batch")
+            }
         }
     }
 
@@ -1095,7 +1097,8 @@ fn read_events(
 /// A run's rows from `from` on: the indexed ones in `seq` order, then the
 /// unindexed tail (events after the index's mark), in arrival order,
 /// which is `seq` order within a run.
-const READ_INDEXED: &str = "SELECT e.seq, e.body, e.hash FROM event_index i CROSS JOIN events e ON e.pos = i.pos
+const READ_INDEXED: &str =
+    "SELECT e.seq, e.body, e.hash FROM event_index i CROSS JOIN events e ON e.pos = i.pos
      WHERE i.run_id = ?1 AND i.seq >= ?2 ORDER BY i.seq";
 const READ_TAIL: &str =
     "SELECT seq, body, hash FROM events WHERE pos > ?3 AND run_id = ?1 AND seq >= ?2 ORDER BY pos";
@@ -1177,7 +1180,8 @@ fn scan(
         }
         .map_err(storage)?;
         while let Some(found) = rows.next().map_err(storage)? {
-            let seq = Seq(u64::try_from(found.get::<_, i64>(0).map_err(storage)?).unwrap_or(u64::MAX));
+            let seq =
+                Seq(u64::try_from(found.get::<_, i64>(0).map_err(storage)?).unwrap_or(u64::MAX));
             let bytes = stored_bytes(found.get_ref(1).map_err(storage)?);
             let hash = stored_bytes(found.get_ref(2).map_err(storage)?);
             if !row(seq, bytes, hash)? {

@@ -384,8 +384,10 @@ fn a_storage_error_keeps_sqlites_own_error_as_its_source() {
 /// Appends `rounds` appends of ten events to each of three runs, the runs
 /// taking turns, and returns every run's envelopes as acknowledged.
 async fn interleaved(journal: &SqliteJournal, rounds: u64) -> Vec<(RunId, Vec<Envelope>)> {
-    let mut logs: Vec<(RunId, Vec<Envelope>)> =
-        ["a", "b", "c"].iter().map(|r| (run(r), Vec::new())).collect();
+    let mut logs: Vec<(RunId, Vec<Envelope>)> = ["a", "b", "c"]
+        .iter()
+        .map(|r| (run(r), Vec::new()))
+        .collect();
     for round in 0..rounds {
         for (run, log) in &mut logs {
             let events = (0..10)
@@ -443,7 +445,11 @@ async fn runs_read_whole_across_the_index_written_behind_and_after_reopening() {
     );
     reads_match(&journal, &logs).await;
     drop(journal);
-    assert_eq!(index_mark(dir.path()), (last, last), "a clean stop indexes the tail");
+    assert_eq!(
+        index_mark(dir.path()),
+        (last, last),
+        "a clean stop indexes the tail"
+    );
     let reopened = SqliteJournal::open(dir.path(), Options::default()).unwrap();
     reads_match(&reopened, &logs).await;
 }
@@ -458,8 +464,10 @@ async fn an_unindexed_tail_left_by_a_crash_is_indexed_at_open() {
     .await;
     // As a kill between a commit and its indexing leaves the file.
     let conn = Connection::open(dir.path().join(FILE_NAME)).unwrap();
-    conn.execute_batch("DELETE FROM event_index WHERE pos > 200; UPDATE indexed SET through = 200;")
-        .unwrap();
+    conn.execute_batch(
+        "DELETE FROM event_index WHERE pos > 200; UPDATE indexed SET through = 200;",
+    )
+    .unwrap();
     let read_only = SqliteJournal::open_read_only(dir.path()).unwrap();
     reads_match(&read_only, &logs).await;
     drop(read_only);

@@ -17,6 +17,7 @@ mod otel;
 mod pg;
 mod report;
 mod rpc;
+mod serve;
 mod wire;
 
 use report::Row;
@@ -46,6 +47,7 @@ const BENCHES: &[(&str, Bench)] = &[
     ("http-runs", http::runs),
     ("http-runs-pg", pg::cluster_runs),
     ("one-shot-run", oneshot::run),
+    ("serve-runs", serve::run),
     ("soak", http::soak),
     ("parked-runs", http::parked),
     ("stream-fanout", http::fanout),

@@ -261,13 +261,14 @@ impl PgJournal {
         &self.schema
     }
 
-    /// Commits and operations so far.
+    /// Commits, operations and reads so far.
     #[must_use]
     pub fn stats(&self) -> WriterStats {
         use std::sync::atomic::Ordering::Relaxed;
         WriterStats {
             commits: self.counters.commits.load(Relaxed),
             operations: self.counters.operations.load(Relaxed),
+            reads: self.readers.served.load(Relaxed),
         }
     }
 
@@ -500,6 +501,8 @@ struct ReadStatements {
 pub(crate) struct Readers {
     target: Target,
     current: Mutex<Option<(Arc<Client>, Arc<ReadStatements>)>>,
+    /// Reads served, for [`PgJournal::stats`].
+    served: std::sync::atomic::AtomicU64,
 }
 
 impl Readers {
@@ -507,6 +510,7 @@ impl Readers {
         Self {
             target,
             current: Mutex::new(None),
+            served: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -563,6 +567,8 @@ impl Readers {
         F: Fn(Arc<Client>, Arc<ReadStatements>) -> Fut,
         Fut: std::future::Future<Output = Result<T, tokio_postgres::Error>>,
     {
+        self.served
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (client, statements) = self.get().await?;
         match query(Arc::clone(&client), statements).await {
             Err(error) if client.is_closed() => {

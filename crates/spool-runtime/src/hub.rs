@@ -104,7 +104,11 @@ const HUB_SWEEP_MIN: usize = 64;
 static NEXT_DELTA: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 struct RunDeltas {
-    sender: broadcast::Sender<LiveDelta>,
+    /// Made by the first subscriber: a channel of `DELTA_QUEUE` slots is
+    /// about 100 KiB, and made for every run that streamed a reply (then
+    /// freed at its turn's end) it was the largest cost of a one-turn run
+    /// nobody watched.
+    sender: Option<broadcast::Sender<LiveDelta>>,
     ring: VecDeque<LiveDelta>,
     recent: Arc<Shared>,
 }
@@ -183,12 +187,13 @@ impl Hub {
         if !runs.map.contains_key(run) && runs.map.len() >= runs.sweep_at {
             // Idle entries: nobody listens and no generation is in progress.
             runs.map
-                .retain(|_, deltas| deltas.sender.receiver_count() > 0 || !deltas.ring.is_empty());
+                .retain(|_, deltas| deltas.listened() || !deltas.ring.is_empty());
             runs.sweep_at = (runs.map.len() * 2).max(HUB_SWEEP_MIN);
         }
         let entry = runs.map.entry(run.clone()).or_insert_with(|| RunDeltas {
-            sender: broadcast::channel(DELTA_QUEUE).0,
-            ring: VecDeque::with_capacity(DELTA_RING),
+            sender: None,
+            // Grows as deltas come, up to `DELTA_RING`.
+            ring: VecDeque::new(),
             recent: Arc::default(),
         });
         f(entry)
@@ -210,7 +215,9 @@ impl Hub {
             deltas.ring.push_back(live.clone());
             // Refused only when nobody listens; the ring has it for whoever
             // subscribes next.
-            let _ = deltas.sender.send(live);
+            if let Some(sender) = &deltas.sender {
+                let _ = sender.send(live);
+            }
         });
     }
 
@@ -219,7 +226,7 @@ impl Hub {
     pub(crate) fn end_turn(&self, run: &RunId) {
         let mut runs = self.runs();
         if let Some(deltas) = runs.map.get_mut(run) {
-            if deltas.sender.receiver_count() == 0 {
+            if !deltas.listened() {
                 // Nobody listens: a parked or finished run costs nothing here.
                 runs.map.remove(run);
             } else {
@@ -242,10 +249,19 @@ impl Hub {
         // Subscribing before copying the ring means nothing falls between
         // the two; the counter drops what is in both.
         self.with(run, |deltas| Joined {
-            deltas: deltas.sender.subscribe(),
+            deltas: deltas
+                .sender
+                .get_or_insert_with(|| broadcast::channel(DELTA_QUEUE).0)
+                .subscribe(),
             ring: deltas.ring.iter().cloned().collect(),
             recent: Arc::clone(&deltas.recent),
         })
+    }
+}
+
+impl RunDeltas {
+    fn listened(&self) -> bool {
+        self.sender.as_ref().is_some_and(|s| s.receiver_count() > 0)
     }
 }
 

@@ -92,12 +92,16 @@ pub struct WriterStats {
     /// Operations (appends and claims) those commits held; divided by
     /// `commits`, the average group size.
     pub operations: u64,
+    /// Reads served by the read connections (a run's events, its head for
+    /// a subscription, the listing, an address or operation id lookup).
+    pub reads: u64,
 }
 
 #[derive(Debug, Default)]
 struct Counters {
     commits: std::sync::atomic::AtomicU64,
     operations: std::sync::atomic::AtomicU64,
+    reads: std::sync::atomic::AtomicU64,
 }
 
 /// A journal in a SQLite file.
@@ -109,7 +113,33 @@ pub struct SqliteJournal {
     writer_thread: Option<thread::JoinHandle<()>>,
     readers: Arc<ReadPool>,
     watchers: Arc<Watchers>,
+    heads: Arc<Heads>,
     path: PathBuf,
+}
+
+/// Run heads as this process's writer last committed them. The writer
+/// checks an append against them without reading its run's row back, and
+/// subscribing to a run the process drives takes its position from them
+/// without a read (a server's every `POST /runs` subscribes to its new run
+/// to answer at the turn's boundary; a read is a task on the blocking pool
+/// and a read transaction). Another connection committing to the file
+/// empties them at the writer's next transaction (see
+/// `Writer::data_version`); until then a subscriber starts from the
+/// position this process committed, and SQLite tells no process of
+/// another's commits in any case.
+#[derive(Debug, Default)]
+struct Heads {
+    map: Mutex<HashMap<RunId, Head>>,
+}
+
+impl Heads {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<RunId, Head>> {
+        self.map.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn next(&self, run: &RunId) -> Option<Seq> {
+        self.lock().get(run).map(|head| head.next_seq)
+    }
 }
 
 impl std::fmt::Debug for SqliteJournal {
@@ -346,9 +376,10 @@ impl SqliteJournal {
         let (sender, receiver) = mpsc::channel(options.queue.max(1));
         let watchers = Arc::new(Watchers::default());
         let counters = Arc::new(Counters::default());
+        let heads = Arc::new(Heads::default());
         let writer = Writer {
+            heads: Arc::clone(&heads),
             counters: Arc::clone(&counters),
-            heads: HashMap::new(),
             data_version: None,
             unindexed: 0,
             durability: options.durability,
@@ -369,6 +400,7 @@ impl SqliteJournal {
             writer_thread: Some(writer_thread),
             readers: Arc::new(ReadPool::new(path.clone(), false)),
             watchers,
+            heads,
             path,
         })
     }
@@ -432,6 +464,7 @@ impl SqliteJournal {
             writer_thread: None,
             readers: Arc::new(readers),
             watchers: Arc::new(Watchers::default()),
+            heads: Arc::default(),
             path,
         })
     }
@@ -442,13 +475,14 @@ impl SqliteJournal {
         &self.path
     }
 
-    /// Commits and operations so far.
+    /// Commits, operations and reads so far.
     #[must_use]
     pub fn stats(&self) -> WriterStats {
         use std::sync::atomic::Ordering::Relaxed;
         WriterStats {
             commits: self.counters.commits.load(Relaxed),
             operations: self.counters.operations.load(Relaxed),
+            reads: self.counters.reads.load(Relaxed),
         }
     }
 
@@ -469,6 +503,9 @@ impl SqliteJournal {
         &self,
         work: impl FnOnce(&Connection) -> Result<T, JournalError> + Send + 'static,
     ) -> Result<T, JournalError> {
+        self.counters
+            .reads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let readers = Arc::clone(&self.readers);
         tokio::task::spawn_blocking(move || {
             let conn = readers.take()?;
@@ -570,7 +607,13 @@ impl Journal for SqliteJournal {
     ) -> BoxFuture<'a, Result<watch::Receiver<Seq>, JournalError>> {
         let owned = run.clone();
         Box::pin(async move {
+            // Registered first: a commit after this is announced to it.
             let receiver = self.watchers.register(run);
+            // The writer records a commit's heads before it announces them.
+            if let Some(next) = self.heads.next(run) {
+                self.watchers.advance(run, next);
+                return Ok(receiver);
+            }
             let next = self
                 .with_reader(
                     move |conn| Ok(load_head(conn, &owned)?.map_or(Seq(0), |h| h.next_seq)),
@@ -593,7 +636,7 @@ struct Writer {
     /// Run heads as last committed, so an append need not read its run's
     /// row back. Another process committing to the file clears it (see
     /// `data_version`).
-    heads: HashMap<RunId, Head>,
+    heads: Arc<Heads>,
     /// SQLite's count of commits by *other* connections, as of our last
     /// transaction: when it moves, our cached heads may be stale.
     data_version: Option<i64>,
@@ -729,17 +772,21 @@ impl Writer {
                 // no transaction open is refused, and that is harmless.
                 tracing::debug!(%error, "rollback after a failed commit");
             }
-            self.heads.clear();
+            self.heads.lock().clear();
             let message = format!("nothing was recorded: {reason}");
             for entry in done {
                 entry.fail(&message);
             }
             return;
         }
-        if self.heads.len() + pending.len() > MAX_CACHED_HEADS {
-            self.heads.clear();
+        {
+            // Before subscribers are told: `subscribe` relies on it.
+            let mut heads = self.heads.lock();
+            if heads.len() + pending.len() > MAX_CACHED_HEADS {
+                heads.clear();
+            }
+            heads.extend(pending);
         }
-        self.heads.extend(pending);
         // The commit's time is its fsync's, nearly all of it.
         tracing::debug!(
             operations = done.len(),
@@ -813,7 +860,7 @@ impl Writer {
             .conn
             .query_row("PRAGMA data_version", [], |row| row.get(0))?;
         if self.data_version != Some(version) {
-            self.heads.clear();
+            self.heads.lock().clear();
             self.data_version = Some(version);
         }
         Ok(())
@@ -824,7 +871,10 @@ impl Writer {
         pending: &HashMap<RunId, Head>,
         run: &RunId,
     ) -> Result<Option<Head>, JournalError> {
-        if let Some(head) = pending.get(run).or_else(|| self.heads.get(run)) {
+        if let Some(head) = pending.get(run) {
+            return Ok(Some(head.clone()));
+        }
+        if let Some(head) = self.heads.lock().get(run) {
             return Ok(Some(head.clone()));
         }
         load_head(&self.conn, run)

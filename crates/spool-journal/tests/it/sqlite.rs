@@ -536,3 +536,22 @@ async fn a_version_1_journal_is_read_as_it_is_read_only_and_migrated_when_opened
     log.extend(appended);
     reads_match(&journal, &logs).await;
 }
+
+#[tokio::test]
+async fn subscribing_to_a_run_this_process_wrote_reads_nothing_and_another_run_reads_its_head() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(three_events(dir.path()).await);
+    let journal = SqliteJournal::open(dir.path(), Options::default()).unwrap();
+    journal
+        .append(&run("new"), Seq(0), vec![created()])
+        .await
+        .unwrap();
+    let before = journal.stats().reads;
+    let positions = journal.subscribe(&run("new")).await.unwrap();
+    assert_eq!(*positions.borrow(), Seq(1));
+    assert_eq!(journal.stats().reads, before, "its head is known");
+    // Written before this open: its head is read.
+    let positions = journal.subscribe(&run("r")).await.unwrap();
+    assert_eq!(*positions.borrow(), Seq(3));
+    assert_eq!(journal.stats().reads, before + 1);
+}

@@ -1,7 +1,8 @@
 //! The runtime's in-memory runs: a command never reads a cached run's log
 //! from the start, the cache stays within its bound, an evicted run is
 //! read once and goes on where it was, and a turn recorded by an earlier
-//! Spool (version-1 request hashes) replays without a divergence.
+//! Spool (version-1 request hashes) replays without a divergence; a
+//! one-turn run on a durable journal reads nothing back.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -36,6 +37,28 @@ async fn no_command_reads_a_cached_runs_log_from_the_start() {
         journal.reads_from_start.load(Ordering::SeqCst),
         0,
         "a run this process created and kept cached is never read from its start"
+    );
+}
+
+#[tokio::test]
+async fn one_turn_runs_read_nothing_from_a_durable_journal() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = Arc::new(
+        spool_journal::store::sqlite::SqliteJournal::open(dir.path(), Default::default()).unwrap(),
+    );
+    let runtime = Runtime::builder(Arc::clone(&journal) as Arc<dyn Journal>).build();
+    for n in 0..5 {
+        let (run, turn) = begin(&runtime, &format!("hello {n}")).await;
+        let view = settle(&runtime, &run, &turn).await;
+        assert_eq!(
+            view.response.as_deref(),
+            Some(format!("echo: hello {n}").as_str())
+        );
+    }
+    assert_eq!(
+        journal.stats().reads,
+        0,
+        "starting a run and waiting for its turn's end read the journal"
     );
 }
 

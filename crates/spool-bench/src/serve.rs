@@ -1,0 +1,307 @@
+//! `serve-runs`: the `spool serve` process as a user runs it, measured from
+//! outside: one-turn runs over keep-alive connections from 16 and 64
+//! clients, the server's CPU per run (from `/proc/PID/stat`), its threads
+//! after each load (against the idle server's) and its resident memory
+//! after 1 000 runs. The baseline for CPU is the
+//! same server answering `GET /health` on the same connections: what a
+//! request costs the HTTP plumbing alone. Needs the `spool` binary in
+//! `SPOOL_BIN` (`cargo xtask bench` builds it); without it the rows are
+//! skipped, said.
+
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+use crate::Scale;
+use crate::report::Row;
+
+/// A `spool serve` child, killed when dropped.
+struct Server {
+    child: Child,
+    addr: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Server {
+    fn start(spool: &str) -> anyhow::Result<Self> {
+        let dir = tempfile::tempdir()?;
+        // A free port, given back for the server to take.
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .to_string();
+        let child = Command::new(spool)
+            .arg("serve")
+            .args(["--addr", &addr, "--journal"])
+            .arg(dir.path().join("journal"))
+            .current_dir(dir.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting {spool} serve"))?;
+        let server = Self {
+            child,
+            addr,
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(&server.addr).is_err() {
+            if Instant::now() > deadline {
+                bail!("spool serve did not listen on {} within 30 s", server.addr);
+            }
+            std::thread::yield_now();
+        }
+        Ok(server)
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+/// User and system CPU of process `pid` so far, in milliseconds.
+fn cpu_ms(pid: u32) -> anyhow::Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    // utime and stime are the 14th and 15th fields; 2 came before `after`.
+    let ticks = |n: usize| -> anyhow::Result<f64> {
+        Ok(fields.get(n - 3).context("a short stat")?.parse::<f64>()?)
+    };
+    Ok((ticks(14)? + ticks(15)?) * 10.0)
+}
+
+/// A field of `/proc/PID/status` (its number).
+fn status_field(pid: u32, field: &str) -> anyhow::Result<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let line = status
+        .lines()
+        .find_map(|line| line.strip_prefix(field))
+        .with_context(|| format!("no {field} in /proc/{pid}/status"))?;
+    Ok(line
+        .split_whitespace()
+        .next()
+        .context("an empty status field")?
+        .parse()?)
+}
+
+/// One keep-alive HTTP/1.1 connection.
+struct Conn {
+    stream: BufReader<TcpStream>,
+}
+
+impl Conn {
+    async fn open(addr: &str) -> anyhow::Result<Self> {
+        let stream = TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        Ok(Self {
+            stream: BufReader::new(stream),
+        })
+    }
+
+    /// Sends one request and reads its reply; the status and the body.
+    async fn request(&mut self, head: &str, body: &[u8]) -> anyhow::Result<(u16, Vec<u8>)> {
+        let request = format!(
+            "{head} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        let stream = self.stream.get_mut();
+        stream.write_all(request.as_bytes()).await?;
+        stream.write_all(body).await?;
+        let mut line = String::new();
+        self.stream.read_line(&mut line).await?;
+        let status: u16 = line
+            .split_whitespace()
+            .nth(1)
+            .context("a reply without a status line")?
+            .parse()?;
+        let mut length = None;
+        loop {
+            line.clear();
+            if self.stream.read_line(&mut line).await? == 0 {
+                bail!("the connection closed in a reply's headers");
+            }
+            let header = line.trim_end();
+            if header.is_empty() {
+                break;
+            }
+            if let Some((name, value)) = header.split_once(':')
+                && name.eq_ignore_ascii_case("content-length")
+            {
+                length = Some(value.trim().parse::<usize>()?);
+            }
+        }
+        let mut body = vec![0; length.context("a reply without Content-Length")?];
+        self.stream.read_exact(&mut body).await?;
+        Ok((status, body))
+    }
+}
+
+/// Requests answered per second by `clients` keep-alive connections, each
+/// sending `head` with `body` until `duration` has passed; every reply
+/// must be a 200 holding `expect`.
+async fn closed_loop(
+    addr: &str,
+    head: &'static str,
+    body: &'static [u8],
+    expect: &'static str,
+    clients: usize,
+    duration: Duration,
+) -> anyhow::Result<f64> {
+    let done = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let mut conn = Conn::open(addr).await?;
+        let done = Arc::clone(&done);
+        tasks.push(tokio::spawn(async move {
+            while started.elapsed() < duration {
+                let (status, reply) = conn.request(head, body).await?;
+                if status != 200 || !String::from_utf8_lossy(&reply).contains(expect) {
+                    bail!(
+                        "{head} answered {status}: {}",
+                        String::from_utf8_lossy(&reply)
+                    );
+                }
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for task in tasks {
+        task.await??;
+    }
+    Ok(done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64())
+}
+
+const RUN: (&str, &[u8], &str) = (
+    "POST /spool/v1/runs",
+    b"{\"text\":\"hello\"}",
+    "\"completed\"",
+);
+const HEALTH: (&str, &[u8], &str) = ("GET /spool/v1/health", b"", "");
+
+/// The rate and the server's CPU per request of one closed loop.
+async fn measured(
+    server: &Server,
+    (head, body, expect): (&'static str, &'static [u8], &'static str),
+    clients: usize,
+    duration: Duration,
+) -> anyhow::Result<(f64, f64)> {
+    let before = cpu_ms(server.pid())?;
+    let started = Instant::now();
+    let rate = closed_loop(&server.addr, head, body, expect, clients, duration).await?;
+    let requests = rate * started.elapsed().as_secs_f64();
+    let cpu = cpu_ms(server.pid())? - before;
+    Ok((rate, cpu / requests.max(1.0)))
+}
+
+pub(crate) fn run(scale: Scale) -> anyhow::Result<Vec<Row>> {
+    let Ok(spool) = std::env::var("SPOOL_BIN") else {
+        crate::http::say(
+            "serve-runs: skipped, SPOOL_BIN is not set (cargo xtask bench builds spool and sets it)",
+        )?;
+        return Ok(Vec::new());
+    };
+    // The server runs in its own directory; a relative path would miss.
+    let spool = std::fs::canonicalize(&spool)
+        .with_context(|| format!("SPOOL_BIN {spool}"))?
+        .to_string_lossy()
+        .into_owned();
+    let duration = scale.pick(Duration::from_secs(6), Duration::from_millis(400));
+    let tokio = crate::http::tokio()?;
+    let mut rows = Vec::new();
+
+    // Memory after the first 1 000 runs of a fresh server.
+    {
+        let server = Server::start(&spool)?;
+        let idle = status_field(server.pid(), "VmRSS:")? / 1024.0;
+        tokio.block_on(async {
+            let mut conn = Conn::open(&server.addr).await?;
+            for _ in 0..1_000 {
+                let (status, _) = conn.request(RUN.0, RUN.1).await?;
+                anyhow::ensure!(status == 200, "a run answered {status}");
+            }
+            anyhow::Ok(())
+        })?;
+        let after = status_field(server.pid(), "VmRSS:")? / 1024.0;
+        rows.push(
+            Row::new(
+                "serve-runs/RSS after 1000 runs",
+                after,
+                "MB",
+                "idle server",
+                idle,
+            )
+            .lower_is_better()
+            .figure_at_most(20.0),
+        );
+    }
+
+    let mut rates = Vec::new();
+    for clients in [16usize, 64] {
+        // A fresh server per load, so neither inherits the other's runs.
+        let server = Server::start(&spool)?;
+        let idle_threads = status_field(server.pid(), "Threads:")?;
+        let ((rate, cpu), (health_rate, health_cpu)) = tokio.block_on(async {
+            // Warm: connections, caches, the journal's first pages.
+            closed_loop(&server.addr, RUN.0, RUN.1, RUN.2, clients, duration / 6).await?;
+            let runs = measured(&server, RUN, clients, duration).await?;
+            let health = measured(&server, HEALTH, clients, duration / 2).await?;
+            anyhow::Ok((runs, health))
+        })?;
+        let threads = status_field(server.pid(), "Threads:")?;
+        rates.push(rate);
+        rows.push(Row::new(
+            format!("serve-runs/{clients} clients"),
+            rate,
+            "runs/s",
+            "GET /health req/s",
+            health_rate,
+        ));
+        rows.push(
+            Row::new(
+                format!("serve-runs/{clients} clients, server CPU per run"),
+                cpu,
+                "ms",
+                "CPU per GET /health",
+                health_cpu,
+            )
+            .lower_is_better()
+            .figure_at_most(0.4),
+        );
+        rows.push(Row::new(
+            format!("serve-runs/{clients} clients, threads after"),
+            threads,
+            "threads",
+            "idle server",
+            idle_threads,
+        ));
+    }
+    if let [at_16, at_64] = rates[..] {
+        // Throughput that holds as clients grow.
+        rows.push(
+            Row::new(
+                "serve-runs/64 clients against 16",
+                at_64,
+                "runs/s",
+                "16 clients",
+                at_16,
+            )
+            .ratio_at_least(1.0),
+        );
+    }
+    Ok(rows)
+}

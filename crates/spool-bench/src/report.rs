@@ -2,27 +2,43 @@
 
 use std::io::Write;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// One measured figure beside its baseline.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub(crate) struct Row {
     /// What was measured.
     pub(crate) name: String,
     /// The figure.
     pub(crate) figure: f64,
     /// Its unit.
-    pub(crate) unit: &'static str,
+    pub(crate) unit: String,
     /// What the baseline is.
     pub(crate) baseline_name: String,
     /// The baseline, measured in the same run, in the same unit.
     pub(crate) baseline: f64,
     /// `figure / baseline` (for times, `baseline / figure`: higher is better).
+    /// Written as `null` when there is none (JSON has no NaN).
+    #[serde(deserialize_with = "null_as_nan")]
     pub(crate) ratio: f64,
     /// The target, in words (`ratio >= 50`, `figure >= 5000000`), if any.
     pub(crate) target: Option<String>,
     /// Whether the target was met; `None` without a target.
     pub(crate) met: Option<bool>,
+}
+
+fn null_as_nan<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(deserializer)?.unwrap_or(f64::NAN))
+}
+
+/// The rows of a report [`write`] wrote.
+pub(crate) fn read(path: &std::path::Path) -> anyhow::Result<Vec<Row>> {
+    #[derive(Deserialize)]
+    struct Written {
+        rows: Vec<Row>,
+    }
+    let written: Written = serde_json::from_slice(&std::fs::read(path)?)?;
+    Ok(written.rows)
 }
 
 impl Row {
@@ -37,7 +53,7 @@ impl Row {
         Self {
             name: name.into(),
             figure,
-            unit,
+            unit: unit.to_owned(),
             baseline_name: baseline_name.into(),
             baseline,
             ratio: if baseline > 0.0 {
@@ -110,7 +126,7 @@ pub(crate) fn print(rows: &[Row], out: &mut impl Write) -> std::io::Result<()> {
             "{:name_width$}  {:>12}  {:10}  {:base_width$}  {:>12}  {:>8.2}  {:20}  {}",
             row.name,
             human(row.figure),
-            row.unit,
+            &row.unit,
             row.baseline_name,
             human(row.baseline),
             row.ratio,

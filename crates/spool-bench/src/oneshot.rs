@@ -12,11 +12,25 @@ use anyhow::{Context, bail};
 use crate::Scale;
 use crate::report::Row;
 
-pub(crate) fn run(scale: Scale) -> anyhow::Result<Vec<Row>> {
+/// The `spool` binary from `SPOOL_BIN`, as an absolute path (its servers
+/// run in directories of their own); `None`, said, when it is not set.
+pub(crate) fn spool_bin(bench: &str) -> anyhow::Result<Option<String>> {
     let Ok(spool) = std::env::var("SPOOL_BIN") else {
-        crate::http::say(
-            "one-shot-run: skipped, SPOOL_BIN is not set (cargo xtask bench builds spool and sets it)",
-        )?;
+        crate::http::say(&format!(
+            "{bench}: skipped, SPOOL_BIN is not set (cargo xtask bench builds spool and sets it)"
+        ))?;
+        return Ok(None);
+    };
+    Ok(Some(
+        std::fs::canonicalize(&spool)
+            .with_context(|| format!("SPOOL_BIN {spool}"))?
+            .to_string_lossy()
+            .into_owned(),
+    ))
+}
+
+pub(crate) fn run(scale: Scale) -> anyhow::Result<Vec<Row>> {
+    let Some(spool) = spool_bin("one-shot-run")? else {
         return Ok(Vec::new());
     };
     let times = scale.pick(40, 3);
@@ -73,20 +87,26 @@ fn timed(program: &str, args: &[&str], times: usize) -> anyhow::Result<(f64, f64
 }
 
 /// The CPU time of this process's waited-for children so far, in
-/// milliseconds (`/proc/self/stat`'s `cutime` and `cstime`, in ticks of
-/// 10 ms: a mean over many runs is what is read).
+/// milliseconds (`cutime` and `cstime`).
 fn children_cpu() -> anyhow::Result<f64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").context("reading /proc/self/stat")?;
-    // The fields after the command's name, which is in parentheses.
+    cpu_ms("self", 16)
+}
+
+/// Two CPU times of `/proc/PID/stat` from field `first` on (14: the
+/// process's own user and system time; 16: its waited-for children's), in
+/// milliseconds: ticks of 10 ms, so a mean over many runs is what is read.
+pub(crate) fn cpu_ms(pid: &str, first: usize) -> anyhow::Result<f64> {
+    let path = format!("/proc/{pid}/stat");
+    let stat = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    // The fields after the command's name, which is in parentheses; 2
+    // fields came before the part read here.
     let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
     let fields: Vec<&str> = after.split_whitespace().collect();
-    // cutime and cstime are the 16th and 17th fields; 2 of them came
-    // before the part read here.
     let ticks = |n: usize| -> anyhow::Result<f64> {
         Ok(fields
             .get(n - 3)
-            .context("a short /proc/self/stat")?
+            .with_context(|| format!("a short {path}"))?
             .parse::<f64>()?)
     };
-    Ok((ticks(16)? + ticks(17)?) * 10.0)
+    Ok((ticks(first)? + ticks(first + 1)?) * 10.0)
 }

@@ -73,14 +73,7 @@ impl Server {
 
 /// User and system CPU of process `pid` so far, in milliseconds.
 fn cpu_ms(pid: u32) -> anyhow::Result<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    // utime and stime are the 14th and 15th fields; 2 came before `after`.
-    let ticks = |n: usize| -> anyhow::Result<f64> {
-        Ok(fields.get(n - 3).context("a short stat")?.parse::<f64>()?)
-    };
-    Ok((ticks(14)? + ticks(15)?) * 10.0)
+    crate::oneshot::cpu_ms(&pid.to_string(), 14)
 }
 
 /// A field of `/proc/PID/status` (its number).
@@ -209,17 +202,9 @@ async fn measured(
 }
 
 pub(crate) fn run(scale: Scale) -> anyhow::Result<Vec<Row>> {
-    let Ok(spool) = std::env::var("SPOOL_BIN") else {
-        crate::http::say(
-            "serve-runs: skipped, SPOOL_BIN is not set (cargo xtask bench builds spool and sets it)",
-        )?;
+    let Some(spool) = crate::oneshot::spool_bin("serve-runs")? else {
         return Ok(Vec::new());
     };
-    // The server runs in its own directory; a relative path would miss.
-    let spool = std::fs::canonicalize(&spool)
-        .with_context(|| format!("SPOOL_BIN {spool}"))?
-        .to_string_lossy()
-        .into_owned();
     let duration = scale.pick(Duration::from_secs(6), Duration::from_millis(400));
     let tokio = crate::http::tokio()?;
     let mut rows = Vec::new();

@@ -84,7 +84,8 @@ impl Default for Options {
     }
 }
 
-/// What the writer has done since the journal was opened.
+/// What the journal has done since it was opened: its writer's commits
+/// and its reads.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct WriterStats {
     /// Transactions committed.

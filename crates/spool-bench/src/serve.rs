@@ -106,13 +106,16 @@ impl Conn {
 
     /// Sends one request and reads its reply; the status and the body.
     async fn request(&mut self, head: &str, body: &[u8]) -> anyhow::Result<(u16, Vec<u8>)> {
-        let request = format!(
+        // One write: with TCP_NODELAY, a head and a body written apart go
+        // out as two segments, and the server would be woken twice per
+        // request, which is the client's cost, not the server's.
+        let mut request = format!(
             "{head} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
             body.len()
-        );
-        let stream = self.stream.get_mut();
-        stream.write_all(request.as_bytes()).await?;
-        stream.write_all(body).await?;
+        )
+        .into_bytes();
+        request.extend_from_slice(body);
+        self.stream.get_mut().write_all(&request).await?;
         let mut line = String::new();
         self.stream.read_line(&mut line).await?;
         let status: u16 = line

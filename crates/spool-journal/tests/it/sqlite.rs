@@ -555,3 +555,41 @@ async fn subscribing_to_a_run_this_process_wrote_reads_nothing_and_another_run_r
     assert_eq!(*positions.borrow(), Seq(3));
     assert_eq!(journal.stats().reads, before + 1);
 }
+
+#[tokio::test]
+async fn a_journal_of_a_newer_layout_is_refused_and_left_as_it_is() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(three_events(dir.path()).await);
+    let conn = Connection::open(dir.path().join(FILE_NAME)).unwrap();
+    conn.execute(
+        "UPDATE meta SET value = '3' WHERE key = 'store_version'",
+        [],
+    )
+    .unwrap();
+    let error = SqliteJournal::open(dir.path(), Options::default()).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            JournalError::NewerSchema {
+                found: 3,
+                supported: 2
+            }
+        ),
+        "{error}"
+    );
+    assert!(
+        matches!(
+            SqliteJournal::open_read_only(dir.path()),
+            Err(JournalError::NewerSchema { found: 3, .. })
+        ),
+        "a read-only open refuses it too"
+    );
+    let version: String = conn
+        .query_row(
+            "SELECT value FROM meta WHERE key = 'store_version'",
+            [],
+            |row| row.get(0),
+        )
+        .unwrap();
+    assert_eq!(version, "3", "nothing was migrated");
+}

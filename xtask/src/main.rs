@@ -137,8 +137,9 @@ fn ci() -> Result<()> {
         }
     }
     drop(postgres);
-    // The test that restarts PostgreSQL under load gets a server of its
-    // own: a restart would break every other test sharing one.
+    // The tests that restart or stop PostgreSQL under load get a server
+    // of their own (a restart would break every other test sharing one),
+    // and run one at a time: one's restart must not end another's outage.
     section("PostgreSQL restarted under load");
     let restarted = pg::Server::start()?;
     let status = cargo()
@@ -148,11 +149,14 @@ fn ci() -> Result<()> {
             "--locked",
             "-p",
             "spool-journal-pg",
+            "-p",
+            "spool-cli",
             "--run-ignored",
             "only",
+            "--test-threads",
+            "1",
         ])
-        .env("JOURNAL_PG_URL", &restarted.url)
-        .env("JOURNAL_PG_RESTART", restarted.restart_command())
+        .envs(restarted.env())
         .env("SPOOL_REQUIRE_PG", "1")
         .current_dir(&root)
         .status()

@@ -21,6 +21,9 @@ pub(crate) struct Server {
     as_postgres: bool,
     /// Its URL, as `JOURNAL_PG_URL`.
     pub(crate) url: String,
+    /// The options it was started with (its port, socket directory, …),
+    /// which a start after a stop must give again.
+    options: String,
 }
 
 impl Server {
@@ -61,11 +64,17 @@ impl Server {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let port = free_port()?;
+        let options = format!(
+            "-c listen_addresses=127.0.0.1 -p {port} -k {} -c fsync={} -c max_connections=300",
+            dir.display(),
+            if fsync { "on" } else { "off" }
+        );
         let server = Self {
             bin,
             dir,
             as_postgres,
             url: format!("postgres://postgres@127.0.0.1:{port}/postgres"),
+            options,
         };
         if as_postgres {
             run_tool(Command::new("chown").arg("postgres:").arg(&server.dir))?;
@@ -82,11 +91,6 @@ impl Server {
                 "--no-sync".as_ref(),
             ],
         )?;
-        let options = format!(
-            "-c listen_addresses=127.0.0.1 -p {port} -k {} -c fsync={} -c max_connections=300",
-            server.dir.display(),
-            if fsync { "on" } else { "off" }
-        );
         let log = server.dir.join("log");
         server.tool(
             "pg_ctl",
@@ -97,7 +101,7 @@ impl Server {
                 log.as_os_str(),
                 "-w".as_ref(),
                 "-o".as_ref(),
-                options.as_ref(),
+                server.options.as_ref(),
                 "start".as_ref(),
             ],
         )?;
@@ -110,8 +114,38 @@ impl Server {
     /// connections again: what a test of the store surviving a restart
     /// runs, as `JOURNAL_PG_RESTART`.
     pub(crate) fn restart_command(&self) -> String {
+        self.pg_ctl("-m fast -w restart")
+    }
+
+    /// A shell command that stops the server (a fast shutdown), as
+    /// `JOURNAL_PG_STOP`: with [`Server::start_command`], a test can keep
+    /// the database away for as long as it needs (past a lease, say).
+    pub(crate) fn stop_command(&self) -> String {
+        self.pg_ctl("-m fast -w stop")
+    }
+
+    /// A shell command that starts the stopped server again with its
+    /// options, waiting until it accepts connections, as
+    /// `JOURNAL_PG_START`.
+    pub(crate) fn start_command(&self) -> String {
+        self.pg_ctl(&format!("-w -o '{}' start", self.options))
+    }
+
+    /// The variables a test that restarts the server reads.
+    pub(crate) fn env(&self) -> [(&'static str, String); 4] {
+        [
+            ("JOURNAL_PG_URL", self.url.clone()),
+            ("JOURNAL_PG_RESTART", self.restart_command()),
+            ("JOURNAL_PG_STOP", self.stop_command()),
+            ("JOURNAL_PG_START", self.start_command()),
+        ]
+    }
+
+    /// `pg_ctl` on this server's data directory and log, with `args`, as
+    /// one shell command run as the server's user.
+    fn pg_ctl(&self, args: &str) -> String {
         let pg_ctl = format!(
-            "{} -D {} -l {} -m fast -w restart",
+            "{} -D {} -l {} {args}",
             self.bin.join("pg_ctl").display(),
             self.dir.join("data").display(),
             self.dir.join("log").display()
@@ -179,8 +213,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     let server = Server::start()?;
     let status = Command::new(&command[0])
         .args(&command[1..])
-        .env("JOURNAL_PG_URL", &server.url)
-        .env("JOURNAL_PG_RESTART", server.restart_command())
+        .envs(server.env())
         .env("SPOOL_REQUIRE_PG", "1")
         .status()
         .with_context(|| format!("starting {}", command[0]))?;

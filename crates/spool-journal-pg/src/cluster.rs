@@ -15,7 +15,9 @@
 //!   expired) and that it holds each run's lease, locking both rows until
 //!   it commits. A node that wakes from a pause past its lease finds its
 //!   row gone or expired and its appends refused with
-//!   [`JournalError::LeaseLost`]; it cannot write.
+//!   [`JournalError::Lapsed`]; it cannot write until it joins again. An
+//!   append to a run another node holds is refused with
+//!   [`JournalError::LeaseLost`].
 //! - **Takeover** ([`Cluster::take_over`]): a live node deletes the rows of
 //!   expired nodes and moves their leases to itself in one transaction,
 //!   which waits for any append of theirs still in flight; the runs it

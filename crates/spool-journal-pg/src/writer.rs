@@ -496,10 +496,10 @@ impl Fenced {
             reason,
         };
         if !self.alive {
-            return Err(lost(format!(
-                "the lease of this node ({}) lapsed: it was paused or cut off past the lease time",
-                self.node
-            )));
+            return Err(JournalError::Lapsed {
+                run: run.clone(),
+                node: self.node,
+            });
         }
         match self.leases.get(run.as_str()) {
             Some((holder, _)) if *holder == self.node => Ok(true),

@@ -35,9 +35,11 @@ pub enum ErrorKind {
     ConversationCorrupt,
     /// Another writer moved the run's log, or holds the journal.
     OwnedElsewhere,
-    /// The journal's storage failed (a full disk, a failing device);
+    /// The journal's storage failed (a full disk, a failing device), or,
+    /// in a cluster, this node's lease lapsed and it is joining again;
     /// nothing was recorded. A run whose turn met it waits and resumes by
-    /// itself once the journal writes (see [`Runtime::journal_health`]).
+    /// itself once the journal writes (see [`Runtime::journal_health`]),
+    /// unless another node took it over meanwhile.
     ///
     /// [`Runtime::journal_health`]: crate::Runtime::journal_health
     Storage,
@@ -146,7 +148,10 @@ impl RuntimeError {
                 JournalError::Conflict { .. }
                 | JournalError::InUse { .. }
                 | JournalError::LeaseLost { .. } => ErrorKind::OwnedElsewhere,
-                JournalError::Storage { .. } => ErrorKind::Storage,
+                // A cluster node that lapsed writes again once it has
+                // joined again: as after a storage failure, the run waits
+                // and is resumed, or taken over by another node.
+                JournalError::Storage { .. } | JournalError::Lapsed { .. } => ErrorKind::Storage,
                 _ => ErrorKind::Internal,
             },
         }

@@ -357,3 +357,180 @@ fn a_schedule_on_three_nodes_fires_each_occurrence_once_and_goes_on_after_its_no
         "an occurrence delivered twice: {log}"
     );
 }
+
+/// A time by which something must have happened, however many unrelated
+/// things happen meanwhile.
+struct Deadline(std::time::Instant);
+
+impl Deadline {
+    fn in_secs(secs: u64) -> Self {
+        Self(std::time::Instant::now() + Duration::from_secs(secs))
+    }
+
+    /// The time left: zero once past, so a wait then fails at once.
+    fn left(&self) -> Duration {
+        self.0.saturating_duration_since(std::time::Instant::now())
+    }
+}
+
+/// `POST /runs` on `addr`: the id of the one-turn run it completed, or
+/// what answered instead (`STATUS code`, or why there was no answer).
+fn try_run(addr: &str, text: &str) -> Result<String, String> {
+    let mut stream = std::net::TcpStream::connect(addr).map_err(|e| e.to_string())?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .map_err(|e| e.to_string())?;
+    let body = serde_json::json!({ "text": text }).to_string();
+    write!(
+        stream,
+        "POST /spool/v1/runs HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .map_err(|e| e.to_string())?;
+    let mut reply = String::new();
+    stream
+        .read_to_string(&mut reply)
+        .map_err(|e| e.to_string())?;
+    let status = reply.split(' ').nth(1).unwrap_or_default();
+    let answer: serde_json::Value = serde_json::from_str(body_of(&reply)).unwrap_or_default();
+    match answer["run_id"].as_str() {
+        Some(run) if status == "200" && answer["response"] == format!("echo: {text}") => {
+            Ok(run.to_owned())
+        }
+        _ => Err(format!(
+            "{status} {}",
+            answer["code"].as_str().unwrap_or(&reply)
+        )),
+    }
+}
+
+#[test]
+#[ignore = "restarts the server: `cargo xtask ci` runs it on a server of its own"]
+fn three_nodes_serve_on_after_the_database_is_away_past_their_leases_and_lose_no_answered_run() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let Some(url) = crate::postgres::database() else {
+        return;
+    };
+    let command = |name: &str| {
+        let command = std::env::var(name).unwrap_or_else(|_| {
+            panic!("{name} names a command for the test server (cargo xtask ci sets it)")
+        });
+        let status = Command::new("sh").args(["-c", &command]).status().unwrap();
+        assert!(status.success(), "{name}: {status}");
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = three_nodes(dir.path(), &url);
+    // One client per node, each running one-turn runs one after another
+    // and telling the test what answered each.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (told, outcomes) = std::sync::mpsc::channel::<(usize, Result<String, String>)>();
+    let clients: Vec<_> = nodes
+        .iter()
+        .enumerate()
+        .map(|(client, node)| {
+            let addr = node.addr.clone();
+            let stop = Arc::clone(&stop);
+            let told = told.clone();
+            std::thread::spawn(move || {
+                for n in 0.. {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let _ = told.send((client, try_run(&addr, &format!("hello {client}-{n}"))));
+                }
+            })
+        })
+        .collect();
+    drop(told);
+    let mut answered: Vec<String> = Vec::new();
+    let mut refused = 0;
+    let mut take = |outcome: Result<String, String>| match outcome {
+        Ok(run) => {
+            answered.push(run);
+            true
+        }
+        // While the database is away a node refuses at once, with the
+        // code a client retries on, and records nothing.
+        Err(refusal) => {
+            assert_eq!(refusal, "503 journal_unavailable");
+            refused += 1;
+            false
+        }
+    };
+    // Waits until every client has had `n` more runs answered, within a
+    // minute however many are refused meanwhile.
+    let mut answered_by_each = |n: usize| {
+        let deadline = Deadline::in_secs(60);
+        let mut counts = [0_usize; 3];
+        while counts.iter().any(|&c| c < n) {
+            let (client, outcome) = outcomes
+                .recv_timeout(deadline.left())
+                .expect("every node answers runs within a minute");
+            if take(outcome) {
+                counts[client] += 1;
+            }
+        }
+    };
+    answered_by_each(5);
+    command("JOURNAL_PG_STOP");
+    // Away past every node's lease: each has failed to renew four times,
+    // once every third of the lease.
+    for node in &nodes {
+        let deadline = Deadline::in_secs(30);
+        let mut failed = 0;
+        while failed < 4 {
+            let line = node
+                .said
+                .recv_timeout(deadline.left())
+                .expect("a node tries to renew its lease every third of the lease time");
+            failed += usize::from(line.contains("renewing this node's lease"));
+        }
+    }
+    command("JOURNAL_PG_START");
+    // Every node reconnects, finds its lease lapsed, joins again, and
+    // serves again: each answers ten more.
+    answered_by_each(10);
+    for node in &nodes {
+        let deadline = Deadline::in_secs(30);
+        while !node
+            .said
+            .recv_timeout(deadline.left())
+            .expect("a node says it joined again")
+            .contains("this node's lease lapsed")
+        {}
+    }
+    stop.store(true, Ordering::Relaxed);
+    for client in clients {
+        client.join().unwrap();
+    }
+    for (_, outcome) in outcomes.try_iter() {
+        take(outcome);
+    }
+    assert!(refused > 0, "runs were refused while the database was away");
+    for running in nodes {
+        assert!(
+            terminate(running).success(),
+            "a node stops cleanly after the restart"
+        );
+    }
+    // No run a node answered as completed is lost.
+    let listed = Command::new(env!("CARGO_BIN_EXE_spool"))
+        .args(["runs", "list", "--json", "--journal", &url])
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&listed.stdout);
+    let completed: std::collections::HashSet<&str> = listed
+        .lines()
+        .filter(|line| line.contains("\"state\":\"completed\""))
+        .filter_map(|line| line.split("\"run_id\":\"").nth(1)?.split('"').next())
+        .collect();
+    assert!(answered.len() >= 45, "{} runs answered", answered.len());
+    for run in &answered {
+        assert!(
+            completed.contains(run.as_str()),
+            "run {run} was answered but is not listed completed"
+        );
+    }
+}

@@ -320,16 +320,31 @@ pub enum JournalError {
         /// The owner's process id, when it could be read.
         holder: Option<u32>,
     },
-    /// In a cluster: another node holds the run's lease, or this node's
-    /// own lease on its runs lapsed (it was paused or cut off past the
-    /// lease time and its runs were taken over). Nothing was recorded; the
-    /// node must let the run go.
+    /// In a cluster: another node holds the run's lease. Nothing was
+    /// recorded; the node must let the run go.
     #[error("run {run} is driven by another node ({reason}); nothing was recorded")]
     LeaseLost {
         /// The run.
         run: RunId,
-        /// Whose lease it is, or why this node's lapsed.
+        /// Whose lease it is.
         reason: String,
+    },
+    /// In a cluster: this node's own lease lapsed (it was paused, or cut
+    /// off from the database, past the lease time), so it may write to no
+    /// run until it has joined again, which its next renewal does; its
+    /// runs are taken over, by whichever node comes first. Nothing was
+    /// recorded. Unlike [`LeaseLost`](Self::LeaseLost) this says nothing
+    /// about who drives the run: a caller retries, as after a storage
+    /// failure.
+    #[error(
+        "this node's lease lapsed (node {node}: it was paused or cut off from the database past the lease time) \
+         and it is joining the cluster again; nothing was recorded for run {run}"
+    )]
+    Lapsed {
+        /// The run the append was for.
+        run: RunId,
+        /// The node's number when it lapsed.
+        node: i64,
     },
     /// SQLite's write-ahead log is missing or cut short while its index
     /// (`-shm`) says it holds committed events: opening would serve an

@@ -366,6 +366,18 @@ pub(crate) fn fanout(scale: Scale) -> anyhow::Result<Vec<Row>> {
             &bare,
         );
         rows.push(open_streams(&client, &url, held).await?);
+        // The latencies at the scale the memory row holds, over fewer
+        // turns (each is ten times the lines), measured after it: the
+        // memory they leave to the allocator would read as less memory
+        // per stream.
+        let turns_held = scale.pick(5usize, 2);
+        let most = latencies(&client, &url, "fanout-most", held, turns_held).await?;
+        let bare = bare_fanout(held, turns_held).await?;
+        rows.extend(latency_rows(
+            &format!("stream-fanout/{held} subscribers"),
+            &most,
+            &bare,
+        ));
         close_streams.send_replace(true);
         stop.send_replace(true);
         anyhow::Ok(rows)

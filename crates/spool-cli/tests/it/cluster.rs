@@ -2,7 +2,8 @@
 //! runs spread over them complete, a node killed mid-turn has its runs
 //! finished by the others with no write run twice, a node paused past its
 //! lease cannot write when it wakes, and a stream on one node follows a
-//! run another node drives.
+//! run another node drives; a database away past their leases (a test
+//! `cargo xtask ci` runs on a server of its own) loses no answered run.
 
 use std::io::{Read, Write};
 use std::process::Command;
@@ -405,7 +406,7 @@ fn try_run(addr: &str, text: &str) -> Result<String, String> {
 }
 
 #[test]
-#[ignore = "restarts the server: `cargo xtask ci` runs it on a server of its own"]
+#[ignore = "stops the server: `cargo xtask ci` runs it on a server of its own"]
 fn three_nodes_serve_on_after_the_database_is_away_past_their_leases_and_lose_no_answered_run() {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};

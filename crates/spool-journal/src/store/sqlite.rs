@@ -1583,6 +1583,18 @@ fn from_nanos(nanos: i64) -> OffsetDateTime {
 mod tests {
     use super::*;
 
+    /// Records `run`'s creation.
+    async fn create(journal: &SqliteJournal, run: &RunId) {
+        journal
+            .append(
+                run,
+                Seq(0),
+                vec![Event::RunCreated(crate::event::RunCreated::default())],
+            )
+            .await
+            .unwrap();
+    }
+
     /// What a journal on a read-only filesystem is read through, tried
     /// where the filesystem is writable (a test cannot mount one): a
     /// stopped journal in a directory whose name needs escaping in a URI
@@ -1597,14 +1609,7 @@ mod tests {
         let run = RunId::new("r").unwrap();
         tokio.block_on(async {
             let journal = SqliteJournal::open(&dir, Options::default()).unwrap();
-            journal
-                .append(
-                    &run,
-                    Seq(0),
-                    vec![Event::RunCreated(crate::event::RunCreated::default())],
-                )
-                .await
-                .unwrap();
+            create(&journal, &run).await;
         });
         let path = dir.join(FILE_NAME);
         // As a writer that stopped cleanly leaves it: everything in the
@@ -1636,14 +1641,7 @@ mod tests {
             let journal = SqliteJournal::open(dir.path(), Options::default()).unwrap();
             for i in 0..5 {
                 let run = RunId::new(format!("r{i}")).unwrap();
-                journal
-                    .append(
-                        &run,
-                        Seq(0),
-                        vec![Event::RunCreated(crate::event::RunCreated::default())],
-                    )
-                    .await
-                    .unwrap();
+                create(&journal, &run).await;
                 assert_eq!(journal.read(&run, Seq(0)).await.unwrap().len(), 1);
             }
             // Reads one after another share one pooled connection.

@@ -411,6 +411,10 @@ impl Scheduler {
                     .await?;
                 schedule.catch_up(&fired).await?;
             }
+            // Known before the first listing, not when the schedule's task
+            // first runs: a server answering at once would list none.
+            let last = schedule.state.lock().await.last_cron;
+            schedule.upcoming(last);
             schedules.insert(definition.name.clone(), schedule);
         }
         for schedule in schedules.values() {
@@ -690,20 +694,26 @@ impl Schedule {
             .map(|z| z.timestamp())
     }
 
+    /// The next occurrence to fire, after `last` fired and after now;
+    /// kept for listings.
+    fn upcoming(&self, last: Option<Timestamp>) -> Option<Timestamp> {
+        let now = self.clock.now();
+        let due = self.next_after(last.map_or(now, |last| last.max(now)));
+        *self.next.lock().unwrap_or_else(PoisonError::into_inner) = due;
+        due
+    }
+
     /// Fires each occurrence of the cron expression, one after another.
     async fn run(&self, fired: &watch::Sender<u64>) {
         loop {
-            let now = self.clock.now();
             let last = self.state.lock().await.last_cron;
-            let after = last.map_or(now, |last| last.max(now));
-            let Some(due) = self.next_after(after) else {
+            let Some(due) = self.upcoming(last) else {
                 tracing::warn!(
                     schedule = self.name(),
                     "the cron expression has no next occurrence"
                 );
                 return;
             };
-            *self.next.lock().unwrap_or_else(PoisonError::into_inner) = Some(due);
             self.clock.sleep_until(due).await;
             match self.fire(FireKind::Cron, cron_id(due), due, fired).await {
                 Ok(_) => {}

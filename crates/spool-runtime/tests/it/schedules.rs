@@ -102,6 +102,28 @@ async fn a_schedule_every_second_fires_on_time_under_paused_time() {
     assert!(view.next_fire_at.is_some());
 }
 
+// A current-thread runtime runs the schedule's own task only when the test
+// yields, so the listing here comes before it, as a request can on a busy
+// server.
+#[tokio::test(start_paused = true)]
+async fn a_schedule_listed_at_once_after_start_says_its_next_firing() {
+    let runtime = Runtime::builder(Arc::new(MemoryJournal::new())).build();
+    let clock = Clock::starting_at(at("2026-12-01T02:40:00Z"));
+    let scheduler = Scheduler::start(&runtime, &[definition("nightly", "0 3 * * *", None)], clock)
+        .await
+        .unwrap();
+    let view = scheduler.get("nightly").await.unwrap();
+    let next = view
+        .next_fire_at
+        .expect("the next firing is known at start");
+    assert_eq!(
+        Timestamp::from_nanosecond(next.unix_timestamp_nanos())
+            .unwrap()
+            .to_string(),
+        "2026-12-01T03:00:00Z"
+    );
+}
+
 /// A journal that refuses the first append `refuse` picks, once: what a
 /// process killed just before that write leaves behind.
 struct Crashing {

@@ -268,6 +268,8 @@ impl PgJournal {
         WriterStats {
             commits: self.counters.commits.load(Relaxed),
             operations: self.counters.operations.load(Relaxed),
+            // Each commit is PostgreSQL's own durable commit.
+            syncs: self.counters.commits.load(Relaxed),
             reads: self.readers.served.load(Relaxed),
         }
     }

@@ -704,14 +704,15 @@ struct Senders {
 }
 
 /// Sets a run's announced next position to `next` unless it is already
-/// later: positions never move backwards.
-fn announce(sender: &watch::Sender<Seq>, next: Seq) {
+/// later: positions never move backwards. Subscribers are woken when it
+/// moves, or also when it stays if `known_too`.
+fn announce(sender: &watch::Sender<Seq>, next: Seq, known_too: bool) {
     sender.send_if_modified(|seen| {
-        let newer = next > *seen;
-        if newer {
+        let wake = next > *seen || (known_too && next == *seen);
+        if wake {
             *seen = next;
         }
-        newer
+        wake
     });
 }
 
@@ -744,19 +745,30 @@ impl Watchers {
     /// they already know a later one: positions never move backwards.
     pub fn advance(&self, run: &RunId, next: Seq) {
         if let Some(sender) = self.senders().map.get(run) {
-            announce(sender, next);
+            announce(sender, next, false);
         }
     }
 
     /// After an append: announces `next` to the run's subscribers, or
     /// forgets the run when nobody listens any more.
     pub fn notify(&self, run: &RunId, next: Seq) {
+        self.tell(run, next, false);
+    }
+
+    /// As [`notify`](Self::notify), but wakes the run's subscribers even
+    /// when they already know `next`: for a store whose reads lag behind
+    /// the positions its heads show (SQLite's skip events not yet synced).
+    pub fn wake(&self, run: &RunId, next: Seq) {
+        self.tell(run, next, true);
+    }
+
+    fn tell(&self, run: &RunId, next: Seq, known_too: bool) {
         let mut senders = self.senders();
         if let Some(sender) = senders.map.get(run) {
             if sender.receiver_count() == 0 {
                 senders.map.remove(run);
             } else {
-                announce(sender, next);
+                announce(sender, next, known_too);
             }
         }
     }

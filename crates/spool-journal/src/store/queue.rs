@@ -90,10 +90,16 @@ impl Done {
     /// the caller is answered. A caller that stopped waiting (its request
     /// was dropped) is told nothing; the append stands.
     pub fn commit(self, watchers: &Watchers) {
+        self.commit_with(|run, next| watchers.notify(run, next));
+    }
+
+    /// [`commit`](Self::commit), announcing an append's new position with
+    /// `announce` instead of [`Watchers::notify`].
+    pub fn commit_with(self, announce: impl FnOnce(&RunId, Seq)) {
         match self {
             Self::Append(reply, result) => {
                 let result = result.map(|(run, envelopes, next)| {
-                    watchers.notify(&run, next);
+                    announce(&run, next);
                     envelopes
                 });
                 let _ = reply.send(result);

@@ -1,21 +1,28 @@
 //! The SQLite store, Spool's embedded default: `<dir>/journal.db` in WAL
-//! mode with `synchronous=FULL`, written by one thread that group-commits.
+//! mode, written by one thread that group-commits, each commit's log
+//! synced before any caller of it is answered.
 //!
 //! One fsync costs milliseconds on real disks, and every durable engine is
 //! bound by it, so the writer turns many appends into one commit: appends
-//! (from any runs) that arrive while a commit is syncing go into the next
-//! transaction together, each in its own savepoint so one refused append
-//! cannot sink the others, and every caller is answered only after the
-//! commit holding its events is durable. The async executor never waits on
-//! SQLite: the writer is a plain thread fed by a bounded channel, and reads
-//! run on a small pool of separate connections in `spawn_blocking`. A
-//! commit writes its events side by side in arrival order; each run's
-//! index is written behind it (docs/journal.md, "Layout").
+//! (from any runs) that arrive while a commit is being written go into the
+//! next transaction together, an append that would break a rule refused
+//! before anything of it is written, and every caller is answered only
+//! after the commit holding its events is durable. The fsync is a thread
+//! of its own (the syncer): while it syncs one commit's write-ahead log
+//! frames, the writer already builds the next, so a commit costs the
+//! larger of SQLite's work and the disk's sync instead of their sum.
+//! Reads never see an event before it is durable. The async executor
+//! never waits on SQLite: the writer is a plain thread fed by a bounded
+//! channel, and reads run on a small pool of separate connections in
+//! `spawn_blocking`. A commit writes its events side by side in arrival
+//! order; each run's index is written behind it (docs/journal.md,
+//! "Layout").
 //!
 //! Methods must be called from within a Tokio runtime.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread;
 
@@ -41,13 +48,16 @@ pub const FILE_NAME: &str = "journal.db";
 /// How hard a commit holds on to its data. Named for what each risks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Durability {
-    /// `synchronous=FULL`: an acknowledged append survives a crash and a
-    /// power loss. The default.
+    /// An acknowledged append survives a crash and a power loss: its
+    /// commit's write-ahead log is synced (`fdatasync`) before it is
+    /// answered, as `synchronous=FULL` would, by the syncer thread while
+    /// the writer goes on with the next commit. The default.
     #[default]
     Full,
-    /// `synchronous=NORMAL`: an acknowledged append survives a process
-    /// crash, but a power loss or OS crash may lose the last commits (the
-    /// log stays consistent). Faster; for runs that can be repeated.
+    /// `synchronous=NORMAL` without the syncer's sync: an acknowledged
+    /// append survives a process crash, but a power loss or OS crash may
+    /// lose the last commits (the log stays consistent). Faster; for runs
+    /// that can be repeated.
     LoseRecentCommitsOnPowerLoss,
 }
 
@@ -94,6 +104,11 @@ pub struct WriterStats {
     /// Operations (appends and claims) those commits held; divided by
     /// `commits`, the average group size.
     pub operations: u64,
+    /// Syncs that made commits durable (`fdatasync` of SQLite's
+    /// write-ahead log; one sync may carry several commits, none are made
+    /// under [`Durability::LoseRecentCommitsOnPowerLoss`]). `operations`
+    /// divided by it: how many operations shared each sync.
+    pub syncs: u64,
     /// Reads served by the read connections (a run's events, its head for
     /// a subscription, the listing, an address or operation id lookup).
     pub reads: u64,
@@ -101,9 +116,10 @@ pub struct WriterStats {
 
 #[derive(Debug, Default)]
 struct Counters {
-    commits: std::sync::atomic::AtomicU64,
-    operations: std::sync::atomic::AtomicU64,
-    reads: std::sync::atomic::AtomicU64,
+    commits: AtomicU64,
+    operations: AtomicU64,
+    syncs: AtomicU64,
+    reads: AtomicU64,
 }
 
 /// A journal in a SQLite file.
@@ -141,6 +157,248 @@ impl Heads {
 
     fn next(&self, run: &RunId) -> Option<Seq> {
         self.lock().get(run).map(|head| head.next_seq)
+    }
+}
+
+/// How far this process's commits are durable, shared by the writer, the
+/// syncer and the reads.
+///
+/// Events at positions in `(synced, written]` are committed, so SQLite's
+/// readers see them, but their sync has not returned: reads skip them, so
+/// nothing a power loss could still take back is ever shown (a stream
+/// that showed one would contradict the run recovered after it). The
+/// writer raises `written` before each `COMMIT` and the syncer `synced`
+/// after each sync, so a reader that takes `written` after its snapshot
+/// began has every unsynced event of that snapshot in the range. Heads
+/// and indexes (the run listing, addresses) are not held back: they may
+/// show a commit up to one sync before it is durable.
+#[derive(Debug, Default)]
+struct Durable {
+    /// The highest event position known synced.
+    synced: AtomicI64,
+    /// The highest event position committed.
+    written: AtomicI64,
+    /// The writer's count of the last commit known synced.
+    synced_commit: AtomicU64,
+    /// Why the journal stopped writing: a sync failed, and what SQLite
+    /// holds may differ from the disk, so nothing more is written until
+    /// the journal is opened again (and SQLite recovers from the disk).
+    failed: Mutex<Option<String>>,
+}
+
+impl Durable {
+    /// The positions reads skip: `(synced, written]`. Taken after a read
+    /// transaction's snapshot began.
+    fn hidden(&self) -> (i64, i64) {
+        let written = self.written.load(Ordering::Acquire);
+        (self.synced.load(Ordering::Acquire), written)
+    }
+
+    fn failure(&self) -> Option<String> {
+        self.failed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// Makes a commit's write-ahead log durable: `fdatasync` of the `-wal`
+/// file through a descriptor of the syncer's own (a sync reaches every
+/// write to the file, whichever descriptor made it), or nothing at all
+/// for [`Durability::LoseRecentCommitsOnPowerLoss`].
+type SyncFn = Box<dyn FnMut() -> std::io::Result<()> + Send>;
+
+fn sync_wal(path: &Path, durability: Durability, counters: Arc<Counters>) -> SyncFn {
+    if durability == Durability::LoseRecentCommitsOnPowerLoss {
+        return Box::new(|| Ok(()));
+    }
+    let wal = path.with_file_name(format!("{FILE_NAME}-wal"));
+    let mut file: Option<std::fs::File> = None;
+    Box::new(move || {
+        // Opened at the first sync, after the writer's first commit: SQLite
+        // makes the file, and keeps it while its connection is open. SQLite
+        // locks the database and `-shm` files, never `-wal`, so this
+        // descriptor takes no lock away when it closes.
+        let file = match &mut file {
+            Some(file) => file,
+            None => file.insert(std::fs::OpenOptions::new().write(true).open(&wal)?),
+        };
+        file.sync_data()?;
+        counters.syncs.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    })
+}
+
+/// One commit, handed from the writer to the syncer.
+struct Committed {
+    /// The writer's count of it.
+    number: u64,
+    /// Its callers' answers.
+    done: Vec<Done>,
+    /// The heads it wrote.
+    heads: HashMap<RunId, Head>,
+    /// Its highest event position, or 0 when it appended none.
+    last_pos: i64,
+}
+
+/// Commits the syncer may lag behind the writer before the writer waits:
+/// the syncer syncs everything queued at once, so more buys nothing.
+const SYNC_QUEUE: usize = 4;
+
+/// Where commits are made durable, in the order they were made, by the
+/// syncer thread or by the writer itself.
+///
+/// Under load the writer hands each commit over and goes on with the next
+/// while the syncer syncs (one sync for every commit queued meanwhile).
+/// With nothing else waiting and nothing being synced, the writer syncs
+/// its commit itself: handing it over would only add a thread's wake-up
+/// to a lone caller's wait (a fifth more time per append, measured with
+/// one run appending).
+struct Syncing {
+    state: Mutex<SyncState>,
+    changed: std::sync::Condvar,
+    /// Called only by whoever set `SyncState::busy`.
+    sync: Mutex<SyncFn>,
+    /// The sync does nothing ([`Durability::LoseRecentCommitsOnPowerLoss`]):
+    /// the writer answers every commit itself, since a hand-over would
+    /// overlap nothing.
+    always_here: bool,
+    durable: Arc<Durable>,
+    heads: Arc<Heads>,
+    watchers: Arc<Watchers>,
+}
+
+#[derive(Default)]
+struct SyncState {
+    queue: std::collections::VecDeque<Committed>,
+    /// A thread is syncing and answering a group: nobody else may, or
+    /// answers and heads could go out of order.
+    busy: bool,
+    /// The writer stopped: the syncer ends once the queue is empty.
+    closed: bool,
+}
+
+impl Syncing {
+    fn state(&self) -> std::sync::MutexGuard<'_, SyncState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn wait<'a>(
+        &self,
+        state: std::sync::MutexGuard<'a, SyncState>,
+    ) -> std::sync::MutexGuard<'a, SyncState> {
+        self.changed
+            .wait(state)
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Makes `committed` durable: here and now when `alone` (nothing else
+    /// waits for the writer) and nothing is queued or being synced,
+    /// otherwise by the syncer, waiting for room in its queue.
+    fn submit(&self, committed: Committed, alone: bool) {
+        let mut state = self.state();
+        if (alone || self.always_here) && !state.busy && state.queue.is_empty() {
+            state.busy = true;
+            drop(state);
+            self.finish(vec![committed]);
+            self.state().busy = false;
+            self.changed.notify_all();
+            return;
+        }
+        while state.queue.len() >= SYNC_QUEUE {
+            state = self.wait(state);
+        }
+        state.queue.push_back(committed);
+        drop(state);
+        self.changed.notify_all();
+    }
+
+    /// The writer stopped: the syncer finishes the queue and ends.
+    fn close(&self) {
+        self.state().closed = true;
+        self.changed.notify_all();
+    }
+
+    /// The syncer thread: syncs every commit queued since its last sync at
+    /// once, until the writer stops.
+    fn run(&self) {
+        loop {
+            let group: Vec<Committed> = {
+                let mut state = self.state();
+                loop {
+                    if !state.busy && !state.queue.is_empty() {
+                        break;
+                    }
+                    if state.closed && state.queue.is_empty() && !state.busy {
+                        return;
+                    }
+                    state = self.wait(state);
+                }
+                state.busy = true;
+                state.queue.drain(..).collect()
+            };
+            // The writer may be waiting for room.
+            self.changed.notify_all();
+            self.finish(group);
+            self.state().busy = false;
+            self.changed.notify_all();
+        }
+    }
+
+    /// Syncs once for `group`, then makes its heads the journal's, tells
+    /// subscribers and answers callers; or fails them all if the sync
+    /// failed, now or before.
+    fn finish(&self, group: Vec<Committed>) {
+        let failure = self.durable.failure().or_else(|| {
+            let mut sync = self.sync.lock().unwrap_or_else(PoisonError::into_inner);
+            let error = (sync)().err()?;
+            let message = format!(
+                "syncing the write-ahead log failed ({error}): the last commits may not be on disk, \
+                 and the journal writes nothing more until it is opened again"
+            );
+            tracing::error!(target: "spool::journal", %error, "a sync failed; the journal stops writing");
+            *self
+                .durable
+                .failed
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = Some(message.clone());
+            Some(message)
+        });
+        if let Some(message) = failure {
+            for committed in group {
+                for entry in committed.done {
+                    entry.fail(&message);
+                }
+            }
+            return;
+        }
+        let last_pos = group.iter().map(|c| c.last_pos).max().unwrap_or(0);
+        self.durable.synced.fetch_max(last_pos, Ordering::AcqRel);
+        let mut group = group;
+        {
+            // Before subscribers are told: `subscribe` relies on it.
+            let mut heads = self.heads.lock();
+            for committed in &mut group {
+                if heads.len() + committed.heads.len() > MAX_CACHED_HEADS {
+                    heads.clear();
+                }
+                heads.extend(committed.heads.drain());
+            }
+        }
+        if let Some(last) = group.last() {
+            // After the heads: the writer then forgets its own copies.
+            self.durable
+                .synced_commit
+                .store(last.number, Ordering::Release);
+        }
+        for committed in group {
+            for entry in committed.done {
+                // A subscriber that read the run's head before the sync may
+                // already know this position; it is woken all the same,
+                // since its reads skipped the events until now.
+                entry.commit_with(|run, next| self.watchers.wake(run, next));
+            }
+        }
     }
 }
 
@@ -364,47 +622,80 @@ impl SqliteJournal {
             .map_err(|e| JournalError::storage(format!("creating {}: {e}", dir.display())))?;
         let path = dir.join(FILE_NAME);
         check_wal(&path)?;
-        let conn = Connection::open(&path).map_err(storage)?;
+        let counters = Arc::new(Counters::default());
+        let sync = sync_wal(&path, options.durability, Arc::clone(&counters));
+        Self::open_syncing(&path, options, counters, sync)
+    }
+
+    /// [`open`](Self::open) with the syncer's sync given: a test's, to
+    /// hold a sync back or fail it.
+    fn open_syncing(
+        path: &Path,
+        options: Options,
+        counters: Arc<Counters>,
+        sync: SyncFn,
+    ) -> Result<Self, JournalError> {
+        let conn = Connection::open(path).map_err(storage)?;
         plan_once(&conn)?;
-        let synchronous = match options.durability {
-            Durability::Full => "FULL",
-            Durability::LoseRecentCommitsOnPowerLoss => "NORMAL",
-        };
+        // A migration at open is synced by SQLite itself; after it the
+        // syncer syncs each commit (the log stays consistent either way).
         conn.execute_batch(&format!(
-            "PRAGMA journal_mode=WAL; PRAGMA synchronous={synchronous}; PRAGMA busy_timeout=10000;
+            "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA busy_timeout=10000;
              PRAGMA wal_autocheckpoint={WAL_CHECKPOINT_PAGES}; PRAGMA journal_size_limit={WAL_SIZE_LIMIT};"
         ))
         .map_err(storage)?;
         migrate(&conn)?;
+        conn.execute_batch("PRAGMA synchronous=NORMAL")
+            .map_err(storage)?;
         let (sender, receiver) = mpsc::channel(options.queue.max(1));
         let watchers = Arc::new(Watchers::default());
-        let counters = Arc::new(Counters::default());
         let heads = Arc::new(Heads::default());
+        let durable = Arc::new(Durable::default());
+        let syncing = Arc::new(Syncing {
+            state: Mutex::default(),
+            changed: std::sync::Condvar::new(),
+            sync: Mutex::new(sync),
+            always_here: options.durability == Durability::LoseRecentCommitsOnPowerLoss,
+            durable: Arc::clone(&durable),
+            heads: Arc::clone(&heads),
+            watchers: Arc::clone(&watchers),
+        });
+        let syncer_thread = thread::Builder::new()
+            .name("spool-journal-sync".into())
+            .spawn({
+                let syncing = Arc::clone(&syncing);
+                move || syncing.run()
+            })
+            .map_err(|e| JournalError::storage(format!("starting the syncer thread: {e}")))?;
         let writer = Writer {
             heads: Arc::clone(&heads),
             counters: Arc::clone(&counters),
             data_version: None,
             unindexed: 0,
-            durability: options.durability,
-            restore_sync: false,
             conn,
             receiver,
-            watchers: Arc::clone(&watchers),
             clock: options.clock,
             max_batch: options.max_batch.max(1),
+            syncing,
+            syncer_thread: Some(syncer_thread),
+            durable: Arc::clone(&durable),
+            unsynced: HashMap::new(),
+            commits: 0,
         };
         let writer_thread = thread::Builder::new()
             .name("spool-journal-writer".into())
             .spawn(move || writer.run())
             .map_err(|e| JournalError::storage(format!("starting the writer thread: {e}")))?;
+        let mut readers = ReadPool::new(path.to_owned(), false);
+        readers.durable = durable;
         Ok(Self {
             counters,
             writer: Some(sender),
             writer_thread: Some(writer_thread),
-            readers: Arc::new(ReadPool::new(path.clone(), false)),
+            readers: Arc::new(readers),
             watchers,
             heads,
-            path,
+            path: path.to_owned(),
         })
     }
 
@@ -481,10 +772,11 @@ impl SqliteJournal {
     /// Commits, operations and reads so far.
     #[must_use]
     pub fn stats(&self) -> WriterStats {
-        use std::sync::atomic::Ordering::Relaxed;
+        use Ordering::Relaxed;
         WriterStats {
             commits: self.counters.commits.load(Relaxed),
             operations: self.counters.operations.load(Relaxed),
+            syncs: self.counters.syncs.load(Relaxed),
             reads: self.counters.reads.load(Relaxed),
         }
     }
@@ -506,9 +798,7 @@ impl SqliteJournal {
         &self,
         work: impl FnOnce(&Connection) -> Result<T, JournalError> + Send + 'static,
     ) -> Result<T, JournalError> {
-        self.counters
-            .reads
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.counters.reads.fetch_add(1, Ordering::Relaxed);
         let readers = Arc::clone(&self.readers);
         tokio::task::spawn_blocking(move || {
             let conn = readers.take()?;
@@ -543,7 +833,8 @@ impl Journal for SqliteJournal {
     ) -> BoxFuture<'a, Result<Vec<Envelope>, JournalError>> {
         let run = run.clone();
         let layout = self.readers.layout;
-        Box::pin(self.with_reader(move |conn| read_events(conn, layout, &run, from)))
+        let durable = Arc::clone(&self.readers.durable);
+        Box::pin(self.with_reader(move |conn| read_events(conn, layout, &durable, &run, from)))
     }
 
     fn runs(&self) -> BoxFuture<'_, Result<Vec<RunSummary>, JournalError>> {
@@ -633,22 +924,28 @@ struct Writer {
     counters: Arc<Counters>,
     conn: Connection,
     receiver: mpsc::Receiver<Op>,
-    watchers: Arc<Watchers>,
     clock: Clock,
     max_batch: usize,
-    /// Run heads as last committed, so an append need not read its run's
-    /// row back. Another process committing to the file clears it (see
-    /// `data_version`).
+    /// Run heads as last committed and synced, so an append need not read
+    /// its run's row back. Another process committing to the file clears
+    /// it (see `data_version`).
     heads: Arc<Heads>,
+    /// Heads committed but not yet synced, with the commit that wrote
+    /// them: the syncer makes them the journal's once their commit is
+    /// synced, and the writer forgets them then.
+    unsynced: HashMap<RunId, (u64, Head)>,
+    /// Commits so far, counted to match heads with their sync.
+    commits: u64,
+    /// Where commits are made durable.
+    syncing: Arc<Syncing>,
+    /// The syncer's thread, joined when the writer stops.
+    syncer_thread: Option<thread::JoinHandle<()>>,
+    durable: Arc<Durable>,
     /// SQLite's count of commits by *other* connections, as of our last
     /// transaction: when it moves, our cached heads may be stale.
     data_version: Option<i64>,
     /// Events committed since the index last took the tail.
     unindexed: usize,
-    durability: Durability,
-    /// Set when `synchronous` could not be put back after indexing: no
-    /// commit may happen until it is.
-    restore_sync: bool,
 }
 
 /// The most heads kept; past it the cache starts over, so memory stays
@@ -680,6 +977,11 @@ impl Writer {
             }
             self.commit(batch);
         }
+        // Every commit synced and answered before the log is emptied.
+        self.syncing.close();
+        if let Some(thread) = self.syncer_thread.take() {
+            let _ = thread.join();
+        }
         if self.unindexed > 0 {
             self.index_tail();
         }
@@ -692,6 +994,9 @@ impl Writer {
     }
 
     fn commit(&mut self, batch: Vec<Op>) {
+        if let Some(failure) = self.durable.failure() {
+            return fail_all(batch, &failure);
+        }
         if let Err(error) = self.begin() {
             return fail_all(batch, &format!("could not begin a transaction: {error}"));
         }
@@ -758,11 +1063,21 @@ impl Writer {
             broken = Some(error.to_string());
         }
         let committing = std::time::Instant::now();
+        let last_pos = if appended > 0 {
+            self.conn.last_insert_rowid()
+        } else {
+            0
+        };
         let failure = match broken {
             Some(reason) => Some(reason),
-            None => exec(&self.conn, "COMMIT", [])
-                .err()
-                .map(|e| format!("commit failed: {e}")),
+            None => {
+                // Before the commit shows its events to readers: they skip
+                // them until the syncer has synced them.
+                self.durable.written.fetch_max(last_pos, Ordering::AcqRel);
+                exec(&self.conn, "COMMIT", [])
+                    .err()
+                    .map(|e| format!("commit failed: {e}"))
+            }
         };
         if let Some(reason) = failure {
             tracing::error!(operations = done.len(), %reason, "a group commit failed; nothing of it was recorded");
@@ -774,63 +1089,48 @@ impl Writer {
                 tracing::debug!(%error, "rollback after a failed commit");
             }
             self.heads.lock().clear();
+            self.unsynced.clear();
             let message = format!("nothing was recorded: {reason}");
             for entry in done {
                 entry.fail(&message);
             }
             return;
         }
-        {
-            // Before subscribers are told: `subscribe` relies on it.
-            let mut heads = self.heads.lock();
-            if heads.len() + pending.len() > MAX_CACHED_HEADS {
-                heads.clear();
-            }
-            heads.extend(pending);
-        }
-        // The commit's time is its fsync's, nearly all of it.
         tracing::debug!(
             operations = done.len(),
             commit_ms = committing.elapsed().as_secs_f64() * 1e3,
             "group commit"
         );
-        // Durable now: count it, tell subscribers, then answer callers.
-        self.counters
-            .commits
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.counters.commits.fetch_add(1, Ordering::Relaxed);
         self.counters
             .operations
-            .fetch_add(done.len() as u64, std::sync::atomic::Ordering::Relaxed);
-        for entry in done {
-            entry.commit(&self.watchers);
+            .fetch_add(done.len() as u64, Ordering::Relaxed);
+        self.commits += 1;
+        for (run, head) in &pending {
+            self.unsynced
+                .insert(run.clone(), (self.commits, head.clone()));
         }
+        let committed = Committed {
+            number: self.commits,
+            done,
+            heads: pending,
+            last_pos,
+        };
+        self.syncing.submit(committed, self.receiver.is_empty());
         self.unindexed += appended;
         if self.unindexed >= INDEX_BATCH {
             self.index_tail();
         }
     }
 
-    /// Indexes the events committed since the last time, after their
-    /// callers were answered, in a transaction that does not wait for an
-    /// fsync of its own: the events are durable already, an index a power
-    /// loss takes back is rebuilt from them at open, and the next commit's
-    /// fsync covers it (the log is written in order).
+    /// Indexes the events committed since the last time, in a transaction
+    /// nobody waits on a sync for: an index a power loss takes back is
+    /// rebuilt from the events at open, and the next commit's sync covers
+    /// it (the log is written in order).
     fn index_tail(&mut self) {
-        let relax = self.durability == Durability::Full;
-        if relax && let Err(error) = self.conn.execute_batch("PRAGMA synchronous=NORMAL") {
-            tracing::warn!(target: "spool::journal", %error, "indexing waits for the next batch");
-            return;
-        }
         let indexed = in_transaction(&self.conn, "indexing appended events", |conn| {
             conn.execute_batch(INDEX_TAIL)
         });
-        if relax {
-            self.restore_sync = true;
-            if let Err(error) = self.restore_sync() {
-                // `begin` tries again, and fails the batch until it works.
-                tracing::error!(target: "spool::journal", %error, "synchronous=FULL could not be restored after indexing");
-            }
-        }
         match indexed {
             Ok(()) => self.unindexed = 0,
             // Reads scan the longer tail meanwhile; the next commit tries
@@ -841,21 +1141,12 @@ impl Writer {
         }
     }
 
-    /// Puts `synchronous=FULL` back after indexing, if it was taken away.
-    fn restore_sync(&mut self) -> rusqlite::Result<()> {
-        if self.restore_sync {
-            self.conn.execute_batch("PRAGMA synchronous=FULL")?;
-            self.restore_sync = false;
-        }
-        Ok(())
-    }
-
-    /// Begins the write transaction, and drops cached heads if another
+    /// Begins the write transaction, forgets the unsynced heads the
+    /// syncer has made the journal's, and drops cached heads if another
     /// connection has committed since our last one.
     fn begin(&mut self) -> rusqlite::Result<()> {
-        // Never commit an acknowledged append with less than the durability
-        // asked for.
-        self.restore_sync()?;
+        let synced = self.durable.synced_commit.load(Ordering::Acquire);
+        self.unsynced.retain(|_, (commit, _)| *commit > synced);
         exec(&self.conn, "BEGIN IMMEDIATE", [])?;
         let version: i64 = self
             .conn
@@ -863,6 +1154,7 @@ impl Writer {
             .query_row([], |row| row.get(0))?;
         if self.data_version != Some(version) {
             self.heads.lock().clear();
+            self.unsynced.clear();
             self.data_version = Some(version);
         }
         Ok(())
@@ -874,6 +1166,9 @@ impl Writer {
         run: &RunId,
     ) -> Result<Option<Head>, JournalError> {
         if let Some(head) = pending.get(run) {
+            return Ok(Some(head.clone()));
+        }
+        if let Some((_, head)) = self.unsynced.get(run) {
             return Ok(Some(head.clone()));
         }
         if let Some(head) = self.heads.lock().get(run) {
@@ -1130,13 +1425,14 @@ fn load_head(conn: &Connection, run: &RunId) -> Result<Option<Head>, JournalErro
 fn read_events(
     conn: &Connection,
     layout: Layout,
+    durable: &Durable,
     run: &RunId,
     from: Seq,
 ) -> Result<Vec<Envelope>, JournalError> {
     // One read transaction, so the predecessor's hash, the index's mark
     // and the rows come from the same snapshot.
     exec(conn, "BEGIN", []).map_err(storage)?;
-    let result = read_snapshot(conn, layout, run, from);
+    let result = read_snapshot(conn, layout, durable, run, from);
     // Ending a read transaction cannot lose data, but a connection left
     // inside one would refuse the next BEGIN: roll back instead.
     if let Err(error) = exec(conn, "COMMIT", []) {
@@ -1149,18 +1445,21 @@ fn read_events(
 /// A run's rows from `from` on: the indexed ones in `seq` order, then the
 /// unindexed tail (events after the index's mark), in arrival order,
 /// which is `seq` order within a run.
+/// Both skip the positions in `(?4, ?5]`, committed but not yet synced.
 const READ_INDEXED: &str =
     "SELECT e.seq, e.body, e.hash FROM event_index i CROSS JOIN events e ON e.pos = i.pos
-     WHERE i.run_id = ?1 AND i.seq >= ?2 ORDER BY i.seq";
+     WHERE i.run_id = ?1 AND i.seq >= ?2 AND (e.pos <= ?4 OR e.pos > ?5) ORDER BY i.seq";
 const READ_TAIL: &str =
-    "SELECT seq, body, hash FROM events WHERE pos > ?3 AND run_id = ?1 AND seq >= ?2 ORDER BY pos";
-/// The same for a version-1 journal.
+    "SELECT seq, body, hash FROM events WHERE pos > ?3 AND run_id = ?1 AND seq >= ?2
+     AND (pos <= ?4 OR pos > ?5) ORDER BY pos";
+/// The same for a version-1 journal (read only, so nothing is unsynced).
 const READ_BY_RUN: &str =
     "SELECT seq, body, hash FROM events WHERE run_id = ?1 AND seq >= ?2 ORDER BY seq";
 
 fn read_snapshot(
     conn: &Connection,
     layout: Layout,
+    durable: &Durable,
     run: &RunId,
     from: Seq,
 ) -> Result<Vec<Envelope>, JournalError> {
@@ -1171,12 +1470,18 @@ fn read_snapshot(
             .and_then(|mut statement| statement.query_row([], |row| row.get(0)))
             .map_err(storage)?,
     };
+    // After the statement above began the snapshot: every unsynced event
+    // it holds is in the range (see `Durable`).
+    let bounds = Bounds {
+        through,
+        hidden: durable.hidden(),
+    };
     let prev = if from.0 == 0 {
         GENESIS
     } else {
         let before = Seq(from.0 - 1);
         let mut found = None;
-        scan(conn, layout, run, before, through, |seq, _, hash| {
+        scan(conn, layout, run, before, bounds, |seq, _, hash| {
             if seq == before {
                 found = Some(hash);
             }
@@ -1194,7 +1499,7 @@ fn read_snapshot(
     };
     let mut verifier = Verifier::new(run.clone(), from, prev);
     let mut envelopes = Vec::new();
-    scan(conn, layout, run, from, through, |seq, bytes, hash| {
+    scan(conn, layout, run, from, bounds, |seq, bytes, hash| {
         let tampered = || crate::chain::TamperEvident {
             run: run.clone(),
             seq,
@@ -1210,6 +1515,14 @@ fn read_snapshot(
     Ok(envelopes)
 }
 
+/// Where a read's snapshot has its events: indexed through `through`,
+/// and `hidden` the positions not yet synced.
+#[derive(Clone, Copy)]
+struct Bounds {
+    through: i64,
+    hidden: (i64, i64),
+}
+
 /// Hands `row` each of a run's rows from `from` on, in `seq` order, until
 /// it answers `false`.
 fn scan(
@@ -1217,19 +1530,27 @@ fn scan(
     layout: Layout,
     run: &RunId,
     from: Seq,
-    through: i64,
+    bounds: Bounds,
     mut row: impl FnMut(Seq, Option<Vec<u8>>, Option<Vec<u8>>) -> Result<bool, JournalError>,
 ) -> Result<(), JournalError> {
     let queries: &[&str] = match layout {
         Layout::ByRun => &[READ_BY_RUN],
         Layout::InArrivalOrder => &[READ_INDEXED, READ_TAIL],
     };
+    let (synced, written) = bounds.hidden;
     for sql in queries {
         let mut statement = conn.prepare_cached(sql).map_err(storage)?;
-        let mut rows = if *sql == READ_TAIL {
-            statement.query(params![run.as_str(), seq_sql(from)?, through])
-        } else {
+        let mut rows = if *sql == READ_BY_RUN {
             statement.query(params![run.as_str(), seq_sql(from)?])
+        } else {
+            // Unused numbered parameters are allowed: `?3` serves the tail.
+            statement.query(params![
+                run.as_str(),
+                seq_sql(from)?,
+                bounds.through,
+                synced,
+                written
+            ])
         }
         .map_err(storage)?;
         while let Some(found) = rows.next().map_err(storage)? {
@@ -1398,6 +1719,10 @@ struct ReadPool {
     /// Open the file as one nothing changes (a journal on a read-only
     /// filesystem): SQLite then needs no `-shm` file beside it.
     immutable: bool,
+    /// The writer's progress, for reads to skip events not yet synced;
+    /// a read-only journal's stays empty (it cannot know another
+    /// process's).
+    durable: Arc<Durable>,
     idle: Mutex<Vec<Connection>>,
 }
 
@@ -1410,6 +1735,7 @@ impl ReadPool {
             read_only,
             layout: Layout::InArrivalOrder,
             immutable: false,
+            durable: Arc::default(),
             idle: Mutex::new(Vec::new()),
         }
     }
@@ -1626,6 +1952,234 @@ mod tests {
         let plain = list_runs(&ReadPool::new(path, true).take().unwrap()).unwrap();
         assert_eq!(immutable.len(), 1);
         assert_eq!(immutable, plain);
+    }
+
+    /// How long a test waits for what it expects before it fails.
+    const PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
+
+    /// A sync the test controls: it passes at once until `hold` is set,
+    /// then says it began and waits to be let go; with `fail` set it
+    /// fails as a disk would.
+    struct Gate {
+        hold: Arc<std::sync::atomic::AtomicBool>,
+        fail: Arc<std::sync::atomic::AtomicBool>,
+        began: std::sync::mpsc::Receiver<()>,
+        go: std::sync::mpsc::Sender<()>,
+    }
+
+    impl Gate {
+        fn wait_until_a_sync_began(&self) {
+            self.began
+                .recv_timeout(PATIENCE)
+                .expect("a sync began in time");
+        }
+
+        fn let_one_sync_go(&self) {
+            self.go.send(()).unwrap();
+        }
+    }
+
+    fn gated(dir: &Path, options: Options) -> (SqliteJournal, Gate) {
+        let hold = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let fail = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (began_sender, began) = std::sync::mpsc::channel();
+        let (go, go_receiver) = std::sync::mpsc::channel::<()>();
+        let counters = Arc::new(Counters::default());
+        let sync: SyncFn = Box::new({
+            let (hold, fail) = (Arc::clone(&hold), Arc::clone(&fail));
+            move || {
+                if fail.load(Ordering::SeqCst) {
+                    return Err(std::io::Error::other("the disk is gone"));
+                }
+                if hold.load(Ordering::SeqCst) {
+                    let _ = began_sender.send(());
+                    let _ = go_receiver.recv();
+                }
+                Ok(())
+            }
+        });
+        let journal =
+            SqliteJournal::open_syncing(&dir.join(FILE_NAME), options, counters, sync).unwrap();
+        let gate = Gate {
+            hold,
+            fail,
+            began,
+            go,
+        };
+        (journal, gate)
+    }
+
+    fn started(n: u64) -> Event {
+        Event::TurnStarted(crate::event::TurnStarted {
+            turn_id: crate::id::TurnId::new(format!("t{n}")).unwrap(),
+            input: "hello".into(),
+            context: Vec::new(),
+            policy: spool_wire::run::TurnPolicy::Steer,
+            from_queue: None,
+        })
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    /// An event SQLite has committed is not read, nor announced, until
+    /// the sync that makes it durable returns: a power loss before then
+    /// could take it back, and a stream that had shown it would then
+    /// contradict the run recovered after it.
+    #[test]
+    fn an_event_is_read_and_announced_only_once_its_commit_is_synced() {
+        let dir = tempfile::tempdir().unwrap();
+        let (journal, gate) = gated(dir.path(), Options::default());
+        let journal = Arc::new(journal);
+        // Dropped before the journal, should the test fail: a held sync
+        // then goes on, and the journal's threads can stop.
+        let gate = gate;
+        let run = RunId::new("r").unwrap();
+        runtime().block_on(async {
+            create(&journal, &run).await;
+            let mut announced = journal.subscribe(&run).await.unwrap();
+            assert_eq!(*announced.borrow_and_update(), Seq(1));
+            gate.hold.store(true, Ordering::SeqCst);
+            let append = tokio::spawn({
+                let (journal, run) = (Arc::clone(&journal), run.clone());
+                async move { journal.append(&run, Seq(1), vec![started(1)]).await }
+            });
+            gate.wait_until_a_sync_began();
+            // Committed: the file holds the row for any SQLite reader.
+            let rows: i64 = Connection::open(dir.path().join(FILE_NAME))
+                .unwrap()
+                .query_row(
+                    "SELECT count(*) FROM events WHERE run_id = 'r'",
+                    [],
+                    |row| row.get(0),
+                )
+                .unwrap();
+            assert_eq!(rows, 2, "the commit is in the file before its sync");
+            let read = journal.read(&run, Seq(0)).await.unwrap();
+            assert_eq!(read.len(), 1, "only the synced event is read");
+            assert!(journal.read(&run, Seq(1)).await.unwrap().is_empty());
+            assert!(!announced.has_changed().unwrap(), "nothing announced yet");
+            gate.hold.store(false, Ordering::SeqCst);
+            gate.let_one_sync_go();
+            let envelopes = append.await.unwrap().unwrap();
+            assert_eq!(envelopes[0].seq, Seq(1));
+            tokio::time::timeout(PATIENCE, announced.wait_for(|next| *next == Seq(2)))
+                .await
+                .expect("announced once synced")
+                .unwrap();
+            assert_eq!(journal.read(&run, Seq(0)).await.unwrap().len(), 2);
+        });
+    }
+
+    /// While the syncer syncs one commit, the writer makes the next: a
+    /// commit costs the larger of SQLite's work and the sync, not both.
+    #[test]
+    fn the_writer_commits_while_the_commit_before_syncs() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = Options {
+            max_batch: 1,
+            ..Options::default()
+        };
+        let (journal, gate) = gated(dir.path(), options);
+        let journal = Arc::new(journal);
+        // Dropped before the journal, should the test fail: a held sync
+        // then goes on, and the journal's threads can stop.
+        let gate = gate;
+        let runs: Vec<RunId> = (0..3)
+            .map(|i| RunId::new(format!("r{i}")).unwrap())
+            .collect();
+        runtime().block_on(async {
+            for run in &runs {
+                create(&journal, run).await;
+            }
+            let before = journal.stats();
+            gate.hold.store(true, Ordering::SeqCst);
+            let append = |run: &RunId| {
+                let (journal, run) = (Arc::clone(&journal), run.clone());
+                tokio::spawn(async move { journal.append(&run, Seq(1), vec![started(1)]).await })
+            };
+            // Alone, the first is synced by the writer itself, which holds
+            // the next two in its queue meanwhile.
+            let first = append(&runs[0]);
+            gate.wait_until_a_sync_began();
+            let queued = [append(&runs[1]), append(&runs[2])];
+            let writer = journal.writer.as_ref().unwrap();
+            let deadline = std::time::Instant::now() + PATIENCE;
+            while writer.max_capacity() - writer.capacity() < 2 {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "both appends queued in time"
+                );
+                tokio::task::yield_now().await;
+            }
+            gate.let_one_sync_go();
+            first.await.unwrap().unwrap();
+            // The second, with the third waiting behind it, goes to the
+            // syncer, whose sync is held; the writer commits the third.
+            gate.wait_until_a_sync_began();
+            while journal.stats().commits - before.commits < 3 {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the third append committed while the second's sync was held: {:?}",
+                    journal.stats()
+                );
+                tokio::task::yield_now().await;
+            }
+            for task in &queued {
+                assert!(!task.is_finished(), "no caller answered before its sync");
+            }
+            gate.hold.store(false, Ordering::SeqCst);
+            gate.let_one_sync_go();
+            for task in queued {
+                task.await.unwrap().unwrap();
+            }
+        });
+    }
+
+    /// A sync that fails leaves SQLite's pages and the disk possibly
+    /// apart: its callers are told their events may not be durable, and
+    /// the journal refuses every write after it, saying why, until it is
+    /// opened again; reads still skip what was never synced.
+    #[test]
+    fn a_failed_sync_fails_its_callers_and_every_write_after_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (journal, gate) = gated(dir.path(), Options::default());
+        let run = RunId::new("r").unwrap();
+        runtime().block_on(async {
+            create(&journal, &run).await;
+            gate.fail.store(true, Ordering::SeqCst);
+            let failed = journal.append(&run, Seq(1), vec![started(1)]).await;
+            let message = failed.unwrap_err().to_string();
+            assert!(
+                message.contains("syncing the write-ahead log failed")
+                    && message.contains("the disk is gone"),
+                "{message}"
+            );
+            gate.fail.store(false, Ordering::SeqCst);
+            let after = journal.append(&run, Seq(2), vec![started(2)]).await;
+            assert!(
+                after
+                    .unwrap_err()
+                    .to_string()
+                    .contains("writes nothing more until it is opened again")
+            );
+            assert!(journal.probe().await.is_err());
+            assert_eq!(journal.read(&run, Seq(0)).await.unwrap().len(), 1);
+        });
+        drop(journal);
+        // Opened again, SQLite recovers from what the disk holds.
+        let journal = SqliteJournal::open(dir.path(), Options::default()).unwrap();
+        runtime().block_on(async {
+            let next = journal.subscribe(&run).await.unwrap();
+            let next = *next.borrow();
+            let appended = journal.append(&run, next, vec![started(3)]).await;
+            assert!(appended.is_ok(), "{appended:?}");
+        });
     }
 
     /// Reading many runs reuses each read query's plan: no statement is

@@ -593,3 +593,51 @@ async fn a_journal_of_a_newer_layout_is_refused_and_left_as_it_is() {
         .unwrap();
     assert_eq!(version, "3", "nothing was migrated");
 }
+
+/// The runs were once kept in update order by an index every commit
+/// rewrote; a journal that has it loses it when opened for writing, and
+/// the listing is still newest first.
+#[tokio::test]
+async fn a_journal_with_the_old_update_order_index_drops_it_and_still_lists_newest_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = SqliteJournal::open(dir.path(), Options::default()).unwrap();
+    for name in ["a", "b", "c"] {
+        journal
+            .append(&run(name), Seq(0), vec![created()])
+            .await
+            .unwrap();
+    }
+    // `a` is the latest updated.
+    journal
+        .append(&run("a"), Seq(1), vec![started("t1", "hello")])
+        .await
+        .unwrap();
+    drop(journal);
+    let index_exists = |dir: &std::path::Path| -> bool {
+        Connection::open(dir.join(FILE_NAME))
+            .unwrap()
+            .query_row(
+                "SELECT count(*) > 0 FROM sqlite_master WHERE name = 'runs_updated'",
+                [],
+                |row| row.get(0),
+            )
+            .unwrap()
+    };
+    assert!(!index_exists(dir.path()), "a new journal has no such index");
+    Connection::open(dir.path().join(FILE_NAME))
+        .unwrap()
+        .execute_batch("CREATE INDEX runs_updated ON runs (updated_ns)")
+        .unwrap();
+
+    let journal = SqliteJournal::open(dir.path(), Options::default()).unwrap();
+    assert!(!index_exists(dir.path()), "the open dropped it");
+    let listed: Vec<String> = journal
+        .runs()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|summary| summary.run_id.to_string())
+        .collect();
+    assert_eq!(listed[0], "a", "{listed:?}");
+    assert_eq!(listed.len(), 3);
+}

@@ -99,6 +99,14 @@ impl Row {
         self
     }
 
+    /// The same row with a ceiling on the figure as a multiple of its
+    /// baseline: a time that must stay near the machine's floor.
+    pub(crate) fn at_most_times_baseline(mut self, times: f64) -> Self {
+        self.target = Some(format!("<= {times} x baseline"));
+        self.met = Some(self.figure <= times * self.baseline);
+        self
+    }
+
     /// The same row with a ceiling on the figure.
     pub(crate) fn figure_at_most(mut self, target: f64) -> Self {
         self.target = Some(format!("<= {} {}", human(target), self.unit));

@@ -24,8 +24,8 @@ use tokio_tungstenite::tungstenite::Message;
 
 use crate::Scale;
 use crate::http::{
-    Peer, bare_connection_bytes, bare_fanout, collect, drive_turns, latency_rows, resident_bytes,
-    say, start, tokio,
+    FanoutTarget, Peer, bare_connection_bytes, bare_fanout, collect, drive_turns, latency_rows,
+    resident_bytes, say, start, tokio,
 };
 use crate::report::Row;
 
@@ -75,6 +75,7 @@ pub(crate) fn fanout(scale: Scale) -> anyhow::Result<Vec<Row>> {
             &format!("rpc-fanout/{subscribers} WebSocket subscribers"),
             &many,
             &bare,
+            FanoutTarget::P99Within2Ms,
         );
         rows.push(
             Row::new(

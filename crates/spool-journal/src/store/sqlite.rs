@@ -407,10 +407,17 @@ impl SqliteJournal {
         migrate(&conn)?;
         conn.execute_batch("PRAGMA synchronous=NORMAL")
             .map_err(storage)?;
+        // What the file holds is durable (SQLite recovered it from the
+        // disk): reads skip only what this process commits from now on.
+        let last: i64 = conn
+            .query_row("SELECT coalesce(max(pos), 0) FROM events", [], |row| {
+                row.get(0)
+            })
+            .map_err(storage)?;
         let (sender, receiver) = mpsc::channel(options.queue.max(1));
         let watchers = Arc::new(Watchers::default());
         let heads = Arc::new(Heads::default());
-        let durable = Arc::new(Durable::default());
+        let durable = Arc::new(Durable::starting_at(last));
         let syncing = Arc::new(Syncing::new(
             sync,
             options.durability == Durability::LoseRecentCommitsOnPowerLoss,
@@ -1846,6 +1853,33 @@ mod tests {
                 .expect("announced once synced")
                 .unwrap();
             assert_eq!(journal.read(&run, Seq(0)).await.unwrap().len(), 2);
+        });
+    }
+
+    /// What the journal held when it was opened is durable: its events
+    /// are read while the first commit of this process syncs.
+    #[test]
+    fn events_from_before_the_open_are_read_while_the_first_commit_syncs() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = RunId::new("old").unwrap();
+        runtime().block_on(async {
+            let journal = SqliteJournal::open(dir.path(), Options::default()).unwrap();
+            create(&journal, &old).await;
+        });
+        let (journal, gate) = gated(dir.path(), Options::default());
+        let journal = Arc::new(journal);
+        let gate = gate;
+        runtime().block_on(async {
+            gate.hold.store(true, Ordering::SeqCst);
+            let append = tokio::spawn({
+                let journal = Arc::clone(&journal);
+                async move { create(&journal, &RunId::new("new").unwrap()).await }
+            });
+            gate.wait_until_a_sync_began();
+            assert_eq!(journal.read(&old, Seq(0)).await.unwrap().len(), 1);
+            gate.hold.store(false, Ordering::SeqCst);
+            gate.let_one_sync_go();
+            append.await.unwrap();
         });
     }
 

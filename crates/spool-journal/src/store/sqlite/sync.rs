@@ -39,6 +39,15 @@ pub(super) struct Durable {
 }
 
 impl Durable {
+    /// Everything up to `last` is durable already: what an open found.
+    pub(super) fn starting_at(last: i64) -> Self {
+        Self {
+            synced: AtomicI64::new(last),
+            written: AtomicI64::new(last),
+            ..Self::default()
+        }
+    }
+
     /// The positions reads skip: `(synced, written]`. Taken after a read
     /// transaction's snapshot began.
     pub(super) fn hidden(&self) -> (i64, i64) {
@@ -218,7 +227,7 @@ impl Syncing {
     /// Syncs once for `group`, then makes its heads the journal's, tells
     /// subscribers and answers callers; or fails them all if the sync
     /// failed, now or before.
-    fn finish(&self, group: Vec<Committed>) {
+    fn finish(&self, mut group: Vec<Committed>) {
         let failure = self.durable.failure().or_else(|| {
             let mut sync = self.sync.lock().unwrap_or_else(PoisonError::into_inner);
             let error = (sync)().err()?;
@@ -244,7 +253,6 @@ impl Syncing {
         }
         let last_pos = group.iter().map(|c| c.last_pos).max().unwrap_or(0);
         self.durable.synced.fetch_max(last_pos, Ordering::AcqRel);
-        let mut group = group;
         {
             // Before subscribers are told: `subscribe` relies on it.
             let mut heads = self.heads.lock();

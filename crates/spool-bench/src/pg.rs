@@ -229,9 +229,11 @@ async fn nodes_serving(
             )
             .await?,
         );
+        // As `spool serve --cluster` opens it.
         let options = Options {
             schema: Some(schema.clone()),
             fence: Some(cluster.fence()),
+            writers: spool_journal_pg::cluster::NODE_WRITERS,
             ..Options::default()
         };
         let journal = Arc::new(PgJournal::connect(url, options).await?);

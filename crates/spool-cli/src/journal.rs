@@ -239,6 +239,7 @@ pub(crate) async fn open_node(
     .with_context(|| format!("joining the cluster at {at}"))?;
     let options = spool_journal_pg::Options {
         fence: Some(cluster.fence()),
+        writers: spool_journal_pg::cluster::NODE_WRITERS,
         ..pg_options()
     };
     let store = spool_journal_pg::PgJournal::connect(url, options)

@@ -41,6 +41,19 @@ use crate::{Target, parse_url, storage, stored_run_id};
 /// this long.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
 
+/// The writers ([`Options::writers`](crate::Options::writers)) a cluster
+/// node's store has. A lone store keeps two, so one's transaction is under
+/// way while the other waits for its commit; in a cluster the nodes'
+/// writers already overlap each other at the database, and every writer
+/// more splits a node's group commits into smaller ones, each with the
+/// database's per-transaction work. Measured with one-turn runs from 64
+/// clients (`cargo xtask bench --only http-runs-pg`, 2026-12-01): three
+/// nodes of two writers made 5.4 appends per commit against one node's
+/// 16, and served 1 196 runs/s against its 1 730 (0.69); three nodes of
+/// one writer made 10.6 per commit and served 1 588 against one such
+/// node's 1 580 (1.00).
+pub const NODE_WRITERS: usize = 1;
+
 /// The node a store fences its appends with: shared with its [`Cluster`],
 /// which changes it when the node rejoins after its lease lapsed.
 #[derive(Clone, Debug, Default)]

@@ -3,8 +3,9 @@
 //! The pure core ([`event`], [`fold`], [`cursor`], [`chain`]) does no I/O
 //! and reads no clock: given the same log it gives the same answers,
 //! anywhere. Stores sit behind the [`Journal`] trait:
-//! [`store::sqlite::SqliteJournal`] (the embedded default: WAL,
-//! `synchronous=FULL`, one group-committing writer thread) and
+//! [`store::sqlite::SqliteJournal`] (the embedded default: WAL, one
+//! group-committing writer thread, each commit synced before it is
+//! answered) and
 //! [`store::memory::MemoryJournal`] (tests, and hosts that need no
 //! durability). Both pass the same conformance suite (the `conformance`
 //! feature).

@@ -67,6 +67,9 @@ pub const CHECKS: &[(&str, Check)] = &[
     ("the_run_listing_follows_the_fold", |j| {
         Box::pin(the_run_listing_follows_the_fold(j))
     }),
+    ("runs_by_status_are_the_listings_runs_of_that_status", |j| {
+        Box::pin(runs_by_status_are_the_listings_runs_of_that_status(j))
+    }),
     (
         "a_probe_of_a_writable_store_succeeds_and_records_no_run",
         |j| Box::pin(a_probe_of_a_writable_store_succeeds_and_records_no_run(j)),
@@ -718,4 +721,49 @@ async fn the_run_listing_follows_the_fold(journal: Arc<dyn Journal>) {
         Status::Retired,
         "retirement is permanent"
     );
+}
+
+/// The runs of one status are the listing's runs of that status, no more
+/// and no fewer, whatever way the store finds them.
+pub async fn runs_by_status_are_the_listings_runs_of_that_status(journal: Arc<dyn Journal>) {
+    let (pending, running, completed_run) = (run("pending"), run("running"), run("done"));
+    journal
+        .append(&pending, Seq(0), vec![created()])
+        .await
+        .unwrap();
+    for r in [&running, &completed_run] {
+        journal
+            .append(r, Seq(0), vec![created(), started("t1", "go")])
+            .await
+            .unwrap();
+    }
+    journal
+        .append(&completed_run, Seq(2), vec![completed("t1")])
+        .await
+        .unwrap();
+    let listed = journal.runs().await.unwrap();
+    for status in [
+        Status::Pending,
+        Status::Running,
+        Status::Completed,
+        Status::Failed,
+    ] {
+        let mut by_status: Vec<_> = journal.runs_with_status(status).await.unwrap();
+        let mut expected: Vec<_> = listed
+            .iter()
+            .filter(|s| s.status == status)
+            .cloned()
+            .collect();
+        by_status.sort_by(|a, b| a.run_id.as_str().cmp(b.run_id.as_str()));
+        expected.sort_by(|a, b| a.run_id.as_str().cmp(b.run_id.as_str()));
+        assert_eq!(by_status, expected, "the runs whose status is {status:?}");
+    }
+    let running_only: Vec<_> = journal
+        .runs_with_status(Status::Running)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| s.run_id)
+        .collect();
+    assert_eq!(running_only, [running]);
 }

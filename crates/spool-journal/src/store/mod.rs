@@ -55,6 +55,21 @@ pub trait Journal: Send + Sync + 'static {
     /// Every run with its public state, most recently updated first.
     fn runs(&self) -> BoxFuture<'_, Result<Vec<RunSummary>, JournalError>>;
 
+    /// The runs whose status is `status`, in any order: what a one-shot
+    /// process recovers (the runs cut off in a turn) without reading and
+    /// sorting every run's row. By default, [`runs`](Self::runs) filtered;
+    /// a store that can filter where the rows are does.
+    fn runs_with_status(
+        &self,
+        status: Status,
+    ) -> BoxFuture<'_, Result<Vec<RunSummary>, JournalError>> {
+        Box::pin(async move {
+            let mut runs = self.runs().await?;
+            runs.retain(|run| run.status == status);
+            Ok(runs)
+        })
+    }
+
     /// The run an address is bound to.
     fn find_address<'a>(
         &'a self,
@@ -160,6 +175,16 @@ macro_rules! forward_journal_reads {
             Result<Vec<$crate::store::RunSummary>, $crate::JournalError>,
         > {
             self.$inner.runs()
+        }
+
+        fn runs_with_status(
+            &self,
+            status: $crate::fold::Status,
+        ) -> $crate::store::BoxFuture<
+            '_,
+            Result<Vec<$crate::store::RunSummary>, $crate::JournalError>,
+        > {
+            self.$inner.runs_with_status(status)
         }
 
         fn find_address<'a>(

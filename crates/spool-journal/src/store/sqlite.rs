@@ -606,6 +606,23 @@ impl Journal for SqliteJournal {
         Box::pin(self.with_reader(list_runs))
     }
 
+    fn runs_with_status(
+        &self,
+        status: Status,
+    ) -> BoxFuture<'_, Result<Vec<RunSummary>, JournalError>> {
+        // One scan of the heads in SQLite, without sorting them or making
+        // a summary of every run.
+        Box::pin(self.with_reader(move |conn| {
+            summaries(
+                conn.prepare_cached(
+                    "SELECT run_id, next_seq, status, title, created_ns, updated_ns FROM runs WHERE status = ?1",
+                )
+                .map_err(storage)?,
+                params![status.encode()],
+            )
+        }))
+    }
+
     fn find_address<'a>(
         &'a self,
         address: &'a Address,
@@ -1332,13 +1349,23 @@ fn scan(
 }
 
 fn list_runs(conn: &Connection) -> Result<Vec<RunSummary>, JournalError> {
-    let mut statement = conn
-        .prepare_cached(
+    summaries(
+        conn.prepare_cached(
             "SELECT run_id, next_seq, status, title, created_ns, updated_ns FROM runs ORDER BY updated_ns DESC, run_id",
         )
-        .map_err(storage)?;
+        .map_err(storage)?,
+        [],
+    )
+}
+
+/// The summaries `statement` selects (`run_id, next_seq, status, title,
+/// created_ns, updated_ns`) with `params`.
+fn summaries(
+    mut statement: rusqlite::CachedStatement<'_>,
+    params: impl rusqlite::Params,
+) -> Result<Vec<RunSummary>, JournalError> {
     let rows = statement
-        .query_map([], |row| {
+        .query_map(params, |row| {
             Ok((
                 row.get::<_, String>(0)?,
                 row.get::<_, i64>(1)?,

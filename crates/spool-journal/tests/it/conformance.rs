@@ -54,6 +54,7 @@ conformance!(
     an_abandoned_claim_is_released,
     a_subscriber_is_told_only_after_the_events_are_readable,
     the_run_listing_follows_the_fold,
+    runs_by_status_are_the_listings_runs_of_that_status,
     a_probe_of_a_writable_store_succeeds_and_records_no_run,
 );
 

@@ -10,6 +10,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use spool_journal::fold::Status;
+use spool_journal::store::RunSummary;
 use spool_journal::{Event, Journal, RunId};
 use tokio_util::sync::CancellationToken;
 
@@ -95,7 +96,7 @@ impl Runtime {
     ///
     /// When the journal cannot be listed.
     pub async fn recover(&self) -> Result<Recovery, RuntimeError> {
-        self.recover_listed(|_| true).await
+        self.recover_listed(self.inner.journal.runs().await?).await
     }
 
     /// Resumes only the runs the journal lists as running: turns cut off
@@ -109,21 +110,16 @@ impl Runtime {
     ///
     /// When the journal cannot be listed.
     pub async fn recover_interrupted(&self) -> Result<Recovery, RuntimeError> {
-        self.recover_listed(|status| matches!(status, Status::Running))
-            .await
+        let running = self.inner.journal.runs_with_status(Status::Running).await?;
+        self.recover_listed(running).await
     }
 
-    /// Recovers the journal's listed runs whose status `wanted` picks.
-    async fn recover_listed(
-        &self,
-        wanted: impl Fn(&Status) -> bool,
-    ) -> Result<Recovery, RuntimeError> {
+    /// Recovers the listed runs.
+    async fn recover_listed(&self, runs: Vec<RunSummary>) -> Result<Recovery, RuntimeError> {
         let mut recovery = Recovery::default();
-        for summary in self.inner.journal.runs().await? {
-            if wanted(&summary.status) {
-                self.recover_one(summary.run_id, &summary.status, &mut recovery)
-                    .await;
-            }
+        for summary in runs {
+            self.recover_one(summary.run_id, &summary.status, &mut recovery)
+                .await;
         }
         Ok(recovery)
     }

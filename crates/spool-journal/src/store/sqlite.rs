@@ -441,7 +441,7 @@ impl SqliteJournal {
             receiver,
             clock: options.clock,
             max_batch: options.max_batch.max(1),
-            syncing,
+            syncing: Arc::clone(&syncing),
             syncer_thread: Some(syncer_thread),
             durable: Arc::clone(&durable),
             unsynced: HashMap::new(),
@@ -450,7 +450,11 @@ impl SqliteJournal {
         let writer_thread = thread::Builder::new()
             .name("spool-journal-writer".into())
             .spawn(move || writer.run())
-            .map_err(|e| JournalError::storage(format!("starting the writer thread: {e}")))?;
+            .map_err(|e| {
+                // The syncer would wait for commits forever.
+                syncing.close();
+                JournalError::storage(format!("starting the writer thread: {e}"))
+            })?;
         let mut readers = ReadPool::new(path.to_owned(), false);
         readers.durable = durable;
         Ok(Self {

@@ -85,15 +85,31 @@ impl Claim {
     }
 }
 
+/// How long the process that opens a journal lives, which decides what
+/// it leaves at close.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Process {
+    /// A server: a graceful stop leaves the SQLite write-ahead log empty.
+    Serving,
+    /// One command (`spool run`, `spool chat`): a small write-ahead log is
+    /// left for the next to append to (`sqlite::KEEP_WAL_BELOW`): emptying
+    /// it and starting a new one were a tenth of such a process's time.
+    OneShot,
+}
+
 /// Opens the journal for a runtime, and claims it for this process.
-pub(crate) async fn open_owned(at: &JournalAt) -> anyhow::Result<(Arc<dyn Journal>, Claim)> {
-    open_owned_with(at, None).await
+pub(crate) async fn open_owned(
+    at: &JournalAt,
+    process: Process,
+) -> anyhow::Result<(Arc<dyn Journal>, Claim)> {
+    open_owned_with(at, None, process).await
 }
 
 /// [`open_owned`], its store's `recorded_at` from `clock` when given.
 async fn open_owned_with(
     at: &JournalAt,
     clock: Option<Clock>,
+    process: Process,
 ) -> anyhow::Result<(Arc<dyn Journal>, Claim)> {
     let in_use = |error: JournalError| match error {
         JournalError::InUse { .. } => anyhow::anyhow!(
@@ -107,6 +123,9 @@ async fn open_owned_with(
             let mut options = sqlite::Options::default();
             if let Some(clock) = clock {
                 options.clock = clock;
+            }
+            if process == Process::OneShot {
+                options.keep_wal_below = sqlite::KEEP_WAL_BELOW;
             }
             let store = SqliteJournal::open(dir, options)
                 .with_context(|| format!("opening the journal in {}", dir.display()))?;
@@ -363,7 +382,7 @@ async fn copy(from: &JournalAt, to: &JournalAt) -> anyhow::Result<ExitCode> {
         let at = Arc::clone(&at);
         Arc::new(move || *at.lock().unwrap_or_else(PoisonError::into_inner))
     };
-    let (target, _claim) = open_owned_with(to, Some(clock)).await?;
+    let (target, _claim) = open_owned_with(to, Some(clock), Process::Serving).await?;
     let existing = target.runs().await?;
     if !existing.is_empty() {
         bail!(

@@ -13,6 +13,7 @@ use spool_runtime::Runtime;
 use tokio::sync::watch;
 use tokio_util::task::TaskTracker;
 
+use crate::journal::Process;
 use crate::serve::{load_agent, open_runtime, recover, say, shutdown_signal};
 
 #[derive(Debug, Subcommand)]
@@ -88,7 +89,7 @@ pub(crate) fn run(command: PodCommand) -> anyhow::Result<ExitCode> {
 
 async fn serve(args: PodServeArgs) -> anyhow::Result<ExitCode> {
     let agent = load_agent(args.agent.as_deref(), args.model.as_ref())?;
-    let (runtime, _owner) = open_runtime(&args.journal, &agent, None).await?;
+    let (runtime, _owner) = open_runtime(&args.journal, &agent, None, Process::Serving).await?;
     recover(&runtime).await?;
     let (stop, closing) = watch::channel(false);
     let pods = serve_pods(

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Args;
 
+use crate::journal::Process;
 use crate::serve::{load_agent, open_runtime, recover};
 
 #[derive(Debug, Args)]
@@ -38,7 +39,7 @@ async fn serve(args: RpcArgs) -> anyhow::Result<ExitCode> {
         model,
     } = args;
     let agent = load_agent(agent.as_deref(), model.as_ref())?;
-    let (runtime, _owner) = open_runtime(&journal, &agent, None).await?;
+    let (runtime, _owner) = open_runtime(&journal, &agent, None, Process::Serving).await?;
     recover(&runtime).await?;
     let dispatcher = spool_rpc::Dispatcher::new(runtime);
     spool_rpc::stdio::serve(&dispatcher, tokio::io::stdin(), tokio::io::stdout())

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use crate::journal::{Claim, JournalAt};
+use crate::journal::{Claim, JournalAt, Process};
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use spool_http::{HttpChannel, Listener, TokenFile};
@@ -162,7 +162,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         taken = first;
         (runtime, Claim::Node(node), resumed)
     } else {
-        let (runtime, owner) = open_runtime(&args.journal, &agent, Some(cached_runs)).await?;
+        let (runtime, owner) =
+            open_runtime(&args.journal, &agent, Some(cached_runs), Process::Serving).await?;
         let resumed = recover(&runtime).await?;
         (runtime, owner, resumed)
     };
@@ -348,8 +349,9 @@ pub(crate) async fn open_runtime(
     journal: &JournalAt,
     agent: &Agent,
     cached_runs: Option<usize>,
+    process: Process,
 ) -> anyhow::Result<(Runtime, Claim)> {
-    let (store, owner) = crate::journal::open_owned(journal).await?;
+    let (store, owner) = crate::journal::open_owned(journal, process).await?;
     Ok((build_runtime(store, agent, cached_runs, false)?, owner))
 }
 

@@ -20,13 +20,14 @@ use spool_http::channel::NAMESPACE;
 use spool_http::{Client, client::Lines};
 use spool_journal::{Address, RunId, Seq, TurnId};
 use spool_runtime::hub::{StreamItem, Subscription};
-use spool_runtime::{MessageRequest, Runtime};
+use spool_runtime::{Accepted, MessageRequest, Runtime, StartRequest};
 use spool_wire::http::{
     Answer, Cancel, MessageRun, Respond, RunState, StreamEvent, StreamEventType,
 };
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
+use crate::journal::Process;
 use crate::serve::{load_agent, open_runtime, recover_interrupted, say};
 
 /// Where the conversation happens.
@@ -73,12 +74,41 @@ pub(crate) struct ChatArgs {
 pub(crate) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     crate::telemetry::block_on(async move {
         let backend = Backend::open(&args.target).await?;
-        let mut conversation = Conversation::open(backend, args.target.address).await?;
+        let mut conversation = match (&backend, args.target.address) {
+            // A new run here: made with its first turn in one append, so
+            // the one-shot waits for one sync fewer.
+            (Backend::Local { runtime, .. }, None) => {
+                let (run, address) = start_local(runtime, args.text).await?;
+                Conversation::following(backend, address, run).await?
+            }
+            (_, address) => {
+                let mut conversation = Conversation::open(backend, address).await?;
+                conversation.send(args.text);
+                conversation
+            }
+        };
         let mut lines = stdin_lines();
-        conversation.send(args.text);
         let outcome = conversation.until_boundary(&mut lines).await?;
         Ok(outcome.exit_code())
     })
+}
+
+/// Starts a run at a fresh address with `text` as its first turn; the
+/// run and the address.
+async fn start_local(runtime: &Runtime, text: String) -> anyhow::Result<(String, String)> {
+    let address = fresh_address();
+    let request = StartRequest {
+        text,
+        address: Some(Address::new(NAMESPACE, &address)),
+        ..StartRequest::default()
+    };
+    match runtime.start(request).await? {
+        Accepted::Started { run, .. } => Ok((run.to_string(), address)),
+        // Its stream would begin with an older turn's answer.
+        _ => Err(anyhow!(
+            "the address {address} made for this run was in use already"
+        )),
+    }
 }
 
 pub(crate) fn chat(args: ChatArgs) -> anyhow::Result<ExitCode> {
@@ -164,7 +194,8 @@ impl Backend {
             return Ok(Self::Remote(client));
         }
         let agent = load_agent(target.agent.as_deref(), target.model.as_ref())?;
-        let (runtime, owner) = open_runtime(&target.journal, &agent, None).await?;
+        let (runtime, owner) =
+            open_runtime(&target.journal, &agent, None, Process::OneShot).await?;
         // The journal's promise: runs interrupted earlier finish now. Only
         // those: a one-shot process reads no other run's log (a server's
         // start settles idle runs' queued input, cancels and sleeps).
@@ -383,22 +414,7 @@ impl Conversation {
     async fn open(backend: Backend, address: Option<String>) -> anyhow::Result<Self> {
         let address = address.unwrap_or_else(fresh_address);
         let (run, cursor) = backend.ensure(&address).await?;
-        say(&format!("spool: run {run} (address {address})"));
-        let events = backend.events(&run, None).await?;
-        let mut conversation = Self {
-            backend,
-            address,
-            run,
-            events,
-            pending: None,
-            calls: JoinSet::new(),
-            streamed: false,
-            mid_line: false,
-            input_open: true,
-            typed: VecDeque::new(),
-            turn_started: false,
-            cancel_wanted: false,
-        };
+        let mut conversation = Self::following(backend, address, run).await?;
         if let Some(cursor) = cursor {
             loop {
                 let event =
@@ -412,6 +428,26 @@ impl Conversation {
             }
         }
         Ok(conversation)
+    }
+
+    /// The conversation of `run`, its stream open from the start.
+    async fn following(backend: Backend, address: String, run: String) -> anyhow::Result<Self> {
+        say(&format!("spool: run {run} (address {address})"));
+        let events = backend.events(&run, None).await?;
+        Ok(Self {
+            backend,
+            address,
+            run,
+            events,
+            pending: None,
+            calls: JoinSet::new(),
+            streamed: false,
+            mid_line: false,
+            input_open: true,
+            typed: VecDeque::new(),
+            turn_started: false,
+            cancel_wanted: false,
+        })
     }
 
     fn send(&mut self, text: String) {

@@ -84,6 +84,66 @@ fn run_in_process_prints_only_the_answer_on_stdout_and_exits_zero() {
 }
 
 #[test]
+fn a_one_shot_run_records_its_creation_and_first_turn_in_one_append() {
+    let dir = tempfile::tempdir().unwrap();
+    let done = spool(dir.path(), &["run", "hello"], "");
+    assert_eq!(done.code, Some(0), "stderr: {}", done.stderr);
+    let run = done
+        .stderr
+        .split_whitespace()
+        .find(|word| word.starts_with("run_"))
+        .unwrap()
+        .to_owned();
+    let shown = spool(dir.path(), &["runs", "show", &run, "--json"], "");
+    assert_eq!(shown.code, Some(0), "stderr: {}", shown.stderr);
+    let events: Vec<serde_json::Value> = shown
+        .stdout
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let kind = |n: usize| events[n]["event"]["kind"].as_str().unwrap().to_owned();
+    assert_eq!(
+        (kind(0), kind(1)),
+        ("run_created".to_owned(), "turn_started".to_owned())
+    );
+    // One append is stamped once: two would each read the clock.
+    assert_eq!(
+        events[0]["recorded_at"], events[1]["recorded_at"],
+        "{}",
+        shown.stdout
+    );
+}
+
+#[test]
+fn one_shot_runs_leave_a_small_write_ahead_log_that_the_next_appends_to() {
+    let dir = tempfile::tempdir().unwrap();
+    let wal = dir.path().join(".spool").join("journal.db-wal");
+    let first = spool(dir.path(), &["run", "one"], "");
+    assert_eq!(first.code, Some(0), "stderr: {}", first.stderr);
+    let left = std::fs::metadata(&wal).map_or(0, |m| m.len());
+    assert!(left > 0, "the first run's commits stay in the log");
+    let second = spool(dir.path(), &["run", "two"], "");
+    assert_eq!(second.code, Some(0), "stderr: {}", second.stderr);
+    assert_eq!(second.stdout, "echo: two\n");
+    assert!(
+        std::fs::metadata(&wal).map_or(0, |m| m.len()) > left,
+        "the second run appended to the log rather than starting another"
+    );
+    let listed = spool(dir.path(), &["runs", "list", "--json"], "");
+    assert_eq!(listed.code, Some(0), "stderr: {}", listed.stderr);
+    assert_eq!(
+        listed
+            .stdout
+            .lines()
+            .filter(|line| line.contains(r#""state":"completed""#))
+            .count(),
+        2,
+        "{}",
+        listed.stdout
+    );
+}
+
+#[test]
 fn run_asks_an_approval_on_the_terminal_and_records_the_verdict_typed() {
     let dir = tempfile::tempdir().unwrap();
     let done = spool(

@@ -293,6 +293,80 @@ fn an_owner_claim_refuses_a_second_claim_naming_the_holder_until_dropped() {
     Owner::claim(dir.path()).expect("the claim is free once dropped");
 }
 
+#[test]
+fn an_owner_claim_over_a_longer_holders_id_leaves_only_its_own() {
+    use spool_journal::store::sqlite::{OWNER_FILE, Owner};
+    let dir = tempfile::tempdir().unwrap();
+    // A process before this one, with an id longer than any this one has.
+    std::fs::write(dir.path().join(OWNER_FILE), "123456789012345678901234").unwrap();
+    let claim = Owner::claim(dir.path()).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join(OWNER_FILE)).unwrap(),
+        std::process::id().to_string()
+    );
+    drop(claim);
+}
+
+/// A journal opened as a one-shot process opens it: small logs are left at
+/// close.
+fn keeping_small_logs() -> Options {
+    Options {
+        keep_wal_below: spool_journal::store::sqlite::KEEP_WAL_BELOW,
+        ..Options::default()
+    }
+}
+
+#[tokio::test]
+async fn a_journal_that_keeps_small_logs_leaves_its_log_at_close_and_reads_it_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let wal = dir.path().join(format!("{FILE_NAME}-wal"));
+    let journal = SqliteJournal::open(dir.path(), keeping_small_logs()).unwrap();
+    journal
+        .append(&run("r"), Seq(0), vec![created(), started("t1", "hello")])
+        .await
+        .unwrap();
+    // Readers open beside the writer close after it: none may empty the
+    // log either.
+    journal.read(&run("r"), Seq(0)).await.unwrap();
+    drop(journal);
+    let left = std::fs::metadata(&wal).map_or(0, |m| m.len());
+    assert!(left > 0, "the log is left at close");
+    let reopened = SqliteJournal::open(dir.path(), keeping_small_logs()).unwrap();
+    assert_eq!(reopened.read(&run("r"), Seq(0)).await.unwrap().len(), 2);
+    reopened
+        .append(&run("r"), Seq(2), vec![turn_done("t1", "hi")])
+        .await
+        .unwrap();
+    drop(reopened);
+    assert!(
+        std::fs::metadata(&wal).map_or(0, |m| m.len()) > left,
+        "the next process appended to the log"
+    );
+    let read_only = SqliteJournal::open_read_only(dir.path()).unwrap();
+    assert_eq!(read_only.read(&run("r"), Seq(0)).await.unwrap().len(), 3);
+}
+
+#[tokio::test]
+async fn a_log_that_reached_the_size_kept_is_emptied_at_close_all_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    let wal = dir.path().join(format!("{FILE_NAME}-wal"));
+    let options = Options {
+        keep_wal_below: 4096,
+        ..Options::default()
+    };
+    let journal = SqliteJournal::open(dir.path(), options).unwrap();
+    journal
+        .append(&run("r"), Seq(0), vec![created(), started("t1", "hello")])
+        .await
+        .unwrap();
+    journal.read(&run("r"), Seq(0)).await.unwrap();
+    assert!(std::fs::metadata(&wal).unwrap().len() >= 4096);
+    drop(journal);
+    assert_eq!(std::fs::metadata(&wal).map_or(0, |m| m.len()), 0);
+    let reopened = SqliteJournal::open_read_only(dir.path()).unwrap();
+    assert_eq!(reopened.read(&run("r"), Seq(0)).await.unwrap().len(), 2);
+}
+
 /// Copies the journal's files, as a crash would leave them, into `to`:
 /// the database, and those of its log and index that `keep` names.
 fn copy_as_crashed(from: &std::path::Path, to: &std::path::Path, keep: &[&str]) {

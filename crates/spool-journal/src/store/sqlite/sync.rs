@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::{Counters, Durability, FILE_NAME, Heads, MAX_CACHED_HEADS};
@@ -36,6 +36,10 @@ pub(super) struct Durable {
     /// holds may differ from the disk, so nothing more is written until
     /// the journal is opened again (and SQLite recovers from the disk).
     failed: Mutex<Option<String>>,
+    /// The writer left the write-ahead log at close
+    /// ([`Options::keep_wal_below`](super::Options::keep_wal_below)), so
+    /// no reading connection may checkpoint it as it closes.
+    pub(super) wal_kept: AtomicBool,
 }
 
 impl Durable {

@@ -57,6 +57,9 @@ pub(super) struct TurnCtx {
 /// What a model step came to.
 enum ModelOutcome {
     Answered(ModelResponse),
+    /// A live answer that calls no tool, not yet recorded: recorded with
+    /// the turn's end, when it ends the turn (see `complete_unless_steered`).
+    Final(ModelResponse, Box<Event>),
     /// The turn ended or parked; the driver looks at the run again.
     Stopped,
 }
@@ -218,14 +221,15 @@ impl Inner {
                 ctx.release();
                 return self.cancelled(&ctx.run, &ctx.turn).await;
             }
-            let response = match self.model_step(&mut ctx).await? {
-                ModelOutcome::Answered(response) => response,
+            let (response, unrecorded) = match self.model_step(&mut ctx).await? {
+                ModelOutcome::Answered(response) => (response, None),
+                ModelOutcome::Final(response, answer) => (response, Some(*answer)),
                 ModelOutcome::Stopped => return Ok(()),
             };
             ctx.answered(&response);
             if response.tool_calls.is_empty() {
                 if self
-                    .complete_unless_steered(&mut ctx, response.text)
+                    .complete_unless_steered(&mut ctx, response.text, unrecorded)
                     .await?
                 {
                     return Ok(());
@@ -255,17 +259,30 @@ impl Inner {
     /// one lock, so no steered input lands between the two and is left
     /// recorded but never read. A replay finds the same input before the
     /// next recorded model call and goes on the same way.
+    ///
+    /// `answer` is the live model answer not yet recorded: it goes in the
+    /// same append as the turn's end, so a one-turn run commits once less
+    /// (its answer needs no commit of its own: a crash before the append
+    /// leaves the call's intent dangling, and it is made again, as after
+    /// a crash before any answer). Otherwise it is recorded alone, first.
     async fn complete_unless_steered(
         &self,
         ctx: &mut TurnCtx,
         text: String,
+        answer: Option<Event>,
     ) -> Result<bool, RuntimeError> {
         let mut locked = self.lock(&ctx.run).await?;
         if !ctx.is_current(locked.cached()) {
+            if let Some(answer) = answer {
+                locked.append(&*self.journal, vec![answer]).await?;
+            }
             return Ok(true);
         }
         ctx.take_steered(locked.cached());
         if !ctx.pending.is_empty() {
+            if let Some(answer) = answer {
+                locked.append(&*self.journal, vec![answer]).await?;
+            }
             return Ok(false);
         }
         let done = Event::TurnCompleted(TurnCompleted {
@@ -274,7 +291,8 @@ impl Inner {
             usage: Some(ctx.usage),
         });
         ctx.release();
-        locked.append(&*self.journal, vec![done]).await?;
+        let events = answer.into_iter().chain([done]).collect();
+        locked.append(&*self.journal, events).await?;
         drop(locked);
         self.hub.end_turn(&ctx.run);
         Ok(true)
@@ -370,6 +388,9 @@ impl Inner {
                     usage: response.usage,
                     finish_reason: response.finish_reason.clone(),
                 });
+                if response.tool_calls.is_empty() {
+                    return Ok(ModelOutcome::Final(response, Box::new(event)));
+                }
                 self.append(&ctx.run, vec![event]).await?;
                 Ok(ModelOutcome::Answered(response))
             }

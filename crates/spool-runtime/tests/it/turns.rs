@@ -61,6 +61,39 @@ async fn the_echo_engine_answers_echo_and_the_run_completes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_that_ends_the_turn_is_recorded_in_one_append_with_the_turns_end() {
+    // Each append reads the clock once: one tick per append.
+    let ticks = Arc::new(AtomicUsize::new(0));
+    let clock: spool_journal::store::Clock = {
+        let ticks = Arc::clone(&ticks);
+        Arc::new(move || {
+            let n = ticks.fetch_add(1, Ordering::SeqCst);
+            time::OffsetDateTime::UNIX_EPOCH + time::Duration::seconds(n as i64)
+        })
+    };
+    let journal: Arc<dyn Journal> = Arc::new(MemoryJournal::with_clock(clock));
+    let runtime = Runtime::builder(Arc::clone(&journal)).build();
+    let (run, turn) = started(runtime.start(start("hello there")).await.unwrap());
+    settle(&runtime, &run, &turn).await;
+    let log = journal.read(&run, Seq(0)).await.unwrap();
+    let stamped: Vec<(&str, i64)> = log
+        .iter()
+        .map(|e| (e.event.kind(), e.recorded_at.unix_timestamp()))
+        .collect();
+    assert_eq!(
+        stamped,
+        [
+            ("run_created", 0),
+            ("turn_started", 0),
+            ("model_call_requested", 1),
+            ("model_call_completed", 2),
+            ("turn_completed", 2)
+        ],
+        "three appends: the start, the intent, the answer with the turn's end"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tool_call_runs_once_write_ahead_and_its_result_reaches_the_model() {
     let journal: Arc<dyn Journal> = Arc::new(MemoryJournal::new());
     let (tool, runs) = Counting::new("count", Effect::Write);

@@ -449,13 +449,6 @@ impl SqliteJournal {
             Arc::clone(&heads),
             Arc::clone(&watchers),
         ));
-        let syncer_thread = thread::Builder::new()
-            .name("spool-journal-sync".into())
-            .spawn({
-                let syncing = Arc::clone(&syncing);
-                move || syncing.run()
-            })
-            .map_err(|e| JournalError::storage(format!("starting the syncer thread: {e}")))?;
         let writer = Writer {
             heads: Arc::clone(&heads),
             counters: Arc::clone(&counters),
@@ -466,7 +459,8 @@ impl SqliteJournal {
             clock: options.clock,
             max_batch: options.max_batch.max(1),
             syncing: Arc::clone(&syncing),
-            syncer_thread: Some(syncer_thread),
+            syncer_thread: None,
+            syncer_failed: false,
             durable: Arc::clone(&durable),
             unsynced: HashMap::new(),
             commits: 0,
@@ -476,11 +470,7 @@ impl SqliteJournal {
         let writer_thread = thread::Builder::new()
             .name("spool-journal-writer".into())
             .spawn(move || writer.run())
-            .map_err(|e| {
-                // The syncer would wait for commits forever.
-                syncing.close();
-                JournalError::storage(format!("starting the writer thread: {e}"))
-            })?;
+            .map_err(|e| JournalError::storage(format!("starting the writer thread: {e}")))?;
         let mut readers = ReadPool::new(path.to_owned(), false);
         readers.durable = durable;
         Ok(Self {
@@ -750,8 +740,14 @@ struct Writer {
     commits: u64,
     /// Where commits are made durable.
     syncing: Arc<Syncing>,
-    /// The syncer's thread, joined when the writer stops.
+    /// The syncer's thread, started at the first commit handed over (a
+    /// process whose appends come one at a time, as `spool run`'s do,
+    /// syncs each itself and never starts it), joined when the writer
+    /// stops.
     syncer_thread: Option<thread::JoinHandle<()>>,
+    /// The syncer's thread could not be started: the writer syncs every
+    /// commit itself.
+    syncer_failed: bool,
     durable: Arc<Durable>,
     /// SQLite's count of commits by *other* connections, as of our last
     /// transaction: when it moves, our cached heads may be stale.
@@ -960,10 +956,39 @@ impl Writer {
             heads: pending,
             last_pos,
         };
-        self.syncing.submit(committed, self.receiver.is_empty());
+        let alone =
+            self.receiver.is_empty() || !self.syncing.hands_over() || !self.syncer_running();
+        self.syncing.submit(committed, alone);
         self.unindexed += appended;
         if self.unindexed >= INDEX_BATCH {
             self.index_tail();
+        }
+    }
+
+    /// Whether the syncer's thread runs, started now if it does not yet:
+    /// when it cannot start, the writer syncs on its own, slower but
+    /// just as durable.
+    fn syncer_running(&mut self) -> bool {
+        if self.syncer_thread.is_some() {
+            return true;
+        }
+        if self.syncer_failed {
+            return false;
+        }
+        let syncing = Arc::clone(&self.syncing);
+        match thread::Builder::new()
+            .name("spool-journal-sync".into())
+            .spawn(move || syncing.run())
+        {
+            Ok(thread) => {
+                self.syncer_thread = Some(thread);
+                true
+            }
+            Err(error) => {
+                tracing::error!(target: "spool::journal", %error, "the syncer thread did not start; the writer syncs each commit itself");
+                self.syncer_failed = true;
+                false
+            }
         }
     }
 

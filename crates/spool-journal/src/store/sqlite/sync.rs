@@ -196,6 +196,12 @@ impl Syncing {
         self.changed.notify_all();
     }
 
+    /// Whether a commit may be handed to the syncer's thread at all (not
+    /// when syncs do nothing).
+    pub(super) fn hands_over(&self) -> bool {
+        !self.always_here
+    }
+
     /// The writer stopped: the syncer finishes the queue and ends.
     pub(super) fn close(&self) {
         self.state().closed = true;

@@ -358,7 +358,8 @@ pub(crate) fn fanout(scale: Scale) -> anyhow::Result<Vec<Row>> {
         let (close_streams, closing) = watch::channel(false);
         let (url, stop) = start(HttpChannel::new(runtime, closing).handler()).await?;
         let client = Client::new(&url)?;
-        let many = latencies(&client, &url, "fanout-many", subscribers, turns).await?;
+        let (many, turn_times) =
+            latencies(&client, &url, "fanout-many", subscribers, turns).await?;
         let bare = bare_fanout(subscribers, turns).await?;
         let mut rows = latency_rows(
             &format!("stream-fanout/{subscribers} subscribers"),
@@ -366,13 +367,14 @@ pub(crate) fn fanout(scale: Scale) -> anyhow::Result<Vec<Row>> {
             &bare,
             FanoutTarget::NearTheFloor,
         );
+        rows.push(turn_row(subscribers, &turn_times, &bare));
         rows.push(open_streams(&client, &url, held).await?);
         // The latencies at the scale the memory row holds, over fewer
         // turns (each is ten times the lines), measured after it: the
         // memory they leave to the allocator would read as less memory
         // per stream.
         let turns_held = scale.pick(5usize, 2);
-        let most = latencies(&client, &url, "fanout-most", held, turns_held).await?;
+        let (most, turn_times) = latencies(&client, &url, "fanout-most", held, turns_held).await?;
         let bare = bare_fanout(held, turns_held).await?;
         rows.extend(latency_rows(
             &format!("stream-fanout/{held} subscribers"),
@@ -380,10 +382,27 @@ pub(crate) fn fanout(scale: Scale) -> anyhow::Result<Vec<Row>> {
             &bare,
             FanoutTarget::NearTheFloor,
         ));
+        rows.push(turn_row(held, &turn_times, &bare));
         close_streams.send_replace(true);
         stop.send_replace(true);
         anyhow::Ok(rows)
     })
+}
+
+/// A turn's median time from its message to every subscriber having its
+/// answer, beside the floor's slowest line (the time its last reader got
+/// a round's line): what a person waiting on the slowest stream sees,
+/// whatever each line's own latency, which counts from when its event was
+/// recorded.
+fn turn_row(subscribers: usize, turn_times: &[f64], bare: &[f64]) -> Row {
+    Row::new(
+        format!("stream-fanout/{subscribers} subscribers, message to every answer p50"),
+        percentile(turn_times, 0.5) * 1e3,
+        "ms",
+        "bare sockets max",
+        percentile(bare, 1.0) * 1e3,
+    )
+    .lower_is_better()
 }
 
 /// How close to the floor a fan-out's latencies must stay.
@@ -425,14 +444,18 @@ pub(crate) fn latency_rows(
 }
 
 /// Sends `turns` messages to `run`, each once `peer` says its
-/// subscribers have the last one's answer.
+/// subscribers have the last one's answer; returns each turn's time from
+/// sending its message to every subscriber having its answer (seconds,
+/// sorted).
 pub(crate) async fn drive_turns(
     client: &Client,
     run: &str,
     turns: usize,
     peer: &mut Peer,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Vec<f64>> {
+    let mut times = Vec::with_capacity(turns);
     for turn in 0..turns {
+        let sent = Instant::now();
         let _: Value = client
             .post(
                 &format!("/runs/{run}"),
@@ -440,8 +463,10 @@ pub(crate) async fn drive_turns(
             )
             .await?;
         anyhow::ensure!(peer.line().await? == "turn", "the subscribers lost a turn");
+        times.push(sent.elapsed().as_secs_f64());
     }
-    Ok(())
+    times.sort_by(f64::total_cmp);
+    Ok(times)
 }
 
 /// A child process of this binary that holds connections to the server.
@@ -491,14 +516,15 @@ impl Peer {
 
 /// Opens `subscribers` streams on a fresh run from another process, sends
 /// `turns` messages, each once every subscriber has the last one's answer,
-/// and returns every line's latency (seconds, sorted) at every subscriber.
+/// and returns every line's latency (seconds, sorted) at every subscriber,
+/// and each turn's time from its message to every subscriber's answer.
 async fn latencies(
     client: &Client,
     url: &str,
     address: &str,
     subscribers: usize,
     turns: usize,
-) -> anyhow::Result<Vec<f64>> {
+) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
     let ensured: spool_wire::http::AddressReply = client
         .post(&format!("/addresses/{address}"), &json!({}))
         .await?;
@@ -512,11 +538,11 @@ async fn latencies(
         turns.to_string(),
     ])
     .await?;
-    drive_turns(client, &ensured.run_id, turns, &mut peer).await?;
+    let times = drive_turns(client, &ensured.run_id, turns, &mut peer).await?;
     let mut all: Vec<f64> = serde_json::from_str(&peer.line().await?)?;
     peer.finish().await?;
     all.sort_by(f64::total_cmp);
-    Ok(all)
+    Ok((all, times))
 }
 
 /// The floor of a fan-out on this machine: one task writes a stream line

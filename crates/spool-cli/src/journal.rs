@@ -93,7 +93,7 @@ pub(crate) enum Process {
     Serving,
     /// One command (`spool run`, `spool chat`): a small write-ahead log is
     /// left for the next to append to (`sqlite::KEEP_WAL_BELOW`): emptying
-    /// it and starting a new one were a tenth of such a process's time.
+    /// it and starting a new one cost such a process about 1 ms.
     OneShot,
 }
 

@@ -79,9 +79,9 @@ pub struct Options {
     /// when the journal closes, rather than copied into the database file
     /// and emptied; 0 (the default) always empties it. Emptying costs two
     /// syncs and a truncation at close, and the next open's first commit
-    /// then syncs a new log header: about 1 ms of a one-turn `spool run`'s
-    /// 9, which keeps up to [`KEEP_WAL_BELOW`]. What is left is synced and
-    /// whole; the next open reads it back.
+    /// then syncs a new log header: about 1 ms of every one-turn `spool
+    /// run`, which keeps up to [`KEEP_WAL_BELOW`]. What is left is whole
+    /// (its events synced); the next open reads it back.
     pub keep_wal_below: u64,
 }
 
@@ -380,8 +380,8 @@ impl Owner {
         // The holder's pid, for the message another process shows: written
         // over the last one, and the file cut only when that was longer.
         // A truncation costs a synchronous journal update even to the same
-        // length (ext4: 0.3 ms, a thirtieth of a one-shot run), and to
-        // nothing it freed the file's block only to allocate another.
+        // length (ext4: 0.3 ms, traced, of a one-shot run's 6 to 9), and
+        // to nothing it freed the file's block only to allocate another.
         let pid = std::process::id().to_string();
         let before = file.metadata().map_err(failed)?.len();
         file.write_all(pid.as_bytes()).map_err(failed)?;
@@ -811,7 +811,9 @@ impl Writer {
     /// Whether the log is left as it is at close (smaller than
     /// [`Options::keep_wal_below`]): then no connection checkpoints it as
     /// it closes, which SQLite's last connection otherwise does, syncing
-    /// and deleting the log. Every commit in it was synced by the syncer.
+    /// and deleting the log. Every commit of events in it was synced; the
+    /// index written just before is not, and a power loss that takes it
+    /// back leaves a tail the next open indexes again.
     fn keeps_wal(&self) -> bool {
         let small = std::fs::metadata(&self.wal)
             .is_ok_and(|file| file.len() > 0 && file.len() < self.keep_wal_below);

@@ -272,18 +272,16 @@ impl Inner {
         answer: Option<Event>,
     ) -> Result<bool, RuntimeError> {
         let mut locked = self.lock(&ctx.run).await?;
-        if !ctx.is_current(locked.cached()) {
-            if let Some(answer) = answer {
-                locked.append(&*self.journal, vec![answer]).await?;
-            }
-            return Ok(true);
+        let current = ctx.is_current(locked.cached());
+        if current {
+            ctx.take_steered(locked.cached());
         }
-        ctx.take_steered(locked.cached());
-        if !ctx.pending.is_empty() {
+        if !current || !ctx.pending.is_empty() {
+            // The turn does not end here: the answer is recorded alone.
             if let Some(answer) = answer {
                 locked.append(&*self.journal, vec![answer]).await?;
             }
-            return Ok(false);
+            return Ok(!current);
         }
         let done = Event::TurnCompleted(TurnCompleted {
             turn_id: ctx.turn.clone(),

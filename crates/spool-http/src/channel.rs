@@ -401,7 +401,7 @@ impl HttpChannel {
         if method == Method::POST
             && let Some(placement) = &self.placement
             && !crate::forward::forwarded(&parts.headers)
-            && let Some(run) = self.commanded_run(&route)
+            && let Some(run) = self.commanded_run(&route, &bytes).await
             && let Some(address) = crate::forward::holder(placement.as_ref(), &run).await
         {
             return crate::forward::forward(placement.as_ref(), &run, &address, &parts, bytes)
@@ -461,12 +461,32 @@ impl HttpChannel {
     }
 
     /// The run a command (a `POST`) changes, which its driving node must
-    /// answer: a message or an action to a run, a schedule's trigger (its
-    /// record run). Starting a run or binding an address is done here.
-    fn commanded_run(&self, route: &Route) -> Option<RunId> {
+    /// answer: a message or an action to a run, a message through an
+    /// address already bound, a schedule's trigger (its record run).
+    /// Starting a run or binding an address is done here.
+    async fn commanded_run(&self, route: &Route, body: &[u8]) -> Option<RunId> {
         match route {
             Route::Run(id) | Route::RunAction(id, _) => run_id(id).ok(),
             Route::Trigger(name) => self.schedules.as_ref()?.record_run(name),
+            // A message through an address goes to the node driving the
+            // address's run, as one through the run's id does. A body that
+            // does not decode, or an address bound to no run yet, is this
+            // node's to answer (with the refusal, or by creating the run).
+            Route::Runs => {
+                #[derive(serde::Deserialize)]
+                struct Addressed {
+                    address: Option<String>,
+                }
+                let address = serde_json::from_slice::<Addressed>(body).ok()?.address?;
+                let address = Address::new(NAMESPACE, address);
+                match self.runtime.find_address(&address).await {
+                    Ok(run) => run,
+                    Err(error) => {
+                        tracing::warn!(target: "spool::http", %error, "could not read which run an address is bound to; answering here");
+                        None
+                    }
+                }
+            }
             _ => None,
         }
     }

@@ -174,22 +174,30 @@ fn every_node_answers_a_command_for_a_run_another_node_drives_as_that_node_does(
     let dir = tempfile::tempdir().unwrap();
     let nodes = three_nodes(dir.path(), &url);
     let (a, b, c) = (&nodes[0].addr, &nodes[1].addr, &nodes[2].addr);
-    let started = crate::bus::run_to_end(a, "one");
-    let run = started["run_id"].as_str().unwrap().to_owned();
-    // A message through B and another through C: each is a turn A drives
-    // and answers, and the client gets A's reply.
-    for (via, text) in [(b, "two"), (c, "three")] {
-        let (status, reply) = post(
-            via,
-            &format!("/spool/v1/runs/{run}"),
-            &serde_json::json!({ "text": text }).to_string(),
-            None,
-        );
+    let run_at = |via: &str, text: &str| {
+        let body = serde_json::json!({ "text": text, "address": "desk" }).to_string();
+        let (status, reply) = post(via, "/spool/v1/runs", &body, None);
         assert_eq!(status, 200, "{reply}");
-        let reply: serde_json::Value = serde_json::from_str(body_of(&reply)).unwrap();
-        assert_eq!(reply["response"], format!("echo: {text}"), "{reply}");
-        assert_eq!(reply["run_id"], run.as_str());
-    }
+        serde_json::from_str::<serde_json::Value>(body_of(&reply)).unwrap()
+    };
+    let started = run_at(a, "one");
+    let run = started["run_id"].as_str().unwrap().to_owned();
+    // A message through B to the run's id and another through C to its
+    // address: each is a turn A drives and answers, and the client gets
+    // A's reply.
+    let (status, reply) = post(
+        b,
+        &format!("/spool/v1/runs/{run}"),
+        &serde_json::json!({ "text": "two" }).to_string(),
+        None,
+    );
+    assert_eq!(status, 200, "{reply}");
+    let reply: serde_json::Value = serde_json::from_str(body_of(&reply)).unwrap();
+    assert_eq!(reply["response"], "echo: two", "{reply}");
+    assert_eq!(reply["run_id"], run.as_str());
+    let reply = run_at(c, "three");
+    assert_eq!(reply["response"], "echo: three", "{reply}");
+    assert_eq!(reply["run_id"], run.as_str());
     // The same command to A and through C: the same answer.
     let cancel = format!("/spool/v1/runs/{run}/cancel");
     let (direct_status, direct) = post(a, &cancel, "{}", None);

@@ -45,12 +45,21 @@ impl Runtime {
     /// `AddressNotFound` when no run holds the address.
     pub async fn lookup(&self, address: &Address) -> Result<RunView, RuntimeError> {
         let run = self
-            .inner
-            .journal
             .find_address(address)
             .await?
             .ok_or_else(|| RuntimeError::AddressNotFound(address.clone()))?;
         self.get(&run).await
+    }
+
+    /// The id of the run an address is bound to, if any: one indexed read,
+    /// without loading the run (a cluster node asks it to tell which node
+    /// drives an address's run).
+    ///
+    /// # Errors
+    ///
+    /// When the journal fails.
+    pub async fn find_address(&self, address: &Address) -> Result<Option<RunId>, RuntimeError> {
+        Ok(self.inner.journal.find_address(address).await?)
     }
 
     /// The run an address is bound to, creating a pending run (and no model

@@ -118,6 +118,7 @@ fn ci() -> Result<()> {
         let mut command = cargo();
         command
             .env("JOURNAL_PG_URL", &postgres.url)
+            .envs(postgres.ca_env())
             .env("SPOOL_REQUIRE_PG", "1");
         command
             .args(args)
@@ -276,7 +277,7 @@ fn fuzz(args: &[String]) -> Result<()> {
 }
 
 /// The workspace root: xtask's manifest directory is `<root>/xtask`.
-fn root() -> PathBuf {
+pub(crate) fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("xtask lives one directory below the workspace root")

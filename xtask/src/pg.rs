@@ -3,7 +3,9 @@
 //! temporary directory, listening on a free loopback port, stopped and
 //! deleted when dropped. `cargo xtask ci` runs the tests with one, and
 //! `cargo xtask pg -- COMMAND…` runs any command with one, its URL in
-//! `JOURNAL_PG_URL`.
+//! `JOURNAL_PG_URL`. It offers TLS (the root its certificate chains to in
+//! `JOURNAL_PG_CA`), so every connection a test makes without `sslmode`
+//! is encrypted, as it would be to a managed database.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -24,6 +26,10 @@ pub(crate) struct Server {
     /// The options it was started with (its port, socket directory, …),
     /// which a start after a stop must give again.
     options: String,
+    /// The root its TLS certificate chains to, as `JOURNAL_PG_CA`: the
+    /// test server offers TLS (the benchmarks' does not, so their
+    /// baselines and Spool speak the same plain protocol).
+    pub(crate) ca: Option<PathBuf>,
 }
 
 impl Server {
@@ -64,17 +70,41 @@ impl Server {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let port = free_port()?;
-        let options = format!(
+        let mut options = format!(
             "-c listen_addresses=127.0.0.1 -p {port} -k {} -c fsync={} -c max_connections=300",
             dir.display(),
             if fsync { "on" } else { "off" }
         );
+        // The test server offers TLS with the tests' self-signed
+        // certificate for `localhost`; its key must be the server user's
+        // alone, or PostgreSQL refuses it.
+        let ca = if fsync {
+            None
+        } else {
+            let identity = crate::root().join("crates/spool-engines/tests/tls");
+            let (cert, key) = (dir.join("server.pem"), dir.join("server.key"));
+            std::fs::copy(identity.join("localhost.pem"), &cert)
+                .context("copying the test TLS certificate")?;
+            std::fs::copy(identity.join("localhost.key"), &key)
+                .context("copying the test TLS key")?;
+            std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+            if as_postgres {
+                run_tool(Command::new("chown").arg("postgres:").arg(&cert).arg(&key))?;
+            }
+            options.push_str(&format!(
+                " -c ssl=on -c ssl_cert_file={} -c ssl_key_file={}",
+                cert.display(),
+                key.display()
+            ));
+            Some(identity.join("localhost.pem"))
+        };
         let server = Self {
             bin,
             dir,
             as_postgres,
             url: format!("postgres://postgres@127.0.0.1:{port}/postgres"),
             options,
+            ca,
         };
         if as_postgres {
             run_tool(Command::new("chown").arg("postgres:").arg(&server.dir))?;
@@ -132,13 +162,21 @@ impl Server {
     }
 
     /// The variables a test that restarts the server reads.
-    pub(crate) fn env(&self) -> [(&'static str, String); 4] {
-        [
+    pub(crate) fn env(&self) -> Vec<(&'static str, String)> {
+        let mut env = vec![
             ("JOURNAL_PG_URL", self.url.clone()),
             ("JOURNAL_PG_RESTART", self.restart_command()),
             ("JOURNAL_PG_STOP", self.stop_command()),
             ("JOURNAL_PG_START", self.start_command()),
-        ]
+        ];
+        env.extend(self.ca_env());
+        env
+    }
+
+    /// `JOURNAL_PG_CA`, when the server offers TLS.
+    pub(crate) fn ca_env(&self) -> Option<(&'static str, String)> {
+        let ca = self.ca.as_ref()?;
+        Some(("JOURNAL_PG_CA", ca.display().to_string()))
     }
 
     /// `pg_ctl` on this server's data directory and log, with `args`, as

@@ -35,7 +35,7 @@ use spool_journal::{JournalError, RunId};
 use tokio::sync::Mutex;
 use tokio_postgres::Client;
 
-use crate::{Target, parse_url, storage, stored_run_id};
+use crate::{Target, storage, stored_run_id};
 
 /// The lease time when none is given: a dead node's runs move after
 /// this long.
@@ -123,10 +123,7 @@ impl Cluster {
     /// [`JournalError::NewerSchema`] for a database written by a newer
     /// Spool.
     pub async fn join(url: &str, options: ClusterOptions) -> Result<Self, JournalError> {
-        let target = Target {
-            config: parse_url(url)?,
-            schema: options.schema.clone(),
-        };
+        let target = Target::parse(url, options.schema.clone())?;
         let client = target.migrated().await?;
         let cluster = Self {
             client: Mutex::new(client),

@@ -38,13 +38,15 @@ use spool_journal::store::{
 use spool_journal::{Address, Envelope, Event, Principal, RunId, Seq};
 use time::OffsetDateTime;
 use tokio::sync::{Mutex, mpsc, oneshot};
-use tokio_postgres::{Client, Config, NoTls, Statement};
+use tokio_postgres::{Client, Config, Statement};
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 pub use cluster::{Cluster, ClusterOptions, Fence, Renewal};
 
 pub mod cluster;
 mod listen;
 mod schema;
+mod tls;
 mod writer;
 
 /// How to open a journal.
@@ -98,16 +100,55 @@ impl Default for Options {
 }
 
 /// Where the journal is: the server, and the schema within it.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub(crate) struct Target {
     config: Config,
+    tls: MakeRustlsConnect,
     schema: Option<String>,
 }
 
+impl std::fmt::Debug for Target {
+    // The settings, which `Config` prints with the password hidden; the
+    // TLS connector has nothing to show.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Target")
+            .field("config", &self.config)
+            .field("schema", &self.schema)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Target {
+    /// What `url` names, in `schema` (or the connection's own).
+    pub(crate) fn parse(url: &str, schema: Option<String>) -> Result<Self, JournalError> {
+        let (config, tls) = tls::parse(url)?;
+        Ok(Self {
+            config,
+            tls,
+            schema,
+        })
+    }
+
+    /// A new connection, with TLS as the URL's `sslmode` asks, and the
+    /// driver the caller must spawn.
+    pub(crate) async fn open(
+        &self,
+    ) -> Result<
+        (
+            Client,
+            tokio_postgres::Connection<
+                tokio_postgres::Socket,
+                impl tokio_postgres::tls::TlsStream + Unpin + use<>,
+            >,
+        ),
+        JournalError,
+    > {
+        self.config.connect(self.tls.clone()).await.map_err(storage)
+    }
+
     /// A new connection, its driver spawned, in the journal's schema.
     pub(crate) async fn connect(&self) -> Result<Client, JournalError> {
-        let (client, connection) = self.config.connect(NoTls).await.map_err(storage)?;
+        let (client, connection) = self.open().await?;
         tokio::spawn(async move {
             if let Err(error) = connection.await {
                 tracing::debug!(target: "spool::journal", %error, "a PostgreSQL connection ended");
@@ -120,7 +161,7 @@ impl Target {
     /// A new connection in the journal's schema, with the schema created
     /// and its tables created or migrated when needed.
     pub(crate) async fn migrated(&self) -> Result<Client, JournalError> {
-        let (client, connection) = self.config.connect(NoTls).await.map_err(storage)?;
+        let (client, connection) = self.open().await?;
         tokio::spawn(connection);
         if let Some(schema) = &self.schema {
             client
@@ -204,10 +245,7 @@ impl PgJournal {
     }
 
     async fn open(url: &str, options: Options, write: bool) -> Result<Self, JournalError> {
-        let target = Target {
-            config: parse_url(url)?,
-            schema: options.schema.clone(),
-        };
+        let target = Target::parse(url, options.schema.clone())?;
         let setup = if write {
             target.migrated().await?
         } else {
@@ -329,11 +367,8 @@ impl Owner {
     /// process's id when it recorded one; [`JournalError::Storage`] when
     /// the server cannot be reached.
     pub async fn claim(url: &str, schema: Option<&str>) -> Result<Self, JournalError> {
-        let target = Target {
-            config: parse_url(url)?,
-            schema: schema.map(str::to_owned),
-        };
-        let (client, connection) = target.config.connect(NoTls).await.map_err(storage)?;
+        let target = Target::parse(url, schema.map(str::to_owned))?;
+        let (client, connection) = target.open().await?;
         let (lost_sender, lost) = tokio::sync::watch::channel(false);
         tokio::spawn(async move {
             if let Err(error) = connection.await {
@@ -399,12 +434,6 @@ impl Owner {
 #[must_use]
 pub fn is_url(text: &str) -> bool {
     text.starts_with("postgres://") || text.starts_with("postgresql://")
-}
-
-fn parse_url(url: &str) -> Result<Config, JournalError> {
-    url.parse().map_err(|e| {
-        JournalError::storage(format!("`{}` is not a PostgreSQL URL: {e}", redact(url)))
-    })
 }
 
 /// `url` without its password, for messages.
@@ -769,7 +798,7 @@ mod tests {
             .await
             .unwrap_err();
         let message = refused.to_string();
-        assert!(message.contains("is not a PostgreSQL URL"), "{message}");
+        assert!(message.contains("not a PostgreSQL URL"), "{message}");
         assert!(!message.contains("secret"), "{message}");
     }
 

@@ -106,11 +106,7 @@ const BACKLOG: usize = 4096;
 /// A connection listening on `channel`, and its notifications' payloads;
 /// the receiver ends when the connection does.
 async fn listen(target: &Target, channel: &str) -> Result<Listening, JournalError> {
-    let (client, mut connection) = target
-        .config
-        .connect(tokio_postgres::NoTls)
-        .await
-        .map_err(storage)?;
+    let (client, mut connection) = target.open().await?;
     // Notifications arrive through the connection's own message stream,
     // which this task drives in place of the usual `connection.await`.
     let (sender, receiver) = tokio::sync::mpsc::channel(BACKLOG);

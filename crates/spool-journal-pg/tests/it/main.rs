@@ -11,6 +11,7 @@
 mod cluster;
 mod conformance;
 mod shared;
+mod tls;
 
 use std::sync::Arc;
 

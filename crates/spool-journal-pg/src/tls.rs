@@ -1,0 +1,324 @@
+//! TLS to the database: a URL's `sslmode` and `sslrootcert` read as libpq
+//! reads them (so a URL that works with `psql` works here), over rustls.
+//!
+//! tokio-postgres knows only `disable`, `prefer` and `require`, and
+//! verifies nothing itself; the certificate checks each mode asks for
+//! are made here, in the rustls configuration the connections use.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use rustls::client::WebPkiServerVerifier;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::{CryptoProvider, WebPkiSupportedAlgorithms};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{CertificateError, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use spool_journal::store::JournalError;
+use tokio_postgres::Config;
+use tokio_postgres::config::SslMode;
+use tokio_postgres_rustls::MakeRustlsConnect;
+
+/// How much a connection checks of the server's certificate: libpq's
+/// `sslmode` values, from least to most.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// Never TLS.
+    Disable,
+    /// TLS when the server offers it, its certificate not checked
+    /// (libpq's default: encrypted if possible, not authenticated).
+    Prefer,
+    /// TLS or no connection, its certificate not checked (unless a root
+    /// certificate is given, which makes it `VerifyCa`, as in libpq).
+    Require,
+    /// TLS, the certificate signed by a trusted root; any host name.
+    VerifyCa,
+    /// TLS, the certificate signed by a trusted root and naming the host.
+    VerifyFull,
+}
+
+/// A URL read: the connection settings, and the TLS every connection
+/// made with them uses.
+pub(crate) fn parse(url: &str) -> Result<(Config, MakeRustlsConnect), JournalError> {
+    let refused = |why: String| JournalError::storage(format!("`{}`: {why}", crate::redact(url)));
+    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    let mut mode = Mode::Prefer;
+    let mut root_file = None;
+    let mut rest = Vec::new();
+    for pair in query.split('&').filter(|pair| !pair.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let decoded = percent_encoding::percent_decode_str(value)
+            .decode_utf8()
+            .map_err(|_| refused(format!("the value of `{key}` is not UTF-8")))?;
+        match key {
+            "sslmode" => {
+                mode = match &*decoded {
+                    "disable" => Mode::Disable,
+                    "prefer" => Mode::Prefer,
+                    "require" => Mode::Require,
+                    "verify-ca" => Mode::VerifyCa,
+                    "verify-full" => Mode::VerifyFull,
+                    "allow" => {
+                        return Err(refused(
+                            "`sslmode=allow` is not supported: use `disable` or `prefer`".into(),
+                        ));
+                    }
+                    other => {
+                        return Err(refused(format!(
+                            "`sslmode={other}` is not one of disable, prefer, require, verify-ca, verify-full"
+                        )));
+                    }
+                };
+            }
+            "sslrootcert" => root_file = Some(decoded.into_owned()),
+            "sslcert" | "sslkey" | "sslpassword" => {
+                return Err(refused(format!(
+                    "`{key}`: client certificates are not supported; authenticate with a password"
+                )));
+            }
+            _ => rest.push(pair),
+        }
+    }
+    if mode == Mode::Require && root_file.is_some() {
+        mode = Mode::VerifyCa;
+    }
+    let plain = if rest.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", rest.join("&"))
+    };
+    let mut config: Config = plain.parse().map_err(|e: tokio_postgres::Error| {
+        // The cause (an unknown option, a bad value) is the error's source.
+        let cause = std::error::Error::source(&e).map_or_else(String::new, |c| format!(": {c}"));
+        refused(format!(
+            "not a PostgreSQL URL that Spool can use: {e}{cause}"
+        ))
+    })?;
+    config.ssl_mode(match mode {
+        Mode::Disable => SslMode::Disable,
+        Mode::Prefer => SslMode::Prefer,
+        Mode::Require | Mode::VerifyCa | Mode::VerifyFull => SslMode::Require,
+    });
+    let roots = match root_file.as_deref() {
+        // libpq's word for the system's store; ours is the webpki roots,
+        // as for the model providers.
+        None | Some("system") => {
+            RootCertStore::from_iter(webpki_roots::TLS_SERVER_ROOTS.iter().cloned())
+        }
+        Some(path) => roots_from(Path::new(path)).map_err(refused)?,
+    };
+    Ok((config, MakeRustlsConnect::new(client_config(mode, roots)?)))
+}
+
+/// The certificates in a PEM file, as the only roots trusted.
+fn roots_from(path: &Path) -> Result<RootCertStore, String> {
+    let shown = path.display();
+    let certificates = CertificateDer::pem_file_iter(path)
+        .map_err(|e| format!("sslrootcert {shown}: {e}"))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("sslrootcert {shown}: {e}"))?;
+    let mut roots = RootCertStore::empty();
+    let (added, _) = roots.add_parsable_certificates(certificates);
+    if added == 0 {
+        return Err(format!("sslrootcert {shown} holds no usable certificate"));
+    }
+    Ok(roots)
+}
+
+fn client_config(mode: Mode, roots: RootCertStore) -> Result<rustls::ClientConfig, JournalError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let tls_error = |e: rustls::Error| JournalError::storage(format!("TLS set-up: {e}"));
+    let verifier: Arc<dyn ServerCertVerifier> = match mode {
+        Mode::Disable | Mode::Prefer | Mode::Require => Arc::new(Unchecked {
+            algorithms: provider.signature_verification_algorithms,
+        }),
+        Mode::VerifyCa => Arc::new(AnyName(webpki(roots, &provider)?)),
+        Mode::VerifyFull => webpki(roots, &provider)?,
+    };
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(tls_error)?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier)
+        .with_no_client_auth();
+    // What libpq 17 sends, and what a server expects on a direct TLS
+    // connection.
+    config.alpn_protocols = vec![b"postgresql".to_vec()];
+    Ok(config)
+}
+
+fn webpki(
+    roots: RootCertStore,
+    provider: &Arc<CryptoProvider>,
+) -> Result<Arc<WebPkiServerVerifier>, JournalError> {
+    WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+        .build()
+        .map_err(|e| JournalError::storage(format!("TLS set-up: {e}")))
+}
+
+/// `prefer` and `require` without a root: the session is encrypted, and
+/// the handshake's signatures are checked (the server holds the key of
+/// the certificate it sent), but who signed the certificate is not.
+#[derive(Debug)]
+struct Unchecked {
+    algorithms: WebPkiSupportedAlgorithms,
+}
+
+impl ServerCertVerifier for Unchecked {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.algorithms.supported_schemes()
+    }
+}
+
+/// `verify-ca`: the chain must lead to a trusted root; the name the
+/// certificate is for is not compared with the host's. The name is
+/// checked after the chain, so a name mismatch means the chain held.
+#[derive(Debug)]
+struct AnyName(Arc<WebPkiServerVerifier>);
+
+impl ServerCertVerifier for AnyName {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        match self
+            .0
+            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
+        {
+            Err(rustls::Error::InvalidCertificate(
+                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+            )) => Ok(ServerCertVerified::assertion()),
+            other => other,
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.supported_verify_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refusal(url: &str) -> String {
+        parse(url).map(drop).expect_err("refused").to_string()
+    }
+
+    #[test]
+    fn libpq_modes_map_onto_the_connections_tls_mode() {
+        for (query, expected) in [
+            ("", SslMode::Prefer),
+            ("?sslmode=disable", SslMode::Disable),
+            ("?sslmode=prefer", SslMode::Prefer),
+            ("?sslmode=require", SslMode::Require),
+            ("?sslmode=verify-ca", SslMode::Require),
+            ("?sslmode=verify-full&connect_timeout=5", SslMode::Require),
+        ] {
+            let (config, _) = parse(&format!("postgres://u:secret@db:5432/x{query}")).unwrap();
+            assert_eq!(config.get_ssl_mode(), expected, "{query}");
+        }
+        // The options Spool reads are not passed on; the others are.
+        let (config, _) =
+            parse("postgres://db/x?sslmode=verify-full&sslrootcert=system&connect_timeout=5")
+                .unwrap();
+        assert_eq!(
+            config.get_connect_timeout(),
+            Some(&std::time::Duration::from_secs(5))
+        );
+    }
+
+    #[test]
+    fn modes_and_options_it_cannot_honour_are_refused_by_name_without_the_password() {
+        let allow = refusal("postgres://u:secret@db/x?sslmode=allow");
+        assert!(
+            allow.contains("`sslmode=allow` is not supported"),
+            "{allow}"
+        );
+        assert!(!allow.contains("secret"), "{allow}");
+        let unknown = refusal("postgres://db/x?sslmode=verify");
+        assert!(
+            unknown.contains("`sslmode=verify` is not one of"),
+            "{unknown}"
+        );
+        let client = refusal("postgres://db/x?sslcert=/tmp/c.pem");
+        assert!(
+            client.contains("client certificates are not supported"),
+            "{client}"
+        );
+        let other = refusal("postgres://db/x?sslcrl=/tmp/crl.pem");
+        assert!(other.contains("unknown option `sslcrl`"), "{other}");
+    }
+
+    #[test]
+    fn a_root_file_that_is_missing_or_holds_no_certificate_is_refused() {
+        let missing =
+            refusal("postgres://db/x?sslmode=verify-full&sslrootcert=/nonexistent/root.pem");
+        assert!(
+            missing.contains("sslrootcert /nonexistent/root.pem"),
+            "{missing}"
+        );
+        let dir = std::env::temp_dir().join(format!("spool-pg-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let empty = dir.join("empty.pem");
+        std::fs::write(&empty, "not a certificate\n").unwrap();
+        let url = format!(
+            "postgres://db/x?sslmode=verify-full&sslrootcert={}",
+            empty.display()
+        );
+        let refused = refusal(&url);
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(refused.contains("holds no usable certificate"), "{refused}");
+    }
+}

@@ -1,7 +1,8 @@
 //! `journal-append-pg`: the PostgreSQL store's appends beside what plain
 //! PostgreSQL does with the same rows on the same server, in the same run:
-//! one transaction per event, and batched inserts of the store's own
-//! group size. `http-runs-pg`: one-turn runs over HTTP on three cluster
+//! one transaction per event, batched inserts of the store's own group
+//! size, and (the floor of any journal of this layout) those batches with
+//! a journal's statements and none of its code. `http-runs-pg`: one-turn runs over HTTP on three cluster
 //! nodes against one node, on the same database. Both need a server in
 //! `JOURNAL_PG_URL` (`cargo xtask bench` starts one, with fsync on);
 //! without one the rows are skipped, said.
@@ -43,11 +44,19 @@ pub(crate) fn append(scale: Scale) -> anyhow::Result<Vec<Row>> {
             let (spool, group) = spool_appends(&url, runs, duration).await?;
             let per_event = match per_event {
                 Some(n) => n,
-                None => *per_event.insert(plain(&url, duration, 1, bytes, 1).await?),
+                None => *per_event
+                    .insert(plain(&url, duration, 1, bytes, 1, Statements::Rows).await?),
             };
             let batch = group.round().max(1.0) as usize;
             let writers = Options::default().writers;
-            let batched = plain(&url, duration, batch, bytes, writers).await?;
+            let batched = plain(&url, duration, batch, bytes, writers, Statements::Rows).await?;
+            let journal_sql =
+                plain(&url, duration, batch, bytes, writers, Statements::Journal).await?;
+            let one_pass = if runs == 64 {
+                Some(plain(&url, duration, batch, bytes, writers, Statements::JournalOnePass).await?)
+            } else {
+                None
+            };
             let name = format!("journal-append-pg/{runs} runs");
             let vs_batched = Row::new(
                 &name,
@@ -61,6 +70,26 @@ pub(crate) fn append(scale: Scale) -> anyhow::Result<Vec<Row>> {
             } else {
                 vs_batched
             });
+            rows.push(Row::new(
+                &name,
+                spool,
+                "events/s",
+                format!(
+                    "a journal's SQL, no code, 2 round trips (locks, heads read; rows, heads upserted, NOTIFY), batch {group:.1} x {writers}"
+                ),
+                journal_sql,
+            ));
+            if let Some(one_pass) = one_pass {
+                rows.push(Row::new(
+                    &name,
+                    spool,
+                    "events/s",
+                    format!(
+                        "a journal's SQL, no code, 1 round trip (rows, heads upserted, NOTIFY; no locks), batch {group:.1} x {writers}"
+                    ),
+                    one_pass,
+                ));
+            }
             rows.push(Row::new(
                 &name,
                 spool,
@@ -93,19 +122,42 @@ async fn spool_appends(url: &str, runs: usize, duration: Duration) -> anyhow::Re
     timed_appends(journal, PgJournal::stats, runs, duration).await
 }
 
+/// What a baseline transaction does besides inserting its rows.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Statements {
+    /// Nothing: the rows alone.
+    Rows,
+    /// What a commit of a journal shared by writers does when it does not
+    /// know its runs' heads, as Spool's store then does it: lock the runs
+    /// and read their heads (one round trip, as the rows are planned from
+    /// them), then insert the rows, upsert the heads and announce the
+    /// commit (a second round trip, with `COMMIT`). The same SQL without
+    /// Spool's code.
+    Journal,
+    /// The least any journal keeping its run heads in a table and
+    /// announcing its commits must do: the rows, the heads upserted and
+    /// the `NOTIFY`, in one round trip (no locks, no heads read: as if
+    /// the writer knew every head and no other writer existed). Spool's
+    /// store does this, plus the runs' locks and its fence, for appends
+    /// continuing the heads it wrote last.
+    JournalOnePass,
+}
+
 /// Plain PostgreSQL inserting rows of `bytes` bytes for 64 runs, `batch`
 /// rows per transaction (its `BEGIN`, one `INSERT … SELECT FROM unnest`
 /// and `COMMIT` pipelined in one round trip), from `connections`
 /// connections at once, each on its own share of the runs: the same rows
 /// with the same grouping and parallelism as the store's writers, with
-/// none of a journal's work. `batch == 1` is one autocommitted insert per
-/// row.
+/// none of a journal's work (or, with [`Statements::Journal`], with its
+/// statements and none of its code). `batch == 1` is one autocommitted
+/// insert per row.
 async fn plain(
     url: &str,
     duration: Duration,
     batch: usize,
     bytes: usize,
     connections: usize,
+    statements: Statements,
 ) -> anyhow::Result<f64> {
     let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
     tokio::spawn(connection);
@@ -113,7 +165,11 @@ async fn plain(
     client
         .batch_execute(&format!(
             "CREATE TABLE {table} (run_id TEXT COLLATE \"C\" NOT NULL, seq BIGINT NOT NULL,
-                                   body BYTEA NOT NULL, hash BYTEA NOT NULL, PRIMARY KEY (run_id, seq))"
+                                   body BYTEA NOT NULL, hash BYTEA NOT NULL, PRIMARY KEY (run_id, seq));
+             CREATE TABLE {table}_heads (run_id TEXT COLLATE \"C\" PRIMARY KEY, next_seq BIGINT NOT NULL,
+                                   last_hash BYTEA NOT NULL, status TEXT NOT NULL, title TEXT,
+                                   created_ns BIGINT NOT NULL, updated_ns BIGINT NOT NULL);
+             CREATE INDEX {table}_heads_updated ON {table}_heads (updated_ns);"
         ))
         .await?;
     let connections = connections.max(1);
@@ -129,6 +185,32 @@ async fn plain(
                      SELECT * FROM unnest($1::text[], $2::bigint[], $3::bytea[], $4::bytea[])"
                 ))
                 .await?;
+            // The store's own statements (writer.rs), on this table.
+            let lock = client
+                .prepare(
+                    "SELECT pg_advisory_xact_lock(7, hashtext(r))
+                     FROM unnest($1::text[]) WITH ORDINALITY AS u(r, i) ORDER BY i",
+                )
+                .await?;
+            let heads = client
+                .prepare(&format!(
+                    "SELECT run_id, next_seq, last_hash, status, title, created_ns, updated_ns
+                     FROM {table}_heads WHERE run_id = ANY($1::text[])"
+                ))
+                .await?;
+            let heads_put = client
+                .prepare(&format!(
+                    "INSERT INTO {table}_heads (run_id, next_seq, last_hash, status, title, created_ns, updated_ns)
+                     SELECT * FROM unnest($1::text[], $2::bigint[], $3::bytea[], $4::text[], $5::text[], $6::bigint[], $7::bigint[])
+                     ON CONFLICT (run_id) DO UPDATE SET next_seq = excluded.next_seq,
+                         last_hash = excluded.last_hash, status = excluded.status,
+                         title = excluded.title, updated_ns = excluded.updated_ns"
+                ))
+                .await?;
+            let notify = client
+                .prepare("SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p")
+                .await?;
+            let channel = format!("{table}_bench");
             let body = vec![b'x'; bytes];
             let hash = vec![7_u8; 32];
             let runs: Vec<String> = (0..64)
@@ -144,6 +226,7 @@ async fn plain(
                     Vec::with_capacity(batch),
                     Vec::with_capacity(batch),
                 );
+                let mut touched = Vec::new();
                 for _ in 0..batch {
                     let run = n % runs.len();
                     seqs[run] += 1;
@@ -151,17 +234,53 @@ async fn plain(
                     at.push(seqs[run]);
                     bodies.push(body.as_slice());
                     hashes.push(hash.as_slice());
+                    touched.push(run);
                     n += 1;
                 }
                 let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
                     [&ids, &at, &bodies, &hashes];
-                if batch == 1 {
+                if batch == 1 && statements == Statements::Rows {
                     // Autocommit: the statement is its own transaction.
                     client.execute(&insert, &params).await?;
-                } else {
+                } else if statements == Statements::Rows {
                     tokio::try_join!(
                         client.batch_execute("BEGIN"),
                         client.execute(&insert, &params),
+                        client.batch_execute("COMMIT"),
+                    )?;
+                } else {
+                    touched.sort_unstable();
+                    touched.dedup();
+                    let locked: Vec<&str> = touched.iter().map(|&r| runs[r].as_str()).collect();
+                    let locked_param: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&locked];
+                    if statements == Statements::Journal {
+                        tokio::try_join!(
+                            client.batch_execute("BEGIN"),
+                            client.execute(&lock, &locked_param),
+                            client.query(&heads, &locked_param),
+                        )?;
+                    }
+                    let next: Vec<i64> = touched.iter().map(|&r| seqs[r] + 1).collect();
+                    let last: Vec<&[u8]> = touched.iter().map(|_| hash.as_slice()).collect();
+                    let status: Vec<&str> = touched.iter().map(|_| "running").collect();
+                    let title: Vec<Option<&str>> = touched.iter().map(|_| None).collect();
+                    let times: Vec<i64> = touched.iter().map(|_| 1).collect();
+                    let payload = vec![locked.join("\n")];
+                    let put: [&(dyn tokio_postgres::types::ToSql + Sync); 7] =
+                        [&locked, &next, &last, &status, &title, &times, &times];
+                    let told: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
+                        [&channel, &payload];
+                    let begin = async {
+                        if statements == Statements::JournalOnePass {
+                            client.batch_execute("BEGIN").await?;
+                        }
+                        Ok::<_, tokio_postgres::Error>(())
+                    };
+                    tokio::try_join!(
+                        begin,
+                        client.execute(&insert, &params),
+                        client.execute(&heads_put, &put),
+                        client.query(&notify, &told),
                         client.batch_execute("COMMIT"),
                     )?;
                 }

@@ -312,6 +312,16 @@ impl PgJournal {
         }
     }
 
+    /// Of the commits so far, how many were written from heads the writer
+    /// knew, in one round trip (plain appends continuing runs it wrote
+    /// last); the others read the heads first.
+    #[must_use]
+    pub fn commits_from_known_heads(&self) -> u64 {
+        self.counters
+            .known
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Queues `op` for `run`'s writer and waits for its answer.
     async fn send<T>(
         &self,

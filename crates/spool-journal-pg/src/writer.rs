@@ -12,17 +12,26 @@
 //! the rest of the batch stands. The rows, the heads and the notifications
 //! go in three pipelined statements, then one `COMMIT`, and only then is
 //! anyone answered or told.
+//!
+//! A batch of plain appends (no index changes) to runs whose heads this
+//! writer wrote last skips reading them: it is planned from the heads it
+//! knows and written in one round trip, the locks, one statement for the
+//! rows, heads and notification (fenced inside it), and `COMMIT`
+//! pipelined. A head made stale by another writer fails that statement
+//! on the rows' primary key, and a fence that does not hold makes it
+//! write nothing; either way the batch is then written the usual way,
+//! which answers each caller as it would have.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use serde_json::Value;
-use spool_journal::RunId;
 use spool_journal::store::queue::{Done, Op};
 use spool_journal::store::{
     CallRef, Claim, ClaimDecision, ClaimKey, ClaimRow, Clock, Head, IndexChange, JournalError,
-    Watchers, decide_claim, plan,
+    Plan, Watchers, changes_indexes, decide_claim, plan,
 };
+use spool_journal::{Envelope, RunId, Seq};
 use tokio::sync::mpsc;
 use tokio_postgres::{Client, Statement};
 
@@ -50,6 +59,10 @@ struct Statements {
     fence_node: Statement,
     fence_leases: Statement,
     lease_take: Statement,
+    /// A batch of plain appends from known heads, in one statement
+    /// (rows, heads, notification), unfenced and fenced.
+    known: Statement,
+    known_fenced: Statement,
 }
 
 impl Statements {
@@ -164,14 +177,58 @@ impl Statements {
                      ON CONFLICT (run_id) DO NOTHING",
                 )
                 .await?,
+            known: client.prepare(&known_sql("true")).await?,
+            // The node alive and holding every run's lease, decided once
+            // for the statement, with the rows locked as the usual fencing
+            // reads lock them (a takeover waits for this commit).
+            known_fenced: client
+                .prepare(&known_sql(
+                    "EXISTS (SELECT 1 FROM spool_nodes
+                             WHERE id = $14 AND expires_at > clock_timestamp() FOR SHARE)
+                     AND (SELECT count(*) FROM (SELECT 1 FROM spool_leases
+                             WHERE run_id = ANY($5::text[]) AND node = $14 FOR SHARE) AS held)
+                         = cardinality($5::text[])",
+                ))
+                .await?,
         })
     }
+}
+
+/// The statement that writes a batch planned from known heads: the rows,
+/// the heads and the notification, each only when `fence` holds (decided
+/// once), and how many rows and heads it wrote. A row already at its
+/// position (the head known was stale) fails it with a unique violation.
+fn known_sql(fence: &str) -> String {
+    format!(
+        "WITH fence AS (SELECT {fence} AS ok),
+         written AS (
+             INSERT INTO spool_events (run_id, seq, body, hash)
+             SELECT e.run_id, e.seq, e.body, e.hash
+             FROM unnest($1::text[], $2::bigint[], $3::bytea[], $4::bytea[])
+                  AS e(run_id, seq, body, hash), fence
+             WHERE fence.ok
+             RETURNING 1),
+         heads AS (
+             INSERT INTO spool_runs (run_id, next_seq, last_hash, status, title, created_ns, updated_ns)
+             SELECT h.run_id, h.next_seq, h.last_hash, h.status, h.title, h.created_ns, h.updated_ns
+             FROM unnest($5::text[], $6::bigint[], $7::bytea[], $8::text[], $9::text[], $10::bigint[], $11::bigint[])
+                  AS h(run_id, next_seq, last_hash, status, title, created_ns, updated_ns), fence
+             WHERE fence.ok
+             ON CONFLICT (run_id) DO UPDATE SET next_seq = excluded.next_seq,
+                 last_hash = excluded.last_hash, status = excluded.status,
+                 title = excluded.title, updated_ns = excluded.updated_ns
+             RETURNING 1),
+         told AS (SELECT pg_notify($12, p) FROM unnest($13::text[]) AS p, fence WHERE fence.ok)
+         SELECT (SELECT count(*) FROM written), (SELECT count(*) FROM heads), (SELECT count(*) FROM told)"
+    )
 }
 
 /// What the writer has done, for [`crate::PgJournal::stats`].
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
     pub(crate) commits: std::sync::atomic::AtomicU64,
+    /// Of them, batches written from known heads in one round trip.
+    pub(crate) known: std::sync::atomic::AtomicU64,
     pub(crate) operations: std::sync::atomic::AtomicU64,
 }
 
@@ -185,7 +242,18 @@ pub(crate) struct Writer {
     max_batch: usize,
     receiver: mpsc::Receiver<Op>,
     connection: Option<(Client, Statements)>,
+    /// The heads this writer last committed, by run: a batch of plain
+    /// appends that all continue from them is written in one round trip
+    /// ([`write_known`]) instead of two. Another writer appending to one
+    /// of these runs meanwhile (another process, a node that took it
+    /// over) makes its head stale; the rows' primary key then refuses
+    /// that batch, which is written again the usual way.
+    known: HashMap<RunId, Head>,
 }
+
+/// The most runs whose heads a writer keeps: past it, it forgets them all
+/// and learns again from its next batches (a head is about 150 bytes).
+const KNOWN_RUNS: usize = 16_384;
 
 /// The columns of the rows and heads a batch writes, as arrays.
 #[derive(Default)]
@@ -194,6 +262,18 @@ struct Columns {
     seqs: Vec<i64>,
     bodies: Vec<Vec<u8>>,
     hashes: Vec<Vec<u8>>,
+}
+
+impl Columns {
+    /// An append's rows, after those already in.
+    fn push(&mut self, run: &RunId, rows: Vec<spool_journal::store::Row>) {
+        for row in rows {
+            self.run_ids.push(run.as_str().to_owned());
+            self.seqs.push(seq_sql(row.seq).unwrap_or(i64::MAX));
+            self.bodies.push(row.bytes);
+            self.hashes.push(row.hash.to_vec());
+        }
+    }
 }
 
 /// What a writer is started with.
@@ -223,6 +303,7 @@ impl Writer {
             max_batch: setup.max_batch.max(1),
             receiver,
             connection: None,
+            known: HashMap::new(),
         };
         writer.connect().await?;
         tokio::spawn(writer.run());
@@ -269,8 +350,58 @@ impl Writer {
         let operations = batch.len();
         let now = (self.clock)();
         let fence = self.fence.as_ref().map(Fence::node);
-        let (done, outcome) = transact(client, statements, &self.channel, fence, now, batch).await;
+        let batch = match plan_known(&self.known, batch, now) {
+            Err(batch) => batch,
+            Ok(planned) => {
+                let runs: Vec<RunId> = planned.changed.keys().cloned().collect();
+                match write_known(client, statements, &self.channel, fence, planned).await {
+                    Known::Committed(done, changed) => {
+                        self.remember(changed);
+                        self.counted(operations);
+                        self.counters
+                            .known
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        for entry in done {
+                            entry.commit(&self.watchers);
+                        }
+                        return;
+                    }
+                    Known::Again(refused, batch) => {
+                        for run in &runs {
+                            self.known.remove(run);
+                        }
+                        for entry in refused {
+                            entry.commit(&self.watchers);
+                        }
+                        batch
+                    }
+                    Known::Unknown(done, reason) => {
+                        for run in &runs {
+                            self.known.remove(run);
+                        }
+                        let message = format!(
+                            "the connection to the database was lost while committing; \
+                             the events may or may not be recorded (read the run to know): {reason}"
+                        );
+                        tracing::error!(target: "spool::journal", operations, %message, "a group commit failed");
+                        self.connection = None;
+                        for entry in done {
+                            entry.fail(&message);
+                        }
+                        return;
+                    }
+                }
+            }
+        };
+        let Some((client, statements)) = self.connection.as_ref() else {
+            return;
+        };
+        let (done, outcome, changed) =
+            transact(client, statements, &self.channel, fence, now, batch).await;
         if let Err(failure) = outcome {
+            for run in changed.keys() {
+                self.known.remove(run);
+            }
             let message = match failure {
                 Failure::Before(reason) => format!("nothing was recorded: {reason}"),
                 Failure::Commit(reason) if client.is_closed() => format!(
@@ -294,15 +425,265 @@ impl Writer {
             return;
         }
         // Durable now: count it, tell subscribers, then answer callers.
+        self.remember(changed);
+        self.counted(operations);
+        for entry in done {
+            entry.commit(&self.watchers);
+        }
+    }
+
+    /// Heads just committed, known from now on.
+    fn remember(&mut self, changed: HashMap<RunId, Head>) {
+        if self.known.len() + changed.len() > KNOWN_RUNS {
+            self.known.clear();
+        }
+        self.known.extend(changed);
+    }
+
+    /// A commit of `operations`, counted.
+    fn counted(&self, operations: usize) {
         self.counters
             .commits
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.counters
             .operations
             .fetch_add(operations as u64, std::sync::atomic::Ordering::Relaxed);
-        for entry in done {
-            entry.commit(&self.watchers);
+    }
+}
+
+/// A batch of plain appends planned from the heads the writer knows.
+struct Planned {
+    /// The appends planned, in order: the caller, the run, the position
+    /// it expected, and its plan.
+    appends: Vec<(AppendReply, RunId, Seq, Plan)>,
+    /// Appends their plan refused (an invalid append): so answered
+    /// whatever becomes of the rest.
+    refused: Vec<Done>,
+    /// Each run's head after the batch.
+    changed: HashMap<RunId, Head>,
+}
+
+type AppendReply = tokio::sync::oneshot::Sender<Result<Vec<Envelope>, JournalError>>;
+
+/// The batch planned from `known` heads, or the batch as it came when
+/// any operation needs more than those heads (a claim, a probe, a run
+/// not known, an append not at its known head, an event that changes an
+/// index), checked before anything is taken apart.
+fn plan_known(
+    known: &HashMap<RunId, Head>,
+    batch: Vec<Op>,
+    now: time::OffsetDateTime,
+) -> Result<Planned, Vec<Op>> {
+    let plain = {
+        let mut next: HashMap<&RunId, Seq> = HashMap::new();
+        batch.iter().all(|op| {
+            let Op::Append {
+                run,
+                expected,
+                events,
+                ..
+            } = op
+            else {
+                return false;
+            };
+            let Some(at) = next
+                .get(run)
+                .copied()
+                .or_else(|| known.get(run).map(|head| head.next_seq))
+            else {
+                return false;
+            };
+            if *expected != at || events.iter().any(changes_indexes) {
+                return false;
+            }
+            next.insert(run, Seq(at.0 + events.len() as u64));
+            true
+        })
+    };
+    if !plain {
+        return Err(batch);
+    }
+    let mut planned = Planned {
+        appends: Vec::with_capacity(batch.len()),
+        refused: Vec::new(),
+        changed: HashMap::new(),
+    };
+    for op in batch {
+        let Op::Append {
+            run,
+            expected,
+            events,
+            reply,
+        } = op
+        else {
+            unreachable!("only appends were let through");
+        };
+        let head = planned.changed.get(&run).or_else(|| known.get(&run));
+        match plan(&run, head, expected, events, now) {
+            Err(refused) => planned.refused.push(Done::Append(reply, Err(refused))),
+            Ok(plan) => {
+                planned.changed.insert(run.clone(), plan.head.clone());
+                planned.appends.push((reply, run, expected, plan));
+            }
         }
+    }
+    Ok(planned)
+}
+
+/// What became of a batch written from known heads.
+enum Known {
+    /// Committed: the callers' answers, and the heads now known.
+    Committed(Vec<Done>, HashMap<RunId, Head>),
+    /// Nothing recorded (a head was stale, the fence did not hold, a
+    /// statement failed): the refusals to answer, and the rest of the
+    /// batch, to be written the usual way.
+    Again(Vec<Done>, Vec<Op>),
+    /// The connection was lost with the `COMMIT` sent: recorded or not.
+    Unknown(Vec<Done>, String),
+}
+
+/// Writes a batch planned from known heads in one round trip: `BEGIN`,
+/// the runs' locks (as every writer takes them), one statement writing
+/// the rows, the heads and the notification when the node is alive and
+/// holds every run's lease, and `COMMIT`, pipelined.
+async fn write_known(
+    client: &Client,
+    st: &Statements,
+    channel: &str,
+    fence: Option<i64>,
+    planned: Planned,
+) -> Known {
+    let Planned {
+        mut appends,
+        refused,
+        changed,
+    } = planned;
+    let mut columns = Columns::default();
+    for (_, run, _, plan) in &mut appends {
+        columns.push(run, std::mem::take(&mut plan.rows));
+    }
+    let heads = HeadColumns::of(&changed);
+    let mut runs: Vec<&str> = heads.ids.clone();
+    runs.sort_unstable();
+    let payloads = listen::payloads(changed.iter().map(|(run, head)| (run, head.next_seq)));
+    let runs_param: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&runs];
+    let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![
+        &columns.run_ids,
+        &columns.seqs,
+        &columns.bodies,
+        &columns.hashes,
+    ];
+    params.extend(heads.params());
+    params.push(&channel);
+    params.push(&payloads);
+    let node;
+    let statement = match fence {
+        Some(fenced) => {
+            node = fenced;
+            params.push(&node);
+            &st.known_fenced
+        }
+        None => &st.known,
+    };
+    // Every result is awaited before any is judged, so none of the
+    // pipelined statements is dropped unanswered.
+    let (begun, locked, written, committed) = tokio::join!(
+        client.batch_execute("BEGIN"),
+        client.execute(&st.lock, &runs_param),
+        client.query_one(statement, &params),
+        client.batch_execute("COMMIT"),
+    );
+    let outcome = begun
+        .and(locked.map(drop))
+        .and(written)
+        .and_then(|row| committed.map(|()| row));
+    let again = |appends: Vec<(AppendReply, RunId, Seq, Plan)>, refused: Vec<Done>| {
+        Known::Again(
+            refused,
+            appends
+                .into_iter()
+                .map(|(reply, run, expected, plan)| Op::Append {
+                    run,
+                    expected,
+                    events: plan.envelopes.into_iter().map(|e| e.event).collect(),
+                    reply,
+                })
+                .collect(),
+        )
+    };
+    match outcome {
+        Ok(row) if row.get::<_, i64>(0) == columns.seqs.len() as i64 => {
+            let mut done = refused;
+            done.extend(appends.into_iter().map(|(reply, run, _, plan)| {
+                Done::Append(reply, Ok((run, plan.envelopes, plan.head.next_seq)))
+            }));
+            Known::Committed(done, changed)
+        }
+        // The fence did not hold: nothing was written, and the usual way
+        // tells each caller why.
+        Ok(_) => again(appends, refused),
+        Err(error) if client.is_closed() => {
+            let mut done = refused;
+            done.extend(
+                appends
+                    .into_iter()
+                    .map(|(reply, ..)| Done::Append(reply, Err(JournalError::Closed))),
+            );
+            Known::Unknown(done, error.to_string())
+        }
+        Err(error) => {
+            tracing::debug!(target: "spool::journal", %error, "a batch from known heads was not written; writing it again from the heads stored");
+            again(appends, refused)
+        }
+    }
+}
+
+/// Heads as the columns the upserts take.
+struct HeadColumns<'a> {
+    ids: Vec<&'a str>,
+    next: Vec<i64>,
+    hashes: Vec<&'a [u8]>,
+    statuses: Vec<String>,
+    titles: Vec<Option<&'a str>>,
+    created: Vec<i64>,
+    updated: Vec<i64>,
+}
+
+impl<'a> HeadColumns<'a> {
+    fn of(changed: &'a HashMap<RunId, Head>) -> Self {
+        let mut columns = Self {
+            ids: Vec::with_capacity(changed.len()),
+            next: Vec::with_capacity(changed.len()),
+            hashes: Vec::with_capacity(changed.len()),
+            statuses: Vec::with_capacity(changed.len()),
+            titles: Vec::with_capacity(changed.len()),
+            created: Vec::with_capacity(changed.len()),
+            updated: Vec::with_capacity(changed.len()),
+        };
+        for (run, head) in changed {
+            columns.ids.push(run.as_str());
+            columns
+                .next
+                .push(seq_sql(head.next_seq).unwrap_or(i64::MAX));
+            columns.hashes.push(&head.last_hash[..]);
+            columns.statuses.push(head.status.encode());
+            columns.titles.push(head.title.as_deref());
+            columns.created.push(nanos(head.created_at));
+            columns.updated.push(nanos(head.updated_at));
+        }
+        columns
+    }
+
+    fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 7] {
+        [
+            &self.ids,
+            &self.next,
+            &self.hashes,
+            &self.statuses,
+            &self.titles,
+            &self.created,
+            &self.updated,
+        ]
     }
 }
 
@@ -324,7 +705,7 @@ async fn transact(
     fence: Option<i64>,
     now: time::OffsetDateTime,
     batch: Vec<Op>,
-) -> (Vec<Done>, Result<(), Failure>) {
+) -> (Vec<Done>, Result<(), Failure>, HashMap<RunId, Head>) {
     let before = |e: tokio_postgres::Error| Failure::Before(e.to_string());
     let mut runs: Vec<&str> = batch
         .iter()
@@ -382,7 +763,7 @@ async fn transact(
                 .into_iter()
                 .map(|op| Done::refused(op, JournalError::Closed))
                 .collect();
-            return (done, Err(before(error)));
+            return (done, Err(before(error)), HashMap::new());
         }
     };
     let mut heads: HashMap<RunId, Head> = HashMap::with_capacity(stored.len());
@@ -435,12 +816,7 @@ async fn transact(
                         Ok(Some(refused)) => Done::Append(reply, Err(refused)),
                         Ok(None) => {
                             let next = plan.head.next_seq;
-                            for row in plan.rows {
-                                columns.run_ids.push(run.as_str().to_owned());
-                                columns.seqs.push(seq_sql(row.seq).unwrap_or(i64::MAX));
-                                columns.bodies.push(row.bytes);
-                                columns.hashes.push(row.hash.to_vec());
-                            }
+                            columns.push(&run, plan.rows);
                             if takes_lease && !leased.iter().any(|r| r == run.as_str()) {
                                 leased.push(run.as_str().to_owned());
                             }
@@ -470,13 +846,13 @@ async fn transact(
         done.push(entry);
     }
     if let Some(reason) = broken {
-        return (done, Err(Failure::Before(reason)));
+        return (done, Err(Failure::Before(reason)), changed);
     }
     let leases = fence
         .filter(|_| !leased.is_empty())
         .map(|node| (leased, node));
     let committed = write_and_commit(client, st, channel, &columns, &changed, leases).await;
-    (done, committed)
+    (done, committed, changed)
 }
 
 /// What fencing found at the start of a batch.
@@ -548,30 +924,14 @@ async fn write_rows(
         // Claims and probes only.
         return client.batch_execute("COMMIT").await;
     }
-    let mut ids = Vec::with_capacity(changed.len());
-    let mut next = Vec::with_capacity(changed.len());
-    let mut hashes = Vec::with_capacity(changed.len());
-    let mut statuses = Vec::with_capacity(changed.len());
-    let mut titles = Vec::with_capacity(changed.len());
-    let mut created = Vec::with_capacity(changed.len());
-    let mut updated = Vec::with_capacity(changed.len());
-    for (run, head) in changed {
-        ids.push(run.as_str());
-        next.push(seq_sql(head.next_seq).unwrap_or(i64::MAX));
-        hashes.push(&head.last_hash[..]);
-        statuses.push(head.status.encode());
-        titles.push(head.title.as_deref());
-        created.push(nanos(head.created_at));
-        updated.push(nanos(head.updated_at));
-    }
     let rows: [&(dyn tokio_postgres::types::ToSql + Sync); 4] = [
         &columns.run_ids,
         &columns.seqs,
         &columns.bodies,
         &columns.hashes,
     ];
-    let heads: [&(dyn tokio_postgres::types::ToSql + Sync); 7] =
-        [&ids, &next, &hashes, &statuses, &titles, &created, &updated];
+    let head_columns = HeadColumns::of(changed);
+    let heads = head_columns.params();
     let payloads = listen::payloads(changed.iter().map(|(run, head)| (run, head.next_seq)));
     let notes: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&channel, &payloads];
     let taken = async {

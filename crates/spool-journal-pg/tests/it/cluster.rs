@@ -142,3 +142,28 @@ async fn a_node_that_leaves_has_its_runs_taken_over_at_once() {
     a.leave().await.unwrap();
     assert_eq!(b.take_over().await.unwrap(), vec![r]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_run_moved_cannot_append_from_the_head_it_wrote_last() {
+    let Some(url) = crate::server() else { return };
+    let schema = crate::fresh_schema();
+    let (a, journal_a) = node(&url, &schema, "a").await;
+    let (b, _journal_b) = node(&url, &schema, "b").await;
+    let r = run("moved");
+    journal_a.append(&r, Seq(0), vec![created()]).await.unwrap();
+    journal_a
+        .append(&r, Seq(1), vec![started("t1", "hi")])
+        .await
+        .unwrap();
+    assert_eq!(journal_a.commits_from_known_heads(), 1);
+    // A lapses, B takes the run over without writing to it, and A joins
+    // again: alive, and the head it knows is still the stored one, but
+    // the run's lease is B's.
+    lapse(&url, &schema, a.node()).await;
+    assert_eq!(b.take_over().await.unwrap(), vec![r.clone()]);
+    assert!(matches!(a.renew().await.unwrap(), Renewal::Rejoined { .. }));
+    let refused = lost(journal_a.append(&r, Seq(2), vec![started("t2", "x")]).await);
+    assert!(refused.contains(&format!("node {}", b.node())), "{refused}");
+    assert_eq!(journal_a.commits_from_known_heads(), 1);
+    assert_eq!(journal_a.read(&r, Seq(0)).await.unwrap().len(), 2);
+}

@@ -587,6 +587,14 @@ pub fn plan(
     Ok(plan)
 }
 
+/// Whether appending `event` changes an index (an address, an operation
+/// id, a claim) besides the log and the run's head: a store that writes
+/// plain appends a quicker way asks this before planning.
+#[must_use]
+pub fn changes_indexes(event: &Event) -> bool {
+    !index_changes(event, Seq(1)).is_empty()
+}
+
 fn index_changes(event: &Event, seq: Seq) -> Vec<IndexChange> {
     match event {
         Event::RunCreated(created) => {

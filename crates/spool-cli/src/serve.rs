@@ -177,6 +177,14 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     )
     .await
     .context("starting the schedules")?;
+    if let Claim::Node(node) = &owner {
+        // A firing for an address whose run another node drives is
+        // delivered by that node; set before the takeover below fires.
+        scheduler.relay_through(Arc::new(spool_http::forward::HttpRelay::new(
+            Arc::new(crate::journal::Placement(node.clone())),
+            node.secret(),
+        )));
+    }
     if !taken.is_empty() {
         scheduler
             .taken_over(&taken)
@@ -209,8 +217,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         say(&format!("spool: schedules: {}", names.join(", ")));
     }
     if let Claim::Node(node) = &owner {
-        // A command for a run another node drives is answered by that node.
-        channel = channel.with_placement(Arc::new(crate::journal::Placement(node.clone())));
+        // A command for a run another node drives is answered by that
+        // node, and a firing for a run this node drives is delivered here.
+        channel = channel
+            .with_placement(Arc::new(crate::journal::Placement(node.clone())))
+            .with_cluster_secret(node.secret());
     }
     if matches!(args.run_access, RunAccessArg::Owner) {
         channel = channel.with_run_access(spool_http::channel::RunAccess::Owner);

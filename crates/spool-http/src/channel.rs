@@ -49,6 +49,9 @@ pub struct HttpChannel {
     /// Which node drives a run, on a cluster: commands for runs driven
     /// elsewhere are forwarded there.
     placement: Option<Arc<dyn crate::forward::Placement>>,
+    /// The cluster's secret: a node showing it may hand this one a
+    /// schedule's firing to deliver.
+    node_secret: Option<String>,
 }
 
 /// Who may read or drive a run through the channel.
@@ -135,6 +138,7 @@ impl HttpChannel {
             schedules: None,
             trigger: None,
             placement: None,
+            node_secret: None,
         }
     }
 
@@ -146,6 +150,17 @@ impl HttpChannel {
     #[must_use]
     pub fn with_placement(mut self, placement: Arc<dyn crate::forward::Placement>) -> Self {
         self.placement = Some(placement);
+        self
+    }
+
+    /// Accepts schedule firings handed over by other nodes of a cluster
+    /// that show `secret` (the cluster's, from
+    /// `spool_journal_pg::Cluster::secret`), for the runs this node
+    /// drives: the other side of [`crate::forward::HttpRelay`]. Without
+    /// it the route does not exist.
+    #[must_use]
+    pub fn with_cluster_secret(mut self, secret: impl Into<String>) -> Self {
+        self.node_secret = Some(secret.into());
         self
     }
 
@@ -292,6 +307,19 @@ impl HttpChannel {
                 return method_not_allowed(&method, &path, &[Method::GET]);
             }
             _ => {}
+        }
+        // A firing handed over by another node proves itself with the
+        // cluster's secret, not a client's credentials; to anyone else
+        // the route does not exist.
+        if method == Method::POST
+            && let (Some(secret), Some(name)) = (
+                self.node_secret.as_deref(),
+                crate::forward::relayed_delivery(&path),
+            )
+            && crate::forward::shows_secret(request.headers(), secret)
+        {
+            let name = name.to_owned();
+            return self.deliver_relayed(&name, request).await;
         }
         let caller = match self.authenticate(&request).await {
             Ok(caller) => caller,
@@ -458,6 +486,40 @@ impl HttpChannel {
             },
         };
         result.unwrap_or_else(|error| runtime_error(&error))
+    }
+
+    /// `POST /schedules/{name}/deliver` from another node: the firing it
+    /// recorded, delivered here, where its address's run is driven; the
+    /// reply is what became of it.
+    async fn deliver_relayed(&self, name: &str, request: Request<Incoming>) -> Response<Body> {
+        let Some(scheduler) = &self.schedules else {
+            return crate::schedules::not_found(name);
+        };
+        let bytes =
+            match body::read_capped(request.into_body(), wire::MAX_BODY_BYTES, self.body_timeout)
+                .await
+            {
+                Ok(bytes) => bytes,
+                Err(reply) => return *reply,
+            };
+        let firing: spool_journal::event::ScheduleFired = match serde_json::from_slice(&bytes) {
+            Ok(firing) => firing,
+            Err(error) => {
+                return body::error(
+                    ErrorCode::BadRequest,
+                    format!("not a schedule's firing: {error}"),
+                );
+            }
+        };
+        match scheduler.deliver_relayed(name, &firing).await {
+            Ok(delivery) => body::json(StatusCode::OK, &delivery),
+            // A schedule without an address here: the nodes' spool.toml
+            // differ, which the sender is told.
+            Err(spool_runtime::schedule::ScheduleError::Invalid(message)) => {
+                body::error(ErrorCode::BadRequest, message)
+            }
+            Err(other) => crate::schedules::schedule_error(&other),
+        }
     }
 
     /// The run a command (a `POST`) changes, which its driving node must

@@ -360,7 +360,9 @@ where
     Ok(sender)
 }
 
-async fn decode<T: DeserializeOwned>(response: http::Response<Incoming>) -> Result<T, ClientError> {
+pub(crate) async fn decode<T: DeserializeOwned>(
+    response: http::Response<Incoming>,
+) -> Result<T, ClientError> {
     let status = response.status();
     let bytes = response.into_body().collect().await?.to_bytes();
     if !status.is_success() {

@@ -127,14 +127,7 @@ async fn send(address: &str, parts: &http::request::Parts, bytes: Bytes) -> Resp
             "the node that drives this run, at {address}, {why}; retry shortly (if it has died, another node takes the run over within its lease time)"
         ))
     };
-    // A bare `HOST:PORT` (what a TCP listener describes itself as) is
-    // spoken to over plain HTTP.
-    let url = if address.starts_with("http://") || address.starts_with("unix:") {
-        address.to_owned()
-    } else {
-        format!("http://{address}")
-    };
-    let client = match Client::new(&url) {
+    let client = match Client::new(&node_url(address)) {
         Ok(client) => client,
         Err(error) => return unavailable(format!("has an address this node cannot use ({error})")),
     };
@@ -167,4 +160,162 @@ async fn send(address: &str, parts: &http::request::Parts, bytes: Bytes) -> Resp
         head.headers.remove(name);
     }
     Response::from_parts(head, Full::new(bytes).boxed())
+}
+
+/// A node's advertised address as a client URL: a bare `HOST:PORT` (what
+/// a TCP listener describes itself as) is spoken to over plain HTTP.
+fn node_url(address: &str) -> String {
+    if address.starts_with("http://") || address.starts_with("unix:") {
+        address.to_owned()
+    } else {
+        format!("http://{address}")
+    }
+}
+
+/// The header a node shows the cluster's secret in when it asks another
+/// node something for itself rather than for a client: a schedule's
+/// firing handed to the node that drives its address's run.
+pub const NODE_SECRET: HeaderName = HeaderName::from_static("spool-node-secret");
+
+/// The route a handed-over firing is delivered through, under
+/// `/spool/v1`: answered only to a caller showing the cluster's secret
+/// ([`NODE_SECRET`]), to anyone else as a route that does not exist.
+pub(crate) fn relayed_delivery(path: &str) -> Option<&str> {
+    path.strip_prefix(spool_wire::http::BASE_PATH)?
+        .strip_prefix("/schedules/")?
+        .strip_suffix("/deliver")
+        .filter(|name| !name.is_empty() && !name.contains('/'))
+}
+
+/// Whether `headers` show the cluster's `secret`, compared in time that
+/// does not depend on where they differ.
+pub(crate) fn shows_secret(headers: &http::HeaderMap, secret: &str) -> bool {
+    use sha2::{Digest, Sha256};
+    let Some(shown) = headers.get(&NODE_SECRET) else {
+        return false;
+    };
+    let shown: [u8; 32] = Sha256::digest(shown.as_bytes()).into();
+    let secret: [u8; 32] = Sha256::digest(secret.as_bytes()).into();
+    crate::token::constant_time_eq(&shown, &secret)
+}
+
+/// A schedule [`Relay`](spool_runtime::schedule::Relay) over HTTP: a
+/// firing for a run another node drives goes to that node, at the address
+/// it advertises, with the cluster's secret, and that node delivers it.
+pub struct HttpRelay {
+    placement: std::sync::Arc<dyn Placement>,
+    secret: String,
+}
+
+impl HttpRelay {
+    /// A relay that finds nodes through `placement` and shows `secret`
+    /// (the cluster's, which every node's channel is given too).
+    #[must_use]
+    pub fn new(placement: std::sync::Arc<dyn Placement>, secret: impl Into<String>) -> Self {
+        Self {
+            placement,
+            secret: secret.into(),
+        }
+    }
+}
+
+impl std::fmt::Debug for HttpRelay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpRelay").finish_non_exhaustive()
+    }
+}
+
+impl spool_runtime::schedule::Relay for HttpRelay {
+    fn deliver<'a>(
+        &'a self,
+        schedule: &'a str,
+        run: &'a RunId,
+        firing: &'a spool_journal::event::ScheduleFired,
+    ) -> BoxFuture<'a, Result<Option<spool_journal::event::Delivery>, RuntimeError>> {
+        Box::pin(async move {
+            use spool_journal::event::Delivery;
+            let Some(address) = self.placement.elsewhere(run).await? else {
+                return Ok(None);
+            };
+            // Whether it was delivered is not known when the request could
+            // not be made or its reply was lost: the firing stays in doubt,
+            // and the recording node settles it later from the run's log.
+            let in_doubt = |why: String| {
+                RuntimeError::Journal(spool_journal::JournalError::storage(format!(
+                    "the firing's message went to the node at {address}, which drives run {run}, and {why}: the firing stays in doubt until it is found delivered or delivered again"
+                )))
+            };
+            let client = Client::new(&node_url(&address))
+                .map_err(|e| in_doubt(format!("its address is not usable ({e})")))?;
+            let body = serde_json::to_vec(firing).map_err(|e| in_doubt(e.to_string()))?;
+            let mut request = Request::new(Full::new(Bytes::from(body)));
+            *request.method_mut() = http::Method::POST;
+            // A schedule's name is letters, digits, `-`, `_` and `.`: a
+            // path segment as it is.
+            *request.uri_mut() = format!(
+                "{}/schedules/{schedule}/deliver",
+                spool_wire::http::BASE_PATH
+            )
+            .parse()
+            .map_err(|e: http::uri::InvalidUri| in_doubt(e.to_string()))?;
+            let headers = request.headers_mut();
+            headers.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            headers.insert(FORWARDED, HeaderValue::from_static("1"));
+            headers.insert(
+                NODE_SECRET,
+                HeaderValue::from_str(&self.secret)
+                    .map_err(|e| in_doubt(format!("the secret is not a header value ({e})")))?,
+            );
+            let reply = client
+                .send_request(request)
+                .await
+                .map_err(|e| in_doubt(format!("could not be reached ({e})")))?;
+            match crate::client::decode::<Delivery>(reply).await {
+                Ok(delivery) => Ok(Some(delivery)),
+                Err(crate::ClientError::Reply {
+                    status, message, ..
+                }) if status < 500 => Ok(Some(Delivery::Failed {
+                    error: format!(
+                        "the node at {address}, which drives run {run}, refused it: {message}"
+                    ),
+                })),
+                Err(error) => Err(in_doubt(format!("did not say what became of it ({error})"))),
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_schedules_deliver_path_is_the_relayed_route() {
+        assert_eq!(
+            relayed_delivery("/spool/v1/schedules/report/deliver"),
+            Some("report")
+        );
+        for other in [
+            "/spool/v1/schedules//deliver",
+            "/spool/v1/schedules/a/b/deliver",
+            "/spool/v1/schedules/report/trigger",
+            "/spool/v1/runs/report/deliver",
+            "/schedules/report/deliver",
+        ] {
+            assert_eq!(relayed_delivery(other), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn the_secret_is_shown_only_by_the_exact_value() {
+        let mut headers = http::HeaderMap::new();
+        assert!(!shows_secret(&headers, "s3cret"));
+        headers.insert(NODE_SECRET, HeaderValue::from_static("s3cre"));
+        assert!(!shows_secret(&headers, "s3cret"));
+        headers.insert(NODE_SECRET, HeaderValue::from_static("s3cret"));
+        assert!(shows_secret(&headers, "s3cret"));
+    }
 }

@@ -91,14 +91,14 @@ pub(crate) async fn trigger(
     }
 }
 
-fn not_found(name: &str) -> Response<Body> {
+pub(crate) fn not_found(name: &str) -> Response<Body> {
     body::error(
         ErrorCode::ScheduleNotFound,
         format!("no schedule named `{name}`"),
     )
 }
 
-fn schedule_error(error: &ScheduleError) -> Response<Body> {
+pub(crate) fn schedule_error(error: &ScheduleError) -> Response<Body> {
     match error {
         ScheduleError::NotFound(name) => not_found(name),
         ScheduleError::Runtime(error) => crate::channel::runtime_error(error),

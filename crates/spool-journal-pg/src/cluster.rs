@@ -97,7 +97,6 @@ pub enum Renewal {
 }
 
 /// One node's membership of a cluster, on a connection of its own.
-#[derive(Debug)]
 pub struct Cluster {
     client: Mutex<Client>,
     target: Target,
@@ -111,6 +110,21 @@ pub struct Cluster {
     /// Whether the lease-less runs were adopted: once, at the first look
     /// (they come only from before the cluster), not a scan every time.
     adopted: std::sync::atomic::AtomicBool,
+    /// The cluster's shared secret (see [`Cluster::secret`]).
+    secret: String,
+}
+
+impl std::fmt::Debug for Cluster {
+    // Everything but the secret.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("target", &self.target)
+            .field("node", &self.fence.node())
+            .field("name", &self.name)
+            .field("address", &self.address)
+            .field("lease", &self.lease)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Cluster {
@@ -125,6 +139,26 @@ impl Cluster {
     pub async fn join(url: &str, options: ClusterOptions) -> Result<Self, JournalError> {
         let target = Target::parse(url, options.schema.clone())?;
         let client = target.migrated().await?;
+        // Made by the first node to join, from the server's strong random
+        // source; every later node reads the same.
+        // Two statements: the read, in a snapshot of its own, sees the
+        // secret another node joining at once made.
+        client
+            .batch_execute(
+                "INSERT INTO spool_meta (key, value)
+                 VALUES ('node_secret', replace(gen_random_uuid()::text || gen_random_uuid()::text, '-', ''))
+                 ON CONFLICT (key) DO NOTHING",
+            )
+            .await
+            .map_err(storage)?;
+        let secret: String = client
+            .query_one(
+                "SELECT value FROM spool_meta WHERE key = 'node_secret'",
+                &[],
+            )
+            .await
+            .map_err(storage)?
+            .get(0);
         let cluster = Self {
             client: Mutex::new(client),
             target,
@@ -134,6 +168,7 @@ impl Cluster {
             lease: options.lease.max(Duration::from_millis(100)),
             left: std::sync::atomic::AtomicBool::new(false),
             adopted: std::sync::atomic::AtomicBool::new(false),
+            secret,
         };
         let node = cluster.register(&*cluster.client.lock().await).await?;
         cluster.fence.0.store(node, Ordering::Release);
@@ -144,6 +179,17 @@ impl Cluster {
     #[must_use]
     pub fn fence(&self) -> Fence {
         self.fence.clone()
+    }
+
+    /// A secret every node of the cluster shares (kept in the journal's
+    /// database, made when the first node joined): what one node shows
+    /// another when it asks something for itself rather than for a
+    /// client, as when a schedule's firing is handed to the node that
+    /// drives its address's run. Anyone who can read the database can
+    /// read it, as they could the journal.
+    #[must_use]
+    pub fn secret(&self) -> &str {
+        &self.secret
     }
 
     /// This node's current number.

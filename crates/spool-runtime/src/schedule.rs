@@ -311,6 +311,27 @@ pub enum ScheduleError {
     Runtime(#[from] RuntimeError),
 }
 
+/// How a firing's message reaches a run another node drives: on a
+/// cluster, the node that records a schedule's firings (the holder of its
+/// record run) may not be the one driving the run its `address` is bound
+/// to, and only that one may append to it. `spool serve --cluster` hands
+/// the firing to that node over HTTP.
+pub trait Relay: Send + Sync + 'static {
+    /// Delivers `firing` of the schedule `schedule` on the node that
+    /// drives `run`, as that node's [`Scheduler::deliver_relayed`] does,
+    /// and returns what became of it; `Ok(None)` when no other node
+    /// drives `run` (this node then answers for it).
+    fn deliver<'a>(
+        &'a self,
+        schedule: &'a str,
+        run: &'a RunId,
+        firing: &'a ScheduleFired,
+    ) -> crate::BoxFuture<'a, Result<Option<Delivery>, RuntimeError>>;
+}
+
+/// Where [`Relay`] is set once the scheduler has started.
+type RelaySlot = Arc<std::sync::OnceLock<Arc<dyn Relay>>>;
+
 /// The running schedules of one runtime. Cheap to clone; when the last
 /// clone goes, the schedules stop.
 #[derive(Clone)]
@@ -328,6 +349,7 @@ impl std::fmt::Debug for Scheduler {
 
 struct SchedulerInner {
     schedules: std::collections::BTreeMap<String, Arc<Schedule>>,
+    relay: RelaySlot,
     /// Counts firings recorded (delivered or not): what a watcher waits on.
     fired: watch::Sender<u64>,
     _stop: DropGuard,
@@ -347,6 +369,8 @@ struct Schedule {
     /// The record run, which never changes: what a cluster node asks
     /// about to learn which node fires the schedule.
     record: RunId,
+    /// How a message reaches an address's run another node drives.
+    relay: RelaySlot,
 }
 
 struct State {
@@ -382,6 +406,7 @@ impl Scheduler {
         check(definitions).map_err(|e| RuntimeError::BadRequest(e.to_string()))?;
         let stop = CancellationToken::new();
         let (fired, _) = watch::channel(0);
+        let relay = RelaySlot::default();
         let mut schedules = std::collections::BTreeMap::new();
         for definition in definitions {
             let parsed = definition.parse().map_err(RuntimeError::BadRequest)?;
@@ -389,6 +414,7 @@ impl Scheduler {
             let record = state.record.clone();
             let schedule = Arc::new(Schedule {
                 record,
+                relay: relay.clone(),
                 principal: Principal {
                     authenticator: "spool".into(),
                     kind: "schedule".into(),
@@ -429,6 +455,7 @@ impl Scheduler {
         Ok(Self {
             inner: Arc::new(SchedulerInner {
                 schedules,
+                relay,
                 fired,
                 _stop: stop.drop_guard(),
             }),
@@ -513,6 +540,42 @@ impl Scheduler {
             );
         }
         Ok(())
+    }
+
+    /// Sends a firing's message through `relay` when the run its address
+    /// is bound to is driven by another node (set once, before anything
+    /// fires on a cluster: [`Scheduler::taken_over`] may fire). Without
+    /// one, such a firing is recorded as failed with the holder's name.
+    pub fn relay_through(&self, relay: Arc<dyn Relay>) {
+        if self.inner.relay.set(relay).is_err() {
+            tracing::warn!("a schedule relay was set twice; the first stays");
+        }
+    }
+
+    /// Delivers a firing another node recorded, to the run of the
+    /// schedule's address that this node drives: what that node's
+    /// [`Relay`] asks for. It is delivered as the recording node would
+    /// have delivered it, and never relayed again (a run that moved once
+    /// more is the firing's failure, not a loop).
+    ///
+    /// # Errors
+    ///
+    /// [`ScheduleError::NotFound`]; [`ScheduleError::Invalid`] for a
+    /// schedule without an address; a journal error when nothing could be
+    /// delivered (the recording node leaves the firing in doubt and
+    /// settles it later).
+    pub async fn deliver_relayed(
+        &self,
+        name: &str,
+        firing: &ScheduleFired,
+    ) -> Result<Delivery, ScheduleError> {
+        let schedule = self.schedule(name)?;
+        if schedule.target_address().is_none() {
+            return Err(ScheduleError::Invalid(format!(
+                "schedule `{name}` has no address: its firings start runs of their own"
+            )));
+        }
+        Ok(schedule.deliver(firing, None, false).await?)
     }
 
     /// The run that records `name`'s firings: on a cluster, the node that
@@ -819,7 +882,7 @@ impl Schedule {
             fired_at: offset(self.clock.now()),
             delivery: None,
         });
-        let delivery = self.deliver(&record, state.last_run.as_ref()).await?;
+        let delivery = self.deliver(&record, state.last_run.as_ref(), true).await?;
         self.settle(&mut state, &fire_id, delivery).await?;
         fired.send_modify(|n| *n += 1);
         let firing = state
@@ -894,6 +957,7 @@ impl Schedule {
         &self,
         record: &ScheduleFired,
         last_run: Option<&RunId>,
+        may_relay: bool,
     ) -> Result<Delivery, RuntimeError> {
         let definition = &self.parsed.definition;
         let mut context = vec![self.context_line(record)];
@@ -937,7 +1001,22 @@ impl Schedule {
                 }
             }
         };
-        Ok(match self.runtime.start(request).await {
+        let started = match self.runtime.start(request).await {
+            // On a cluster, the address's run is another node's to drive:
+            // the firing goes to it.
+            Err(error) if may_relay && error.kind() == crate::ErrorKind::OwnedElsewhere => {
+                let relayed = match (self.relay.get(), &record.target_run) {
+                    (Some(relay), Some(run)) => relay.deliver(self.name(), run, record).await?,
+                    _ => None,
+                };
+                match relayed {
+                    Some(delivery) => return Ok(delivery),
+                    None => Err(error),
+                }
+            }
+            other => other,
+        };
+        Ok(match started {
             Ok(Accepted::Started { run, turn } | Accepted::Steered { run, turn }) => {
                 Delivery::Started {
                     run_id: run,
@@ -989,7 +1068,7 @@ impl Schedule {
                         fire_id = record.fire_id,
                         "a firing recorded but never settled (a crash, a journal that stopped writing) was not delivered: delivering it now"
                     );
-                    self.deliver(&record, state.last_run.as_ref()).await?
+                    self.deliver(&record, state.last_run.as_ref(), true).await?
                 }
             };
             self.settle(state, &record.fire_id, delivery).await?;

@@ -10,7 +10,7 @@ use std::process::Command;
 use std::sync::mpsc::Receiver;
 use std::time::Duration;
 
-use crate::serve::{post, stream_lines};
+use crate::serve::{post, stream_lines, stream_lines_as};
 use crate::server::{Running, serve_on, terminate};
 
 /// The lease the tests run with: short, so takeovers come quickly.
@@ -365,6 +365,81 @@ fn a_schedule_on_three_nodes_fires_each_occurrence_once_and_goes_on_after_its_no
         delivered,
         "an occurrence delivered twice: {log}"
     );
+}
+
+#[test]
+fn a_schedule_firing_for_an_address_another_node_drives_is_delivered_by_that_node() {
+    let Some(url) = crate::postgres::database() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("spool.toml"),
+        "[[schedule]]\nname = \"report\"\ncron = \"0 0 1 1 *\"\ntext = \"report\"\naddress = \"desk\"\n",
+    )
+    .unwrap();
+    let tokens = dir.path().join("tokens");
+    let issued = Command::new(env!("CARGO_BIN_EXE_spool"))
+        .args(["token", "new", "ops", "--trigger", "--token-file"])
+        .arg(&tokens)
+        .output()
+        .unwrap();
+    assert!(issued.status.success());
+    let token = String::from_utf8(issued.stdout).unwrap().trim().to_owned();
+    let with_tokens = |name: &str| {
+        serve_on(
+            dir.path(),
+            url.as_ref(),
+            &[
+                "--cluster",
+                "--lease-seconds",
+                LEASE,
+                "--node-name",
+                name,
+                "--token-file",
+                tokens.to_str().unwrap(),
+            ],
+            &[],
+        )
+    };
+    // A starts first: it makes the schedule's record run, and so fires it.
+    let a = with_tokens("a");
+    let b = with_tokens("b");
+    // The address's run is made through B: B drives it.
+    let (status, reply) = post(&b.addr, "/spool/v1/addresses/desk", "", Some(&token));
+    assert_eq!(status, 200, "{reply}");
+    let ensured: serde_json::Value = serde_json::from_str(body_of(&reply)).unwrap();
+    let run = ensured["run_id"].as_str().unwrap().to_owned();
+    let lines = stream_lines_as(
+        &b.addr,
+        &format!("/spool/v1/runs/{run}/stream"),
+        Some(&token),
+    );
+    // The trigger reaches A (forwarded by B), which records the firing and
+    // hands its message to B.
+    let (status, reply) = post(
+        &b.addr,
+        "/spool/v1/schedules/report/trigger",
+        "{}",
+        Some(&token),
+    );
+    assert_eq!(status, 202, "{reply}");
+    let firing: serde_json::Value = serde_json::from_str(body_of(&reply)).unwrap();
+    assert_eq!(firing["status"], "started", "{firing}");
+    assert_eq!(firing["run_id"], run.as_str(), "{firing}");
+    assert_eq!(response(&lines, Duration::from_secs(30)), "echo: report");
+    // The route a node hands firings over through does not exist for a
+    // client, however authenticated.
+    let (status, reply) = post(
+        &b.addr,
+        "/spool/v1/schedules/report/deliver",
+        "{}",
+        Some(&token),
+    );
+    assert_eq!(status, 404, "{reply}");
+    for running in [a, b] {
+        assert!(terminate(running).success());
+    }
 }
 
 /// A time by which something must have happened, however many unrelated

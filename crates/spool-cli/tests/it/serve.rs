@@ -136,8 +136,20 @@ fn a_token_made_by_spool_token_new_admits_requests_to_a_server_that_requires_one
 
 /// Reads NDJSON lines of a raw HTTP stream (chunked framing skipped).
 pub(crate) fn stream_lines(addr: &str, path: &str) -> std::sync::mpsc::Receiver<serde_json::Value> {
+    stream_lines_as(addr, path, None)
+}
+
+/// [`stream_lines`] with a bearer token.
+pub(crate) fn stream_lines_as(
+    addr: &str,
+    path: &str,
+    token: Option<&str>,
+) -> std::sync::mpsc::Receiver<serde_json::Value> {
     let mut socket = std::net::TcpStream::connect(addr).unwrap();
-    write!(socket, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    write!(socket, "GET {path} HTTP/1.1\r\nHost: x\r\n{auth}\r\n").unwrap();
     let (sender, lines) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(socket).lines() {

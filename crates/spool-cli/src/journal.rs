@@ -184,8 +184,9 @@ pub(crate) struct ClusterArgs {
     #[arg(long, requires = "cluster", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub(crate) lease_seconds: u64,
     /// Where the other nodes reach this one to forward it commands for
-    /// the runs it drives: `http://HOST:PORT` or `unix:/PATH` (default:
-    /// the address it listens on; needed when that is 0.0.0.0 or ::).
+    /// the runs it drives: `http://HOST:PORT`, `https://HOST[:PORT]` (a
+    /// TLS proxy in front of it) or `unix:/PATH` (default: the address it
+    /// listens on; needed when that is 0.0.0.0 or ::).
     #[arg(long, requires = "cluster", value_name = "URL")]
     pub(crate) advertise: Option<String>,
 }
@@ -196,7 +197,9 @@ impl ClusterArgs {
     pub(crate) fn advertised(&self, listening: &str) -> anyhow::Result<String> {
         if let Some(url) = &self.advertise {
             spool_http::Client::new(url).map_err(|_| {
-                anyhow::anyhow!("--advertise `{url}`: give http://HOST:PORT or unix:/PATH")
+                anyhow::anyhow!(
+                    "--advertise `{url}`: give http://HOST:PORT, https://HOST[:PORT] or unix:/PATH"
+                )
             })?;
             return Ok(url.trim_end_matches('/').to_owned());
         }

@@ -33,8 +33,10 @@ use crate::serve::{load_agent, open_runtime, recover_interrupted, say};
 /// Where the conversation happens.
 #[derive(Debug, Args)]
 pub(crate) struct Target {
-    /// A server's URL (`http://HOST:PORT` or `unix:/PATH`); without it the
-    /// run happens in this process on the local journal.
+    /// A server's URL (`http://HOST:PORT`, `https://HOST[:PORT]` behind
+    /// a TLS proxy, trusting the web's roots and those in SSL_CERT_FILE,
+    /// or `unix:/PATH`); without it the run happens in this process on
+    /// the local journal.
     #[arg(long, env = "SPOOL_URL")]
     url: Option<String>,
     /// A bearer token for the server (see `spool token new`).

@@ -4,6 +4,11 @@
 //!
 //! One HTTP/1.1 connection per request: a CLI and a stream reader do not
 //! need pooling, and a stream holds its connection for as long as it reads.
+//!
+//! `https://` speaks TLS (rustls with ring, as everywhere in Spool) to a
+//! server behind a TLS-terminating proxy or ingress, trusting the public
+//! web roots plus the certificates in the PEM file `SSL_CERT_FILE` names
+//! (the variable OpenSSL, curl and the model providers read).
 
 use std::path::PathBuf;
 
@@ -24,9 +29,19 @@ use spool_wire::http::BASE_PATH;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ClientError {
-    /// The URL is neither `http://host:port` nor `unix:/path`.
-    #[error("`{0}` is not a Spool URL: use http://HOST:PORT or unix:/PATH")]
+    /// The URL is neither `http://host:port`, `https://host[:port]` nor
+    /// `unix:/path`.
+    #[error("`{0}` is not a Spool URL: use http://HOST:PORT, https://HOST[:PORT] or unix:/PATH")]
     Url(String),
+    /// TLS could not be set up (the roots in `SSL_CERT_FILE` unreadable),
+    /// or the server's certificate was refused.
+    #[error("TLS with {target}: {reason}")]
+    Tls {
+        /// Where.
+        target: String,
+        /// Why.
+        reason: String,
+    },
     /// The server could not be reached.
     #[error("connecting to {target}")]
     Connect {
@@ -56,7 +71,57 @@ pub enum ClientError {
 #[derive(Clone, Debug)]
 enum Target {
     Tcp(String),
+    /// TLS over TCP: the authority (`HOST:PORT`) and the host name the
+    /// certificate must be for.
+    Tls(String, String),
     Unix(PathBuf),
+}
+
+/// The environment variable naming extra trusted certificates (PEM).
+pub const EXTRA_ROOTS_VARIABLE: &str = "SSL_CERT_FILE";
+
+/// The TLS client configuration every `https://` client shares: ring, the
+/// webpki roots plus those in [`EXTRA_ROOTS_VARIABLE`], HTTP/1.1 by ALPN.
+/// Built at the first `https://` request, not at start (a one-shot over
+/// plain HTTP never pays for it).
+///
+/// # Errors
+///
+/// When the file `SSL_CERT_FILE` names cannot be read or holds no
+/// certificate.
+pub fn tls_config() -> Result<std::sync::Arc<rustls::ClientConfig>, String> {
+    static CONFIG: std::sync::OnceLock<Result<std::sync::Arc<rustls::ClientConfig>, String>> =
+        std::sync::OnceLock::new();
+    CONFIG
+        .get_or_init(|| {
+            let mut roots =
+                rustls::RootCertStore::from_iter(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+            if let Some(path) = std::env::var_os(EXTRA_ROOTS_VARIABLE) {
+                use rustls::pki_types::CertificateDer;
+                use rustls::pki_types::pem::PemObject;
+                let shown = std::path::Path::new(&path).display().to_string();
+                let certificates = CertificateDer::pem_file_iter(&path)
+                    .map_err(|e| format!("{EXTRA_ROOTS_VARIABLE}={shown}: {e}"))?
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| format!("{EXTRA_ROOTS_VARIABLE}={shown}: {e}"))?;
+                let (added, _) = roots.add_parsable_certificates(certificates);
+                if added == 0 {
+                    return Err(format!(
+                        "{EXTRA_ROOTS_VARIABLE}={shown} holds no usable certificate"
+                    ));
+                }
+            }
+            let mut config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+                rustls::crypto::ring::default_provider(),
+            ))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+            config.alpn_protocols = vec![b"http/1.1".to_vec()];
+            Ok(std::sync::Arc::new(config))
+        })
+        .clone()
 }
 
 /// A client for one Spool server.
@@ -67,8 +132,9 @@ pub struct Client {
 }
 
 impl Client {
-    /// A client for `url`: `http://HOST:PORT` (a path after it is ignored)
-    /// or `unix:/PATH` for a server on a Unix socket.
+    /// A client for `url`: `http://HOST:PORT` (a path after it is
+    /// ignored), `https://HOST[:PORT]` for a server behind TLS (port 443
+    /// by default), or `unix:/PATH` for a server on a Unix socket.
     ///
     /// # Errors
     ///
@@ -82,6 +148,33 @@ impl Client {
                 return Err(ClientError::Url(url.to_owned()));
             }
             Target::Tcp(authority.to_owned())
+        } else if let Some(rest) = url.strip_prefix("https://") {
+            let authority = rest.split('/').next().unwrap_or_default();
+            let refused = || ClientError::Url(url.to_owned());
+            // `HOST`, `HOST:PORT`, `[V6]` or `[V6]:PORT`; no user info.
+            let (host, port) = match authority.strip_prefix('[') {
+                Some(v6) => {
+                    let (host, after) = v6.split_once(']').ok_or_else(refused)?;
+                    (host, after.strip_prefix(':'))
+                }
+                None => match authority.split_once(':') {
+                    Some((host, port)) => (host, Some(port)),
+                    None => (authority, None),
+                },
+            };
+            if host.is_empty() || host.contains('@') {
+                return Err(refused());
+            }
+            let port: u16 = match port {
+                Some(port) => port.parse().map_err(|_| refused())?,
+                None => 443,
+            };
+            let authority = if authority.starts_with('[') {
+                format!("[{host}]:{port}")
+            } else {
+                format!("{host}:{port}")
+            };
+            Target::Tls(authority, host.to_owned())
         } else {
             return Err(ClientError::Url(url.to_owned()));
         };
@@ -307,6 +400,30 @@ impl Client {
                 )
                 .await?;
                 (handshake(stream).await?, authority.clone())
+            }
+            Target::Tls(authority, host) => {
+                let stream = connect(
+                    authority,
+                    tokio::net::TcpStream::connect(authority.as_str()),
+                )
+                .await?;
+                let tls_error = |reason: String| ClientError::Tls {
+                    target: authority.clone(),
+                    reason,
+                };
+                let config = tls_config().map_err(tls_error)?;
+                let name = rustls::pki_types::ServerName::try_from(host.clone())
+                    .map_err(|e| tls_error(e.to_string()))?;
+                let stream = tokio_rustls::TlsConnector::from(config)
+                    .connect(name, stream)
+                    .await
+                    .map_err(|e| tls_error(e.to_string()))?;
+                // The port is left out of `Host` when it is the default.
+                let host = authority
+                    .strip_suffix(":443")
+                    .unwrap_or(authority)
+                    .to_owned();
+                (handshake(stream).await?, host)
             }
             Target::Unix(path) => {
                 let stream = connect(

@@ -165,7 +165,10 @@ async fn send(address: &str, parts: &http::request::Parts, bytes: Bytes) -> Resp
 /// A node's advertised address as a client URL: a bare `HOST:PORT` (what
 /// a TCP listener describes itself as) is spoken to over plain HTTP.
 fn node_url(address: &str) -> String {
-    if address.starts_with("http://") || address.starts_with("unix:") {
+    if ["http://", "https://", "unix:"]
+        .iter()
+        .any(|scheme| address.starts_with(scheme))
+    {
         address.to_owned()
     } else {
         format!("http://{address}")

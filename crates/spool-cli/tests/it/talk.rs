@@ -382,3 +382,93 @@ fn run_with_a_failing_command_engine_reports_engine_cli() {
     assert_ne!(done.code, Some(0));
     assert!(done.stderr.contains("engine_cli"), "{}", done.stderr);
 }
+
+/// The tests' TLS identity for `localhost` (its README says how it was made).
+const TLS_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../spool-engines/tests/tls");
+
+/// A TLS-terminating proxy for `backend`, as an ingress in front of a
+/// server is: its port on loopback. It serves until the test ends.
+fn tls_proxy(backend: &str) -> u16 {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let certs = CertificateDer::pem_file_iter(format!("{TLS_DIR}/localhost.pem"))
+        .unwrap()
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let key = PrivateKeyDer::from_pem_file(format!("{TLS_DIR}/localhost.key")).unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(certs, key)
+    .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let backend = backend.to_owned();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            loop {
+                let Ok((socket, _)) = listener.accept().await else {
+                    return;
+                };
+                let (acceptor, backend) = (acceptor.clone(), backend.clone());
+                tokio::spawn(async move {
+                    let Ok(mut tls) = acceptor.accept(socket).await else {
+                        return;
+                    };
+                    let Ok(mut plain) = tokio::net::TcpStream::connect(&backend).await else {
+                        return;
+                    };
+                    let _ = tokio::io::copy_bidirectional(&mut tls, &mut plain).await;
+                });
+            }
+        });
+    });
+    port
+}
+
+#[test]
+fn run_reaches_a_server_behind_tls_by_its_https_url_trusting_the_roots_in_ssl_cert_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let running = serve(dir.path(), &[]);
+    let url = format!("https://localhost:{}", tls_proxy(&running.addr));
+    let trusted = Command::new(env!("CARGO_BIN_EXE_spool"))
+        .args(["run", "--url", &url, "hello over tls"])
+        .env("SSL_CERT_FILE", format!("{TLS_DIR}/localhost.pem"))
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        trusted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&trusted.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&trusted.stdout).trim(),
+        "echo: hello over tls"
+    );
+    // The proxy's certificate is signed by nobody the web trusts: without
+    // the root, the client refuses it and says so.
+    let refused = Command::new(env!("CARGO_BIN_EXE_spool"))
+        .args(["run", "--url", &url, "hello"])
+        .env_remove("SSL_CERT_FILE")
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        said.contains("TLS with localhost:") && said.contains("certificate"),
+        "{said}"
+    );
+    assert!(terminate(running).success());
+}

@@ -104,10 +104,12 @@ async fn the_client_reaches_a_server_on_a_unix_socket() {
 }
 
 #[test]
-fn a_url_that_is_not_http_or_unix_is_refused() {
+fn a_url_that_is_not_http_https_or_unix_is_refused() {
     for url in [
         "ftp://host",
-        "https://host:443",
+        "https://",
+        "https://user@host",
+        "https://host:notaport",
         "http://",
         "localhost:8080",
     ] {
@@ -115,6 +117,13 @@ fn a_url_that_is_not_http_or_unix_is_refused() {
             matches!(Client::new(url), Err(ClientError::Url(_))),
             "{url} is accepted"
         );
+    }
+    for url in [
+        "https://host",
+        "https://host:8443/spool",
+        "https://[::1]:443",
+    ] {
+        assert!(Client::new(url).is_ok(), "{url} is refused");
     }
 }
 

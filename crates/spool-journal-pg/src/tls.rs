@@ -128,11 +128,16 @@ fn roots_from(path: &Path) -> Result<RootCertStore, String> {
 fn client_config(mode: Mode, roots: RootCertStore) -> Result<rustls::ClientConfig, JournalError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let tls_error = |e: rustls::Error| JournalError::storage(format!("TLS set-up: {e}"));
+    let algorithms = provider.signature_verification_algorithms;
     let verifier: Arc<dyn ServerCertVerifier> = match mode {
-        Mode::Disable | Mode::Prefer | Mode::Require => Arc::new(Unchecked {
-            algorithms: provider.signature_verification_algorithms,
+        Mode::Disable | Mode::Prefer | Mode::Require => Arc::new(Verifier {
+            chain: None,
+            algorithms,
         }),
-        Mode::VerifyCa => Arc::new(AnyName(webpki(roots, &provider)?)),
+        Mode::VerifyCa => Arc::new(Verifier {
+            chain: Some(webpki(roots, &provider)?),
+            algorithms,
+        }),
         Mode::VerifyFull => webpki(roots, &provider)?,
     };
     let mut config = rustls::ClientConfig::builder_with_provider(provider)
@@ -156,24 +161,36 @@ fn webpki(
         .map_err(|e| JournalError::storage(format!("TLS set-up: {e}")))
 }
 
-/// `prefer` and `require` without a root: the session is encrypted, and
-/// the handshake's signatures are checked (the server holds the key of
-/// the certificate it sent), but who signed the certificate is not.
+/// What `prefer`, `require` (no chain checked) and `verify-ca` (a chain
+/// to a trusted root, any name) check; `verify-full` uses rustls's own
+/// verifier. The handshake's signatures are always checked: the server
+/// holds the key of the certificate it sent.
 #[derive(Debug)]
-struct Unchecked {
+struct Verifier {
+    /// The chain's verifier, for `verify-ca`: it checks the name after
+    /// the chain, so a name mismatch means the chain held.
+    chain: Option<Arc<WebPkiServerVerifier>>,
     algorithms: WebPkiSupportedAlgorithms,
 }
 
-impl ServerCertVerifier for Unchecked {
+impl ServerCertVerifier for Verifier {
     fn verify_server_cert(
         &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
+        let Some(chain) = &self.chain else {
+            return Ok(ServerCertVerified::assertion());
+        };
+        match chain.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now) {
+            Err(rustls::Error::InvalidCertificate(
+                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+            )) => Ok(ServerCertVerified::assertion()),
+            other => other,
+        }
     }
 
     fn verify_tls12_signature(
@@ -196,55 +213,6 @@ impl ServerCertVerifier for Unchecked {
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         self.algorithms.supported_schemes()
-    }
-}
-
-/// `verify-ca`: the chain must lead to a trusted root; the name the
-/// certificate is for is not compared with the host's. The name is
-/// checked after the chain, so a name mismatch means the chain held.
-#[derive(Debug)]
-struct AnyName(Arc<WebPkiServerVerifier>);
-
-impl ServerCertVerifier for AnyName {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        server_name: &ServerName<'_>,
-        ocsp_response: &[u8],
-        now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        match self
-            .0
-            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
-        {
-            Err(rustls::Error::InvalidCertificate(
-                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
-            )) => Ok(ServerCertVerified::assertion()),
-            other => other,
-        }
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
     }
 }
 

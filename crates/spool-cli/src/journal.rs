@@ -141,11 +141,23 @@ async fn open_owned_with(
             let store = spool_journal_pg::PgJournal::connect(url, options)
                 .await
                 .with_context(|| format!("opening the journal at {at}"))?;
+            if process == Process::Serving {
+                crate::serve::say(&format!("spool: journal at {at}, {}", transport(&store)));
+            }
             let owner = spool_journal_pg::Owner::claim(url, None)
                 .await
                 .map_err(in_use)?;
             Ok((Arc::new(store), Claim::Postgres(owner)))
         }
+    }
+}
+
+/// How the store reaches its database, for the line a server starts with.
+fn transport(store: &spool_journal_pg::PgJournal) -> &'static str {
+    if store.encrypted() {
+        "over TLS"
+    } else {
+        "not encrypted (a Unix socket, `sslmode=disable`, or a server offering no TLS: `sslmode=require` refuses that)"
     }
 }
 
@@ -268,9 +280,10 @@ pub(crate) async fn open_node(
         .await
         .with_context(|| format!("opening the journal at {at}"))?;
     crate::serve::say(&format!(
-        "spool: node {} of the cluster at {at} (lease {} s)",
+        "spool: node {} of the cluster at {at} (lease {} s), {}",
         cluster.node(),
-        args.lease_seconds
+        args.lease_seconds,
+        transport(&store)
     ));
     Ok((Arc::new(store), Arc::new(cluster)))
 }

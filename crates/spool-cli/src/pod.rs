@@ -14,7 +14,7 @@ use tokio::sync::watch;
 use tokio_util::task::TaskTracker;
 
 use crate::journal::Process;
-use crate::serve::{load_agent, open_runtime, recover, say, shutdown_signal};
+use crate::serve::{Signals, load_agent, open_runtime, recover, say};
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum PodCommand {
@@ -92,6 +92,8 @@ async fn serve(args: PodServeArgs) -> anyhow::Result<ExitCode> {
     let (runtime, _owner) = open_runtime(&args.journal, &agent, None, Process::Serving).await?;
     recover(&runtime).await?;
     let (stop, closing) = watch::channel(false);
+    // Before the pod says it listens: a stop sent at once is graceful.
+    let signals = Signals::install();
     let pods = serve_pods(
         &runtime,
         &[args.name],
@@ -99,7 +101,7 @@ async fn serve(args: PodServeArgs) -> anyhow::Result<ExitCode> {
         &closing,
     )
     .await?;
-    shutdown_signal().await;
+    signals.received().await;
     say("spool: shutting down; the pod's session stays durable in the journal");
     stop.send_replace(true);
     pods.close();

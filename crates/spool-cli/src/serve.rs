@@ -226,6 +226,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     if matches!(args.run_access, RunAccessArg::Owner) {
         channel = channel.with_run_access(spool_http::channel::RunAccess::Owner);
     }
+    let signals = Signals::install();
     say(&format!(
         "spool: listening on {} (journal {}, {resumed} runs resumed)",
         listener.describe(),
@@ -249,7 +250,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let shutdown = async move {
         let owner = watched;
         tokio::select! {
-            () = shutdown_signal() => {
+            () = signals.received() => {
                 say("spool: shutting down; runs stay durable in the journal");
             }
             // Another process may take the journal now: driving its runs
@@ -409,19 +410,35 @@ fn report(recovery: spool_runtime::Recovery) -> anyhow::Result<usize> {
     Ok(recovery.resumed)
 }
 
-pub(crate) async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut interrupt), Ok(mut terminate)) = (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) else {
-        // Without signal handlers the server still serves; it stops when
-        // killed.
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = interrupt.recv() => {}
-        _ = terminate.recv() => {}
+/// SIGINT and SIGTERM, caught from the moment [`Signals::install`] is
+/// called: a server installs them before it says it listens, so a stop
+/// sent the instant it is up (an orchestrator's, a test's) is a graceful
+/// one, not the default action's kill.
+pub(crate) struct Signals(Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)>);
+
+impl Signals {
+    pub(crate) fn install() -> Self {
+        use tokio::signal::unix::{SignalKind, signal};
+        match (
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::terminate()),
+        ) {
+            (Ok(interrupt), Ok(terminate)) => Self(Some((interrupt, terminate))),
+            // Without signal handlers the server still serves; it stops
+            // when killed.
+            _ => Self(None),
+        }
+    }
+
+    /// Waits for either signal.
+    pub(crate) async fn received(self) {
+        let Some((mut interrupt, mut terminate)) = self.0 else {
+            return std::future::pending().await;
+        };
+        tokio::select! {
+            _ = interrupt.recv() => {}
+            _ = terminate.recv() => {}
+        }
     }
 }
 

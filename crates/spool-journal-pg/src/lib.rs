@@ -200,6 +200,9 @@ pub struct PgJournal {
     listener: tokio::task::JoinHandle<()>,
     /// The schema the tables are in, as the server named it.
     schema: String,
+    /// Whether the connections are encrypted (TLS), as the server saw the
+    /// first.
+    encrypted: bool,
 }
 
 impl std::fmt::Debug for PgJournal {
@@ -253,11 +256,18 @@ impl PgJournal {
             schema::check(&client).await?;
             client
         };
-        let schema: String = setup
-            .query_one("SELECT current_schema()", &[])
+        // With the schema, whether the session is encrypted: what an
+        // operator wants to know when `sslmode=prefer` may have fallen
+        // back to plain TCP.
+        let row = setup
+            .query_one(
+                "SELECT current_schema(),
+                        coalesce((SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()), false)",
+                &[],
+            )
             .await
-            .map_err(storage)?
-            .get(0);
+            .map_err(storage)?;
+        let (schema, encrypted): (String, bool) = (row.get(0), row.get(1));
         drop(setup);
         let channel = channel(&schema);
         let watchers = Arc::new(Watchers::default());
@@ -290,6 +300,7 @@ impl PgJournal {
             watchers,
             listener,
             schema,
+            encrypted,
         })
     }
 
@@ -310,6 +321,15 @@ impl PgJournal {
             syncs: self.counters.commits.load(Relaxed),
             reads: self.readers.served.load(Relaxed),
         }
+    }
+
+    /// Whether the store's connections are encrypted, as the server saw
+    /// the first one: with `sslmode=prefer` (the default) a server that
+    /// offers no TLS is spoken to in plain TCP, which an operator should
+    /// be told.
+    #[must_use]
+    pub fn encrypted(&self) -> bool {
+        self.encrypted
     }
 
     /// Of the commits so far, how many were written from heads the writer

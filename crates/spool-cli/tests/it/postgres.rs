@@ -77,6 +77,27 @@ fn serve_on_a_postgres_url_completes_runs_that_runs_list_then_reads_there() {
 }
 
 #[test]
+fn a_server_on_postgres_says_whether_its_connection_to_the_database_is_encrypted() {
+    let Some(url) = database() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let said = |url: &str| {
+        let running = serve_on(dir.path(), url.as_ref(), &[], &[]);
+        let notes = running.notes.join("\n");
+        assert!(terminate(running).success());
+        notes
+    };
+    // `cargo xtask pg` and `ci` start a server offering TLS (its root in
+    // JOURNAL_PG_CA), which a URL without `sslmode` then uses.
+    if std::env::var_os("JOURNAL_PG_CA").is_some() {
+        let notes = said(&url);
+        assert!(notes.contains("over TLS"), "{notes}");
+    }
+    let separator = if url.contains('?') { '&' } else { '?' };
+    let notes = said(&format!("{url}{separator}sslmode=disable"));
+    assert!(notes.contains("not encrypted"), "{notes}");
+}
+
+#[test]
 fn a_second_server_on_the_same_postgres_journal_is_refused_with_the_first_ones_pid() {
     let Some(url) = database() else { return };
     let dir = tempfile::tempdir().unwrap();

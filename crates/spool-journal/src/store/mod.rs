@@ -590,12 +590,34 @@ pub fn plan(
 /// Whether appending `event` changes an index (an address, an operation
 /// id, a claim) besides the log and the run's head: a store that writes
 /// plain appends a quicker way asks this before planning.
+///
+/// It builds nothing: building the changes would copy a tool's whole
+/// output to learn that a completion settles a claim.
 #[must_use]
 pub fn changes_indexes(event: &Event) -> bool {
-    !index_changes(event, Seq(1)).is_empty()
+    match event {
+        Event::RunCreated(created) => {
+            created.address.is_some()
+                || (created.operation_id.is_some() && created.principal.is_some())
+        }
+        Event::AddressBound(_)
+        | Event::AddressUnbound(_)
+        | Event::RunRetired(_)
+        | Event::ToolCallCompleted(_)
+        | Event::ToolCallResolved(_)
+        | Event::ToolCallAbandoned(_) => true,
+        _ => false,
+    }
 }
 
 fn index_changes(event: &Event, seq: Seq) -> Vec<IndexChange> {
+    let changes = index_changes_of(event, seq);
+    // The two lists of what changes an index stay one.
+    debug_assert_eq!(!changes.is_empty(), changes_indexes(event), "{event:?}");
+    changes
+}
+
+fn index_changes_of(event: &Event, seq: Seq) -> Vec<IndexChange> {
     match event {
         Event::RunCreated(created) => {
             let mut changes = Vec::new();

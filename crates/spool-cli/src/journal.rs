@@ -196,17 +196,19 @@ pub(crate) struct ClusterArgs {
     #[arg(long, requires = "cluster", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub(crate) lease_seconds: u64,
     /// Where the other nodes reach this one to forward it commands for
-    /// the runs it drives: `http://HOST:PORT`, `https://HOST[:PORT]` (a
-    /// TLS proxy in front of it) or `unix:/PATH` (default: the address it
+    /// the runs it drives: `http://HOST:PORT`, `https://HOST[:PORT]`
+    /// (`--tls-cert`, or a TLS proxy in front of it: a name its
+    /// certificate is for) or `unix:/PATH` (default: the address it
     /// listens on; needed when that is 0.0.0.0 or ::).
     #[arg(long, requires = "cluster", value_name = "URL")]
     pub(crate) advertise: Option<String>,
 }
 
 impl ClusterArgs {
-    /// The address other nodes forward commands to: `--advertise`, or the
-    /// listener's own when it names one host.
-    pub(crate) fn advertised(&self, listening: &str) -> anyhow::Result<String> {
+    /// The URL other nodes forward commands to: `--advertise`, or the
+    /// listener's own address with `scheme` (`http`, `https`) when it
+    /// names one host.
+    pub(crate) fn advertised(&self, listening: &str, scheme: &str) -> anyhow::Result<String> {
         if let Some(url) = &self.advertise {
             spool_http::Client::new(url).map_err(|_| {
                 anyhow::anyhow!(
@@ -218,11 +220,11 @@ impl ClusterArgs {
         if let Ok(addr) = listening.parse::<std::net::SocketAddr>() {
             if addr.ip().is_unspecified() {
                 bail!(
-                    "listening on {addr} names no host the other nodes can reach: pass --advertise http://THIS-HOST:{}",
+                    "listening on {addr} names no host the other nodes can reach: pass --advertise {scheme}://THIS-HOST:{}",
                     addr.port()
                 );
             }
-            return Ok(format!("http://{addr}"));
+            return Ok(format!("{scheme}://{addr}"));
         }
         Ok(listening.to_owned())
     }

@@ -23,6 +23,25 @@ pub(crate) struct ServeArgs {
     /// Listen on a Unix socket (created 0600) instead of TCP.
     #[arg(long)]
     unix: Option<PathBuf>,
+    /// Serve HTTPS (and WSS) on `--addr` with this PEM certificate chain
+    /// (the server's certificate first, then its intermediates). Renewed
+    /// files are served from the next connection on, without a restart.
+    #[arg(
+        long,
+        env = "SPOOL_TLS_CERT",
+        value_name = "FILE",
+        requires = "tls_key",
+        conflicts_with = "unix"
+    )]
+    tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of `--tls-cert`.
+    #[arg(
+        long,
+        env = "SPOOL_TLS_KEY",
+        value_name = "FILE",
+        requires = "tls_cert"
+    )]
+    tls_key: Option<PathBuf>,
     /// The journal: a directory (SQLite) or a postgres:// URL.
     #[arg(long, env = "SPOOL_JOURNAL", default_value = ".spool")]
     journal: JournalAt,
@@ -138,10 +157,21 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 .with_context(|| format!("`{}` is not an address", args.addr))?;
             // Checked before anything is opened; the channel checks again.
             spool_http::server::check_exposure(addr, tokens.is_some())?;
-            Listener::tcp(&args.addr)
-                .await
-                .with_context(|| format!("binding {}", args.addr))?
+            let bound = match (&args.tls_cert, &args.tls_key) {
+                (Some(cert), Some(key)) => {
+                    let config = spool_http::tls::CertificateFiles::load(cert, key)
+                        .context("--tls-cert and --tls-key")?
+                        .server_config()?;
+                    Listener::tls(&args.addr, config).await
+                }
+                _ => Listener::tcp(&args.addr).await,
+            };
+            bound.with_context(|| format!("binding {}", args.addr))?
         }
+    };
+    let scheme = match &listener {
+        Listener::Tls(..) => "https",
+        _ => "http",
     };
     let cached_runs = usize::try_from(args.cached_runs).unwrap_or(usize::MAX);
     // On a cluster, the scheduler learns of schedules whose record run
@@ -152,7 +182,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         // A node drives only the runs it holds leases on: recovery is a
         // takeover of the runs of nodes that died, repeated as long as it
         // serves.
-        let advertised = args.cluster.advertised(&listener.describe())?;
+        let advertised = args.cluster.advertised(&listener.describe(), scheme)?;
         let (store, node) =
             crate::journal::open_node(&args.journal, &args.cluster, &advertised).await?;
         let runtime = build_runtime(store, &agent, Some(cached_runs), true)?;
@@ -227,20 +257,29 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         channel = channel.with_run_access(spool_http::channel::RunAccess::Owner);
     }
     let signals = Signals::install();
+    let tls = if scheme == "https" { " over TLS" } else { "" };
     say(&format!(
-        "spool: listening on {} (journal {}, {resumed} runs resumed)",
+        "spool: listening on {}{tls} (journal {}, {resumed} runs resumed)",
         listener.describe(),
         args.journal
     ));
-    if let Listener::Tcp(_) = &listener {
+    if let Listener::Tcp(_) | Listener::Tls(..) = &listener {
         let auth = if args.token_file.is_some() {
             " -H 'Authorization: Bearer <token>'"
         } else {
             ""
         };
+        let (place, named) = match &listener {
+            // The certificate is for names, which this line cannot know.
+            Listener::Tls(tcp, _) => (
+                tcp.local_addr()
+                    .map_or_else(|_| "HOST".into(), |a| format!("HOST:{}", a.port())),
+                " (HOST: a name the certificate is for)",
+            ),
+            _ => (listener.describe(), ""),
+        };
         say(&format!(
-            "spool: try: curl -s http://{}/spool/v1/runs{auth} -H 'Content-Type: application/json' -d '{{\"text\": \"hello\"}}'",
-            listener.describe()
+            "spool: try: curl -s {scheme}://{place}/spool/v1/runs{auth} -H 'Content-Type: application/json' -d '{{\"text\": \"hello\"}}'{named}",
         ));
     }
     // Held to the end of this function, past the graceful drain; the

@@ -15,6 +15,7 @@ mod refusals;
 pub mod schedules;
 pub mod server;
 pub mod stream;
+pub mod tls;
 pub mod token;
 
 pub use channel::HttpChannel;

@@ -1,5 +1,5 @@
-//! The server plumbing: listeners (TCP, and a Unix socket created 0600),
-//! HTTP/1.1 with keep-alive, a header-read timeout against slow clients,
+//! The server plumbing: listeners (TCP, TLS over TCP, and a Unix socket
+//! created 0600), HTTP/1.1 with keep-alive, a header-read timeout against slow clients,
 //! and connection upgrades (a handler may take a connection over, as a
 //! WebSocket does), and graceful shutdown: stop accepting, let open
 //! requests and streams close (streams are told to end), then return. Runs
@@ -17,7 +17,7 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::{TcpListener, UnixListener};
+use tokio::net::{TcpListener, TcpStream, UnixListener};
 use tokio::sync::watch;
 use tokio_util::task::TaskTracker;
 
@@ -56,6 +56,8 @@ pub fn user_runtime_dir() -> std::path::PathBuf {
 pub enum Listener {
     /// A TCP socket.
     Tcp(TcpListener),
+    /// A TCP socket whose connections speak TLS (`https://`, `wss://`).
+    Tls(TcpListener, Arc<rustls::ServerConfig>),
     /// A Unix socket, and its path (removed on shutdown).
     Unix(UnixListener, PathBuf),
 }
@@ -68,6 +70,16 @@ impl Listener {
     /// When the address cannot be bound.
     pub async fn tcp(addr: &str) -> std::io::Result<Self> {
         Ok(Self::Tcp(TcpListener::bind(addr).await?))
+    }
+
+    /// Binds a TCP address whose connections are served over TLS with
+    /// `config` (see [`crate::tls::CertificateFiles`]).
+    ///
+    /// # Errors
+    ///
+    /// When the address cannot be bound.
+    pub async fn tls(addr: &str, config: Arc<rustls::ServerConfig>) -> std::io::Result<Self> {
+        Ok(Self::Tls(TcpListener::bind(addr).await?, config))
     }
 
     /// Binds a Unix socket at `path`, readable and writable by its owner
@@ -97,7 +109,7 @@ impl Listener {
     #[must_use]
     pub fn describe(&self) -> String {
         match self {
-            Self::Tcp(listener) => listener
+            Self::Tcp(listener) | Self::Tls(listener, _) => listener
                 .local_addr()
                 .map_or_else(|_| "tcp".into(), |a| a.to_string()),
             Self::Unix(_, path) => format!("unix:{}", path.display()),
@@ -139,7 +151,7 @@ impl Listener {
     /// authenticator.
     pub fn check_exposure(&self, authenticated: bool) -> Result<(), Exposed> {
         match self {
-            Self::Tcp(listener) => match listener.local_addr() {
+            Self::Tcp(listener) | Self::Tls(listener, _) => match listener.local_addr() {
                 Ok(addr) => check_exposure(addr, authenticated),
                 // An address that cannot be read is not assumed private.
                 Err(_) if authenticated => Ok(()),
@@ -180,6 +192,7 @@ pub async fn serve(
             () = &mut shutdown => break,
             accepted = accept(&listener) => match accepted {
                 Ok(Accepted::Tcp(stream)) => spawn(stream, &handler, &graceful),
+                Ok(Accepted::Tls(stream, acceptor)) => spawn_tls(stream, acceptor, &handler, &graceful),
                 Ok(Accepted::Unix(stream)) => spawn(stream, &handler, &graceful),
                 // A client that failed mid-handshake is its own problem;
                 // the listener goes on. Out of file descriptors, accept
@@ -194,7 +207,7 @@ pub async fn serve(
     }
     let path = match &listener {
         Listener::Unix(_, path) => Some(path.clone()),
-        Listener::Tcp(_) => None,
+        Listener::Tcp(_) | Listener::Tls(..) => None,
     };
     drop(listener);
     stop.send_replace(true);
@@ -210,23 +223,31 @@ pub async fn serve(
 }
 
 enum Accepted {
-    Tcp(tokio::net::TcpStream),
+    Tcp(TcpStream),
+    /// A TCP connection before its TLS handshake.
+    Tls(TcpStream, tokio_rustls::TlsAcceptor),
     Unix(tokio::net::UnixStream),
 }
 
 async fn accept(listener: &Listener) -> std::io::Result<Accepted> {
     match listener {
-        Listener::Tcp(listener) => {
-            let (stream, _) = listener.accept().await?;
-            // A stream line goes out as it is written: Nagle's algorithm
-            // would hold a small line back while an earlier one waits for
-            // its acknowledgement. Only a speed-up: a socket that refuses
-            // it is served as it is.
-            let _ = stream.set_nodelay(true);
-            Ok(Accepted::Tcp(stream))
-        }
+        Listener::Tcp(listener) => Ok(Accepted::Tcp(accept_tcp(listener).await?)),
+        Listener::Tls(listener, config) => Ok(Accepted::Tls(
+            accept_tcp(listener).await?,
+            tokio_rustls::TlsAcceptor::from(Arc::clone(config)),
+        )),
         Listener::Unix(listener, _) => listener.accept().await.map(|(s, _)| Accepted::Unix(s)),
     }
+}
+
+async fn accept_tcp(listener: &TcpListener) -> std::io::Result<TcpStream> {
+    let (stream, _) = listener.accept().await?;
+    // A stream line goes out as it is written: Nagle's algorithm would
+    // hold a small line back while an earlier one waits for its
+    // acknowledgement. Only a speed-up: a socket that refuses it is
+    // served as it is.
+    let _ = stream.set_nodelay(true);
+    Ok(stream)
 }
 
 /// What a connection needs to know of the server's shutdown.
@@ -239,7 +260,101 @@ fn spawn<I>(io: I, handler: &Handler, graceful: &Graceful)
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let handler = Arc::clone(handler);
+    graceful.connections.spawn(connection(
+        io,
+        Arc::clone(handler),
+        graceful.stopping.clone(),
+    ));
+}
+
+/// Serves a TLS connection once its handshake is done. The handshake runs
+/// in the connection's own task, so a client that stalls in it holds up
+/// no one else; it has [`HEADER_READ_TIMEOUT`] to finish.
+fn spawn_tls(
+    stream: TcpStream,
+    acceptor: tokio_rustls::TlsAcceptor,
+    handler: &Handler,
+    graceful: &Graceful,
+) {
+    let (handler, stopping) = (Arc::clone(handler), graceful.stopping.clone());
+    graceful.connections.spawn(async move {
+        let handshake = tokio::time::timeout(HEADER_READ_TIMEOUT, handshake(stream, &acceptor));
+        let mut stop = stopping.clone();
+        let stop = async move {
+            // The guard `wait_for` returns is not held past this line.
+            let _ = stop.wait_for(|stopping| *stopping).await.map(|_| ());
+        };
+        tokio::select! {
+            shook = handshake => if let Ok(Some(tls)) = shook {
+                connection(tls, handler, stopping).await;
+            },
+            // A server stopping takes no new requests: a handshake still
+            // in progress is dropped, not waited for.
+            () = stop => {}
+        }
+    });
+}
+
+/// The first byte of every TLS connection: a handshake record.
+const TLS_HANDSHAKE_RECORD: u8 = 0x16;
+
+/// A connection's TLS handshake; `None` when it fails (logged: a client
+/// that does not trust the certificate says why on its side).
+async fn handshake(
+    mut stream: TcpStream,
+    acceptor: &tokio_rustls::TlsAcceptor,
+) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
+    let mut first = [0_u8; 1];
+    if stream.peek(&mut first).await.ok()? == 0 {
+        return None;
+    }
+    if first[0] != TLS_HANDSHAKE_RECORD {
+        // Plain HTTP sent to the TLS port (`curl http://` for `https://`)
+        // is told so in plain HTTP, not met with a closed connection its
+        // client cannot explain.
+        refuse_plain(&mut stream).await;
+        return None;
+    }
+    match acceptor.accept(stream).await {
+        Ok(tls) => Some(tls),
+        Err(error) => {
+            tracing::debug!(target: "spool::http", %error, "a TLS handshake failed");
+            None
+        }
+    }
+}
+
+/// Answers a plain-text request on a TLS port with `bad_request`.
+async fn refuse_plain(stream: &mut TcpStream) {
+    use spool_wire::http::{ErrorBody, ErrorCode};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // The request is read before the reply (its head comes in one
+    // segment): closing with it unread would reset the connection, and
+    // the client would see the reset instead of the reply.
+    let mut request = [0_u8; 4096];
+    let _ = stream.read(&mut request).await;
+    let body = ErrorBody::new(
+        ErrorCode::BadRequest,
+        "this port speaks TLS: use https:// (wss:// for a WebSocket)",
+    );
+    let Ok(body) = serde_json::to_vec(&body) else {
+        return;
+    };
+    let head = format!(
+        "HTTP/1.1 400 Bad Request\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    let _ = stream.write_all(head.as_bytes()).await;
+    let _ = stream.write_all(&body).await;
+    let _ = stream.shutdown().await;
+}
+
+/// Serves one connection until it closes, or finishes its request in
+/// progress and closes once the server is stopping.
+async fn connection<I>(io: I, handler: Handler, mut stopping: watch::Receiver<bool>)
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let service = service_fn(move |request| {
         let reply = handler(request);
         async move { Ok::<_, Infallible>(reply.await) }
@@ -251,20 +366,17 @@ where
         .keep_alive(true);
     let io = TokioIo::new(crate::refusals::Refusals::new(io));
     let connection = builder.serve_connection(io, service).with_upgrades();
-    let mut stopping = graceful.stopping.clone();
-    graceful.connections.spawn(async move {
-        tokio::pin!(connection);
-        let stop = async move {
-            // The guard `wait_for` returns is not held past this line.
-            let _ = stopping.wait_for(|stopping| *stopping).await.map(|_| ());
-        };
-        tokio::select! {
-            _ = connection.as_mut() => {}
-            () = stop => {
-                // Finish the request in progress, take no more.
-                connection.as_mut().graceful_shutdown();
-                let _ = connection.await;
-            }
+    tokio::pin!(connection);
+    let stop = async move {
+        // The guard `wait_for` returns is not held past this line.
+        let _ = stopping.wait_for(|stopping| *stopping).await.map(|_| ());
+    };
+    tokio::select! {
+        _ = connection.as_mut() => {}
+        () = stop => {
+            // Finish the request in progress, take no more.
+            connection.as_mut().graceful_shutdown();
+            let _ = connection.await;
         }
-    });
+    }
 }

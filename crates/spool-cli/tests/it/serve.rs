@@ -106,6 +106,51 @@ fn serve_refuses_a_non_loopback_address_without_a_token_file() {
 }
 
 #[test]
+fn serve_refuses_a_tls_key_of_another_certificate_before_opening_anything() {
+    let dir = tempfile::tempdir().unwrap();
+    let tls = concat!(env!("CARGO_MANIFEST_DIR"), "/../spool-engines/tests/tls");
+    let output = Command::new(env!("CARGO_BIN_EXE_spool"))
+        .args(["serve", "--addr", "127.0.0.1:0", "--tls-cert"])
+        .arg(format!("{tls}/localhost.pem"))
+        .arg("--tls-key")
+        .arg(format!("{tls}/renewed.key"))
+        .arg("--journal")
+        .arg(dir.path().join("journal"))
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        said.contains("renewed.key does not go with"),
+        "the error names the files: {said}"
+    );
+    assert!(!dir.path().join("journal").exists());
+}
+
+#[test]
+fn a_tls_port_answers_plain_http_with_bad_request_and_serves_others_while_one_stalls_in_its_handshake()
+ {
+    let dir = tempfile::tempdir().unwrap();
+    let (running, url) = crate::talk::serve_tls(dir.path());
+    // Connected, and silent: its handshake never starts.
+    let _stalled = std::net::TcpStream::connect(&running.addr).unwrap();
+    let (status, reply) = post(&running.addr, "/spool/v1/runs", r#"{"text": "hi"}"#, None);
+    assert_eq!(status, 400, "{reply}");
+    assert!(
+        reply.contains(r#""code":"bad_request""#) && reply.contains("use https://"),
+        "{reply}"
+    );
+    let served = crate::talk::run_over_tls(dir.path(), &url, "still served", Some("localhost.pem"));
+    assert!(
+        served.status.success(),
+        "{}",
+        String::from_utf8_lossy(&served.stderr)
+    );
+    assert!(terminate(running).success());
+}
+
+#[test]
 fn a_token_made_by_spool_token_new_admits_requests_to_a_server_that_requires_one() {
     let dir = tempfile::tempdir().unwrap();
     let tokens = dir.path().join("tokens");

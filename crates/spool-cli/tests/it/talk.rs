@@ -386,67 +386,51 @@ fn run_with_a_failing_command_engine_reports_engine_cli() {
 /// The tests' TLS identity for `localhost` (its README says how it was made).
 const TLS_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../spool-engines/tests/tls");
 
-/// A TLS-terminating proxy for `backend`, as an ingress in front of a
-/// server is: its port on loopback. It serves until the test ends.
-fn tls_proxy(backend: &str) -> u16 {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let certs = CertificateDer::pem_file_iter(format!("{TLS_DIR}/localhost.pem"))
-        .unwrap()
-        .collect::<Result<Vec<_>, _>>()
-        .unwrap();
-    let key = PrivateKeyDer::from_pem_file(format!("{TLS_DIR}/localhost.key")).unwrap();
-    let config = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_no_client_auth()
-    .with_single_cert(certs, key)
-    .unwrap();
-    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.set_nonblocking(true).unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let backend = backend.to_owned();
-    std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async move {
-            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-            loop {
-                let Ok((socket, _)) = listener.accept().await else {
-                    return;
-                };
-                let (acceptor, backend) = (acceptor.clone(), backend.clone());
-                tokio::spawn(async move {
-                    let Ok(mut tls) = acceptor.accept(socket).await else {
-                        return;
-                    };
-                    let Ok(mut plain) = tokio::net::TcpStream::connect(&backend).await else {
-                        return;
-                    };
-                    let _ = tokio::io::copy_bidirectional(&mut tls, &mut plain).await;
-                });
-            }
-        });
-    });
-    port
+/// `spool serve` over TLS with copies of the tests' `localhost` identity
+/// in `dir/tls` (so a test may renew them), and its `https://` URL.
+pub(crate) fn serve_tls(dir: &std::path::Path) -> (crate::serve::Running, String) {
+    let tls = dir.join("tls");
+    std::fs::create_dir_all(&tls).unwrap();
+    std::fs::copy(format!("{TLS_DIR}/localhost.pem"), tls.join("cert.pem")).unwrap();
+    std::fs::copy(format!("{TLS_DIR}/localhost.key"), tls.join("key.pem")).unwrap();
+    let (cert, key) = (tls.join("cert.pem"), tls.join("key.pem"));
+    let running = crate::serve::serve(
+        dir,
+        &[
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+        ],
+    );
+    let port = running.addr.rsplit(':').next().unwrap().to_owned();
+    (running, format!("https://localhost:{port}"))
+}
+
+/// `spool run --url URL TEXT` trusting the roots in `roots` (a file in
+/// [`TLS_DIR`]), or only the web's when `None`.
+pub(crate) fn run_over_tls(
+    dir: &std::path::Path,
+    url: &str,
+    text: &str,
+    roots: Option<&str>,
+) -> std::process::Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_spool"));
+    command
+        .args(["run", "--url", url, text])
+        .current_dir(dir)
+        .env_remove("SSL_CERT_FILE");
+    if let Some(roots) = roots {
+        command.env("SSL_CERT_FILE", format!("{TLS_DIR}/{roots}"));
+    }
+    command.output().unwrap()
 }
 
 #[test]
-fn run_reaches_a_server_behind_tls_by_its_https_url_trusting_the_roots_in_ssl_cert_file() {
+fn run_reaches_a_server_serving_tls_by_its_https_url_trusting_the_roots_in_ssl_cert_file() {
     let dir = tempfile::tempdir().unwrap();
-    let running = serve(dir.path(), &[]);
-    let url = format!("https://localhost:{}", tls_proxy(&running.addr));
-    let trusted = Command::new(env!("CARGO_BIN_EXE_spool"))
-        .args(["run", "--url", &url, "hello over tls"])
-        .env("SSL_CERT_FILE", format!("{TLS_DIR}/localhost.pem"))
-        .current_dir(dir.path())
-        .output()
-        .unwrap();
+    let (running, url) = serve_tls(dir.path());
+    let trusted = run_over_tls(dir.path(), &url, "hello over tls", Some("localhost.pem"));
     assert!(
         trusted.status.success(),
         "{}",
@@ -456,19 +440,50 @@ fn run_reaches_a_server_behind_tls_by_its_https_url_trusting_the_roots_in_ssl_ce
         String::from_utf8_lossy(&trusted.stdout).trim(),
         "echo: hello over tls"
     );
-    // The proxy's certificate is signed by nobody the web trusts: without
-    // the root, the client refuses it and says so.
-    let refused = Command::new(env!("CARGO_BIN_EXE_spool"))
-        .args(["run", "--url", &url, "hello"])
-        .env_remove("SSL_CERT_FILE")
-        .current_dir(dir.path())
-        .output()
-        .unwrap();
+    // The certificate is signed by nobody the web trusts: without the
+    // root, the client refuses it and says so.
+    let refused = run_over_tls(dir.path(), &url, "hello", None);
     assert!(!refused.status.success());
     let said = String::from_utf8_lossy(&refused.stderr);
     assert!(
         said.contains("TLS with localhost:") && said.contains("certificate"),
         "{said}"
+    );
+    assert!(terminate(running).success());
+}
+
+#[test]
+fn a_renewed_certificate_is_served_from_the_next_connection_without_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let (running, url) = serve_tls(dir.path());
+    let before = run_over_tls(dir.path(), &url, "before", Some("localhost.pem"));
+    assert!(
+        before.status.success(),
+        "{}",
+        String::from_utf8_lossy(&before.stderr)
+    );
+    // Renewed as certbot and cert-manager do: new files renamed into
+    // place, the key first.
+    let tls = dir.path().join("tls");
+    for (from, to) in [("renewed.key", "key.pem"), ("renewed.pem", "cert.pem")] {
+        let staged = tls.join(format!("{to}.new"));
+        std::fs::copy(format!("{TLS_DIR}/{from}"), &staged).unwrap();
+        std::fs::rename(&staged, tls.join(to)).unwrap();
+    }
+    let renewed = run_over_tls(dir.path(), &url, "after", Some("renewed.pem"));
+    assert!(
+        renewed.status.success(),
+        "the renewed certificate is served: {}",
+        String::from_utf8_lossy(&renewed.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&renewed.stdout).trim(),
+        "echo: after"
+    );
+    let old = run_over_tls(dir.path(), &url, "old", Some("localhost.pem"));
+    assert!(
+        !old.status.success(),
+        "the replaced certificate is no longer served"
     );
     assert!(terminate(running).success());
 }

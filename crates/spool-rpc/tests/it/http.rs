@@ -19,6 +19,11 @@ struct Server {
 }
 
 async fn server(runtime: &Runtime, tokens: Option<Arc<TokenFile>>) -> Server {
+    let listener = Listener::tcp("127.0.0.1:0").await.unwrap();
+    server_on(listener, runtime, tokens)
+}
+
+fn server_on(listener: Listener, runtime: &Runtime, tokens: Option<Arc<TokenFile>>) -> Server {
     let (stop, closing) = watch::channel(false);
     let dispatcher = spool_rpc::Dispatcher::new(runtime.clone());
     let mut channel = HttpChannel::new(runtime.clone(), closing.clone());
@@ -28,7 +33,6 @@ async fn server(runtime: &Runtime, tokens: Option<Arc<TokenFile>>) -> Server {
     if let Some(tokens) = tokens {
         channel = channel.with_authenticator(tokens);
     }
-    let listener = Listener::tcp("127.0.0.1:0").await.unwrap();
     let addr = listener.describe();
     let mut until = closing;
     tokio::spawn(spool_http::serve(listener, channel.handler(), async move {
@@ -284,6 +288,65 @@ async fn a_websocket_client_drives_a_run_and_reads_its_events_on_one_connection(
             break;
         }
     }
+}
+
+/// The tests' TLS identity for `localhost` (its README says how it was made).
+const TLS_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../spool-engines/tests/tls");
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_over_tls_drives_a_run_on_a_listener_serving_tls() {
+    use futures_util::SinkExt;
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, ServerName};
+    use tokio_tungstenite::tungstenite::Message;
+    let runtime = crate::echo();
+    let identity = spool_http::tls::CertificateFiles::load(
+        std::path::Path::new(&format!("{TLS_DIR}/localhost.pem")),
+        std::path::Path::new(&format!("{TLS_DIR}/localhost.key")),
+    )
+    .unwrap();
+    let listener = Listener::tls("127.0.0.1:0", identity.server_config().unwrap())
+        .await
+        .unwrap();
+    let server = server_on(listener, &runtime, None);
+    let mut roots = rustls::RootCertStore::empty();
+    for certificate in CertificateDer::pem_file_iter(format!("{TLS_DIR}/localhost.pem")).unwrap() {
+        roots.add(certificate.unwrap()).unwrap();
+    }
+    let client = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(&server.addr).await.unwrap();
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(client))
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .unwrap();
+    let (mut socket, response) = tokio_tungstenite::client_async("wss://localhost/ws", tls)
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 101);
+    let submit = r#"{"jsonrpc":"2.0","id":1,"method":"submit.run","params":{"text":"over tls"}}"#;
+    socket.send(Message::text(submit)).await.unwrap();
+    let answer = loop {
+        use futures_util::StreamExt;
+        let message = tokio::time::timeout(PATIENCE, socket.next())
+            .await
+            .expect("a message in time")
+            .expect("the socket is open")
+            .unwrap();
+        let Message::Text(text) = message else {
+            panic!("a text message, not {message:?}");
+        };
+        let message: Value = serde_json::from_str(text.as_str()).unwrap();
+        if message["id"] == 1 {
+            break message;
+        }
+    };
+    assert_eq!(answer["result"]["state"], "completed", "{answer}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

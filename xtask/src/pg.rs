@@ -5,7 +5,8 @@
 //! `cargo xtask pg -- COMMAND…` runs any command with one, its URL in
 //! `JOURNAL_PG_URL`. It offers TLS (the root its certificate chains to in
 //! `JOURNAL_PG_CA`), so every connection a test makes without `sslmode`
-//! is encrypted, as it would be to a managed database.
+//! is encrypted, as it would be to a managed database, and admits the
+//! role `spool_cert` only with the tests' client certificate.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -91,10 +92,20 @@ impl Server {
             if as_postgres {
                 run_tool(Command::new("chown").arg("postgres:").arg(&cert).arg(&key))?;
             }
+            // Client certificates signed by the tests' clients' CA are
+            // trusted; `pg_hba.conf` (below) admits the role
+            // `spool_cert` only with one.
+            let clients = dir.join("clients-ca.pem");
+            std::fs::copy(identity.join("clients-ca.pem"), &clients)
+                .context("copying the test clients' CA")?;
+            if as_postgres {
+                run_tool(Command::new("chown").arg("postgres:").arg(&clients))?;
+            }
             options.push_str(&format!(
-                " -c ssl=on -c ssl_cert_file={} -c ssl_key_file={}",
+                " -c ssl=on -c ssl_cert_file={} -c ssl_key_file={} -c ssl_ca_file={}",
                 cert.display(),
-                key.display()
+                key.display(),
+                clients.display()
             ));
             Some(identity.join("localhost.pem"))
         };
@@ -121,6 +132,18 @@ impl Server {
                 "--no-sync".as_ref(),
             ],
         )?;
+        if server.ca.is_some() {
+            // The first line that matches decides: `spool_cert` over TLS
+            // must show a certificate for its name; everyone else is
+            // trusted, as `--auth=trust` made it.
+            let hba = data.join("pg_hba.conf");
+            let trusted = std::fs::read_to_string(&hba).context("reading pg_hba.conf")?;
+            std::fs::write(
+                &hba,
+                format!("hostssl all spool_cert 127.0.0.1/32 cert\n{trusted}"),
+            )
+            .context("writing pg_hba.conf")?;
+        }
         let log = server.dir.join("log");
         server.tool(
             "pg_ctl",

@@ -1,5 +1,6 @@
-//! TLS to the database: a URL's `sslmode` and `sslrootcert` read as libpq
-//! reads them (so a URL that works with `psql` works here), over rustls.
+//! TLS to the database: a URL's `sslmode`, `sslrootcert`, `sslcert` and
+//! `sslkey` read as libpq reads them (so a URL that works with `psql`
+//! works here), over rustls.
 //!
 //! tokio-postgres knows only `disable`, `prefer` and `require`, and
 //! verifies nothing itself; the certificate checks each mode asks for
@@ -12,7 +13,7 @@ use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::{CryptoProvider, WebPkiSupportedAlgorithms};
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{CertificateError, DigitallySignedStruct, RootCertStore, SignatureScheme};
 use spool_journal::store::JournalError;
 use tokio_postgres::Config;
@@ -44,6 +45,7 @@ pub(crate) fn parse(url: &str) -> Result<(Config, MakeRustlsConnect), JournalErr
     let (base, query) = url.split_once('?').unwrap_or((url, ""));
     let mut mode = Mode::Prefer;
     let mut root_file = None;
+    let (mut cert_file, mut key_file) = (None, None);
     let mut rest = Vec::new();
     for pair in query.split('&').filter(|pair| !pair.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
@@ -71,14 +73,34 @@ pub(crate) fn parse(url: &str) -> Result<(Config, MakeRustlsConnect), JournalErr
                 };
             }
             "sslrootcert" => root_file = Some(decoded.into_owned()),
-            "sslcert" | "sslkey" | "sslpassword" => {
-                return Err(refused(format!(
-                    "`{key}`: client certificates are not supported; authenticate with a password"
-                )));
+            "sslcert" => cert_file = Some(decoded.into_owned()),
+            "sslkey" => key_file = Some(decoded.into_owned()),
+            "sslpassword" => {
+                return Err(refused(
+                    "`sslpassword`: encrypted client keys are not supported; give `sslkey` an unencrypted key (`openssl pkey -in KEY -out KEY.plain`)".into(),
+                ));
             }
             _ => rest.push(pair),
         }
     }
+    // libpq falls back to `~/.postgresql/postgresql.{crt,key}`; here a
+    // client certificate is used only when the URL names both files.
+    let identity = match (cert_file, key_file) {
+        (None, None) => None,
+        (Some(cert), Some(key)) => {
+            Some(identity_from(Path::new(&cert), Path::new(&key)).map_err(&refused)?)
+        }
+        (Some(_), None) => {
+            return Err(refused(
+                "`sslcert` needs `sslkey`, the certificate's private key".into(),
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(refused(
+                "`sslkey` needs `sslcert`, the key's certificate".into(),
+            ));
+        }
+    };
     if mode == Mode::Require && root_file.is_some() {
         mode = Mode::VerifyCa;
     }
@@ -107,7 +129,31 @@ pub(crate) fn parse(url: &str) -> Result<(Config, MakeRustlsConnect), JournalErr
         }
         Some(path) => roots_from(Path::new(path)).map_err(refused)?,
     };
-    Ok((config, MakeRustlsConnect::new(client_config(mode, roots)?)))
+    let tls = client_config(mode, roots, identity)?;
+    Ok((config, MakeRustlsConnect::new(tls)))
+}
+
+/// A client certificate's chain and its private key, from PEM files.
+type Identity = (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>);
+
+fn identity_from(cert: &Path, key: &Path) -> Result<Identity, String> {
+    let chain = CertificateDer::pem_file_iter(cert)
+        .map_err(|e| format!("sslcert {}: {e}", cert.display()))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("sslcert {}: {e}", cert.display()))?;
+    if chain.is_empty() {
+        return Err(format!(
+            "sslcert {} holds no PEM certificate",
+            cert.display()
+        ));
+    }
+    let private = PrivateKeyDer::from_pem_file(key).map_err(|e| match e {
+        rustls::pki_types::pem::Error::NoItemsFound => {
+            format!("sslkey {} holds no PEM private key", key.display())
+        }
+        other => format!("sslkey {}: {other}", key.display()),
+    })?;
+    Ok((chain, private))
 }
 
 /// The certificates in a PEM file, as the only roots trusted.
@@ -125,7 +171,11 @@ fn roots_from(path: &Path) -> Result<RootCertStore, String> {
     Ok(roots)
 }
 
-fn client_config(mode: Mode, roots: RootCertStore) -> Result<rustls::ClientConfig, JournalError> {
+fn client_config(
+    mode: Mode,
+    roots: RootCertStore,
+    identity: Option<Identity>,
+) -> Result<rustls::ClientConfig, JournalError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let tls_error = |e: rustls::Error| JournalError::storage(format!("TLS set-up: {e}"));
     let algorithms = provider.signature_verification_algorithms;
@@ -140,12 +190,18 @@ fn client_config(mode: Mode, roots: RootCertStore) -> Result<rustls::ClientConfi
         }),
         Mode::VerifyFull => webpki(roots, &provider)?,
     };
-    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(tls_error)?
         .dangerous()
-        .with_custom_certificate_verifier(verifier)
-        .with_no_client_auth();
+        .with_custom_certificate_verifier(verifier);
+    let mut config = match identity {
+        // rustls checks that the key is the certificate's.
+        Some((chain, key)) => builder
+            .with_client_auth_cert(chain, key)
+            .map_err(|e| JournalError::storage(format!("sslkey does not go with sslcert: {e}")))?,
+        None => builder.with_no_client_auth(),
+    };
     // What libpq 17 sends, and what a server expects on a direct TLS
     // connection.
     config.alpn_protocols = vec![b"postgresql".to_vec()];
@@ -260,13 +316,38 @@ mod tests {
             unknown.contains("`sslmode=verify` is not one of"),
             "{unknown}"
         );
-        let client = refusal("postgres://db/x?sslcert=/tmp/c.pem");
+        let password = refusal("postgres://db/x?sslcert=/c.pem&sslkey=/c.key&sslpassword=p");
         assert!(
-            client.contains("client certificates are not supported"),
-            "{client}"
+            password.contains("encrypted client keys are not supported"),
+            "{password}"
         );
         let other = refusal("postgres://db/x?sslcrl=/tmp/crl.pem");
         assert!(other.contains("unknown option `sslcrl`"), "{other}");
+    }
+
+    const TLS_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../spool-engines/tests/tls");
+
+    #[test]
+    fn a_client_certificate_needs_its_key_and_a_key_of_another_certificate_is_refused() {
+        let alone = refusal(&format!("postgres://db/x?sslcert={TLS_DIR}/client.pem"));
+        assert!(alone.contains("`sslcert` needs `sslkey`"), "{alone}");
+        let alone = refusal(&format!("postgres://db/x?sslkey={TLS_DIR}/client.key"));
+        assert!(alone.contains("`sslkey` needs `sslcert`"), "{alone}");
+        let other = refusal(&format!(
+            "postgres://db/x?sslcert={TLS_DIR}/client.pem&sslkey={TLS_DIR}/localhost.key"
+        ));
+        assert!(other.contains("sslkey does not go with sslcert"), "{other}");
+        let missing = refusal(&format!(
+            "postgres://db/x?sslcert=/nonexistent/c.pem&sslkey={TLS_DIR}/client.key"
+        ));
+        assert!(missing.contains("sslcert /nonexistent/c.pem"), "{missing}");
+        assert!(
+            parse(&format!(
+                "postgres://db/x?sslcert={TLS_DIR}/client.pem&sslkey={TLS_DIR}/client.key"
+            ))
+            .is_ok(),
+            "a certificate with its own key is taken"
+        );
     }
 
     #[test]

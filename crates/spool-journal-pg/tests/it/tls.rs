@@ -143,3 +143,54 @@ async fn a_url_without_sslmode_encrypts_when_the_server_offers_tls_and_disable_d
         .unwrap();
     assert!(!encrypted(&url, "tls_disable").await);
 }
+
+/// The tests' certificates (the server's, and a client's for the role
+/// `spool_cert`, which the test server admits only with it).
+const TLS_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../spool-engines/tests/tls");
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_certificate_in_sslcert_and_sslkey_admits_a_role_the_server_admits_only_with_one()
+{
+    let Some((url, ca)) = tls_server() else {
+        return;
+    };
+    let (admin, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    // Tests run side by side: a role another test made is fine.
+    admin
+        .batch_execute(
+            "DO $$ BEGIN CREATE ROLE spool_cert LOGIN SUPERUSER; \
+             EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$",
+        )
+        .await
+        .unwrap();
+    let as_role = as_localhost(&url).replace("://postgres@", "://spool_cert@");
+    let verified = format!("&sslmode=verify-full&sslrootcert={ca}");
+    let _journal = open(
+        &as_role,
+        &format!("{verified}&sslcert={TLS_DIR}/client.pem&sslkey={TLS_DIR}/client.key"),
+        "tls_client_cert",
+    )
+    .await
+    .unwrap();
+    let shown = admin
+        .query_one(
+            "SELECT s.client_dn FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) \
+             WHERE a.application_name = 'tls_client_cert' LIMIT 1",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        shown.get::<_, Option<String>>(0).as_deref(),
+        Some("/CN=spool_cert"),
+        "the server saw the client's certificate"
+    );
+    let refused = open(&as_role, &verified, "tls_no_client_cert")
+        .await
+        .map(drop)
+        .expect_err("without the certificate the role is refused");
+    assert!(refused.contains("certificate"), "{refused}");
+}

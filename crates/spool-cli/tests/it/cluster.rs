@@ -618,3 +618,54 @@ fn three_nodes_serve_on_after_the_database_is_away_past_their_leases_and_lose_no
         );
     }
 }
+
+#[test]
+fn nodes_serving_tls_forward_a_message_for_a_run_another_node_drives_over_tls() {
+    let Some(url) = crate::postgres::database() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    // A certificate for 127.0.0.1 too: each node advertises
+    // `https://127.0.0.1:PORT`, and the others check it against that.
+    let tls = concat!(env!("CARGO_MANIFEST_DIR"), "/../spool-engines/tests/tls");
+    let (cert, key) = (format!("{tls}/node.pem"), format!("{tls}/node.key"));
+    let node_over_tls = |name: &str| {
+        serve_on(
+            dir.path(),
+            url.as_ref(),
+            &[
+                "--cluster",
+                "--lease-seconds",
+                LEASE,
+                "--node-name",
+                name,
+                "--tls-cert",
+                &cert,
+                "--tls-key",
+                &key,
+            ],
+            &[("SSL_CERT_FILE", &cert)],
+        )
+    };
+    let (a, b) = (node_over_tls("a"), node_over_tls("b"));
+    let say = |node: &Running, text: &str| {
+        let output = Command::new(env!("CARGO_BIN_EXE_spool"))
+            .args(["run", "--url", &format!("https://{}", node.addr)])
+            .args(["--address", "desk", text])
+            .env("SSL_CERT_FILE", &cert)
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).trim().to_owned()
+    };
+    assert_eq!(say(&a, "one"), "echo: one");
+    // The run is A's: B can only answer by forwarding to A, over TLS.
+    assert_eq!(say(&b, "two"), "echo: two");
+    assert!(terminate(a).success());
+    assert!(terminate(b).success());
+}

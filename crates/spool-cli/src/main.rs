@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 
 mod agent;
 mod bus;
+mod cluster;
 mod journal;
 mod pod;
 mod rpc;
@@ -75,6 +76,11 @@ enum Command {
         #[command(subcommand)]
         command: runs::RunsCommand,
     },
+    /// Look at a cluster of `spool serve --cluster` nodes (read-only).
+    Cluster {
+        #[command(subcommand)]
+        command: cluster::ClusterCommand,
+    },
 }
 
 fn main() -> ExitCode {
@@ -98,6 +104,7 @@ fn main() -> ExitCode {
     let outcome = match cli.command {
         Command::Wire { command } => wire::run(command),
         Command::Runs { command } => runs::run(command),
+        Command::Cluster { command } => cluster::run(command),
         Command::Journal { command } => journal::run(command),
         Command::Rpc(args) => rpc::run(args),
         Command::Pod { command } => pod::run(command),

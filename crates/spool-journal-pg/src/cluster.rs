@@ -379,3 +379,78 @@ impl Cluster {
         Ok(row.map(|row| (row.get(0), row.get(1))))
     }
 }
+
+/// A node as the cluster's membership table holds it: what an operator
+/// asks of a cluster (`spool cluster nodes`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Member {
+    /// Its number (a node that rejoined after its lease lapsed has a new
+    /// one).
+    pub id: i64,
+    /// Its name (`--node-name`).
+    pub name: String,
+    /// Where the other nodes reach it, if it said.
+    pub address: Option<String>,
+    /// When it joined, in milliseconds since the Unix epoch.
+    pub joined_at_ms: i64,
+    /// The time left on its lease, in milliseconds; zero or less when it
+    /// lapsed that long ago (a lapsed node's runs move to the next node
+    /// that looks, which also removes its row).
+    pub lease_left_ms: i64,
+    /// How many runs it holds the lease of.
+    pub runs: i64,
+}
+
+impl Member {
+    /// Whether its lease still runs: it drives its runs.
+    #[must_use]
+    pub fn alive(&self) -> bool {
+        self.lease_left_ms > 0
+    }
+}
+
+/// The members of the cluster on the journal at `url` (in `schema`, or
+/// the URL's search path), by number, read in one statement without
+/// joining: what the database holds now, lapsed nodes not yet taken over
+/// included. A journal that never had a cluster has none.
+///
+/// # Errors
+///
+/// [`JournalError::Storage`] when the server cannot be reached or holds no
+/// journal there; [`JournalError::NewerSchema`] for a database written by
+/// a newer Spool.
+pub async fn members(url: &str, schema: Option<String>) -> Result<Vec<Member>, JournalError> {
+    let client = Target::parse(url, schema)?.connect().await?;
+    crate::schema::check(&client).await?;
+    let clustered: bool = client
+        .query_one("SELECT to_regclass('spool_nodes') IS NOT NULL", &[])
+        .await
+        .map_err(storage)?
+        .get(0);
+    if !clustered {
+        // A journal from before clusters, read by this build as it is.
+        return Ok(Vec::new());
+    }
+    let rows = client
+        .query(
+            "SELECT n.id, n.name, n.address,
+                    (extract(epoch FROM n.joined_at) * 1000)::bigint,
+                    (extract(epoch FROM n.expires_at - clock_timestamp()) * 1000)::bigint,
+                    (SELECT count(*) FROM spool_leases l WHERE l.node = n.id)
+             FROM spool_nodes n ORDER BY n.id",
+            &[],
+        )
+        .await
+        .map_err(storage)?;
+    Ok(rows
+        .iter()
+        .map(|row| Member {
+            id: row.get(0),
+            name: row.get(1),
+            address: row.get(2),
+            joined_at_ms: row.get(3),
+            lease_left_ms: row.get(4),
+            runs: row.get(5),
+        })
+        .collect())
+}

@@ -41,7 +41,7 @@ use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio_postgres::{Client, Config, Statement};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-pub use cluster::{Cluster, ClusterOptions, Fence, Renewal};
+pub use cluster::{Cluster, ClusterOptions, Fence, Member, Renewal};
 
 pub mod cluster;
 mod listen;

@@ -669,3 +669,61 @@ fn nodes_serving_tls_forward_a_message_for_a_run_another_node_drives_over_tls() 
     assert!(terminate(a).success());
     assert!(terminate(b).success());
 }
+
+/// `spool cluster nodes --json`: one object per member.
+fn members(url: &str) -> Vec<serde_json::Value> {
+    let listed = Command::new(env!("CARGO_BIN_EXE_spool"))
+        .args(["cluster", "nodes", "--json", "--journal", url])
+        .output()
+        .unwrap();
+    assert!(
+        listed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&listed.stderr)
+    );
+    String::from_utf8_lossy(&listed.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
+}
+
+#[test]
+fn cluster_nodes_lists_each_live_node_with_its_runs_and_a_stopped_nodes_runs_under_the_taker() {
+    let Some(url) = crate::postgres::database() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (node(dir.path(), &url, "a"), node(dir.path(), &url, "b"));
+    for text in ["one", "two", "three"] {
+        try_run(&a.addr, text).unwrap();
+    }
+    let listed = members(&url);
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    let (first, second) = (&listed[0], &listed[1]);
+    assert_eq!(
+        (&first["name"], &first["alive"]),
+        (&"a".into(), &true.into())
+    );
+    assert_eq!(first["runs"], 3, "{first}");
+    assert_eq!(first["address"], format!("http://{}", a.addr));
+    assert_eq!((&second["name"], &second["runs"]), (&"b".into(), &0.into()));
+    assert!(second["lease_left_ms"].as_i64().unwrap() > 0, "{second}");
+    // A leaves; B takes its runs over at its next look and says so.
+    assert!(terminate(a).success());
+    loop {
+        let line = b
+            .said
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the remaining node takes the runs over");
+        if line.contains("took over 3 runs") {
+            break;
+        }
+    }
+    let listed = members(&url);
+    assert_eq!(listed.len(), 1, "the stopped node is gone: {listed:?}");
+    assert_eq!(
+        (&listed[0]["name"], &listed[0]["runs"]),
+        (&"b".into(), &3.into())
+    );
+    assert!(terminate(b).success());
+}

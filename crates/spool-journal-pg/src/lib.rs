@@ -158,6 +158,24 @@ impl Target {
         Ok(client)
     }
 
+    /// A new connection for statements that find rows by key (the
+    /// writers' and the readers'), on which the planner never scans a
+    /// table. Their statements are prepared once per connection, and
+    /// PostgreSQL keeps the generic plan it made at their first uses: on a
+    /// fresh journal, made while the tables were empty, that plan scans
+    /// the whole table, and goes on scanning it, at every commit, as the
+    /// table grows, until new statistics replace the plan. Measured on a
+    /// fresh schema under load: a batch's heads read took 2–5 ms (a scan
+    /// of 11 k runs) instead of 0.09 ms by the primary key.
+    pub(crate) async fn connect_by_key(&self) -> Result<Client, JournalError> {
+        let client = self.connect().await?;
+        client
+            .batch_execute("SET enable_seqscan = off")
+            .await
+            .map_err(storage)?;
+        Ok(client)
+    }
+
     /// A new connection in the journal's schema, with the schema created
     /// and its tables created or migrated when needed.
     pub(crate) async fn migrated(&self) -> Result<Client, JournalError> {
@@ -582,7 +600,7 @@ impl Readers {
         {
             return Ok((Arc::clone(client), Arc::clone(statements)));
         }
-        let client = self.target.connect().await?;
+        let client = self.target.connect_by_key().await?;
         let statements = ReadStatements {
             events: client
                 .prepare(

@@ -14,8 +14,9 @@
 //! anyone answered or told.
 //!
 //! A batch of plain appends (no index changes) to runs whose heads this
-//! writer wrote last skips reading them: it is planned from the heads it
-//! knows and written in one round trip, the locks, one statement for the
+//! writer wrote last, or that the batch creates, skips reading them: it is
+//! planned from the heads it knows (or none) and written in one round
+//! trip, the locks, one statement for the
 //! rows, heads and notification (fenced inside it), and `COMMIT`
 //! pipelined. A head made stale by another writer fails that statement
 //! on the rows' primary key, and a fence that does not hold makes it
@@ -177,17 +178,26 @@ impl Statements {
                      ON CONFLICT (run_id) DO NOTHING",
                 )
                 .await?,
-            known: client.prepare(&known_sql("true")).await?,
-            // The node alive and holding every run's lease, decided once
-            // for the statement, with the rows locked as the usual fencing
-            // reads lock them (a takeover waits for this commit).
+            known: client.prepare(&known_sql("true", "")).await?,
+            // The node alive and holding the lease of every run but those
+            // the batch creates ($15), decided once for the statement, with
+            // the rows locked as the usual fencing reads lock them (a
+            // takeover waits for this commit); the runs created take their
+            // leases. The leases are found by run alone: a condition on the
+            // node could let the planner walk every lease the node holds.
             known_fenced: client
                 .prepare(&known_sql(
                     "EXISTS (SELECT 1 FROM spool_nodes
                              WHERE id = $14 AND expires_at > clock_timestamp() FOR SHARE)
-                     AND (SELECT count(*) FROM (SELECT 1 FROM spool_leases
-                             WHERE run_id = ANY($5::text[]) AND node = $14 FOR SHARE) AS held)
-                         = cardinality($5::text[])",
+                     AND (SELECT count(*) FILTER (WHERE l.node = $14) FROM
+                             (SELECT node FROM spool_leases
+                              WHERE run_id = ANY($5::text[]) FOR SHARE) AS l)
+                         = cardinality($5::text[]) - cardinality($15::text[])",
+                    "taken AS (
+                         INSERT INTO spool_leases (run_id, node)
+                         SELECT r, $14 FROM unnest($15::text[]) AS r, fence WHERE fence.ok
+                         ON CONFLICT (run_id) DO NOTHING
+                         RETURNING 1),",
                 ))
                 .await?,
         })
@@ -195,12 +205,15 @@ impl Statements {
 }
 
 /// The statement that writes a batch planned from known heads: the rows,
-/// the heads and the notification, each only when `fence` holds (decided
-/// once), and how many rows and heads it wrote. A row already at its
-/// position (the head known was stale) fails it with a unique violation.
-fn known_sql(fence: &str) -> String {
+/// the heads and the notification (and `more`, further common table
+/// expressions, each ending in a comma), each only when `fence` holds
+/// (decided once), and how many rows and heads it wrote. A row already at
+/// its position (the head known was stale, or a run it creates exists)
+/// fails it with a unique violation.
+fn known_sql(fence: &str, more: &str) -> String {
     format!(
         "WITH fence AS (SELECT {fence} AS ok),
+         {more}
          written AS (
              INSERT INTO spool_events (run_id, seq, body, hash)
              SELECT e.run_id, e.seq, e.body, e.hash
@@ -311,7 +324,7 @@ impl Writer {
     }
 
     async fn connect(&mut self) -> Result<(), JournalError> {
-        let client = self.target.connect().await?;
+        let client = self.target.connect_by_key().await?;
         let statements = Statements::prepare(&client).await.map_err(storage)?;
         self.connection = Some((client, statements));
         Ok(())
@@ -461,14 +474,20 @@ struct Planned {
     refused: Vec<Done>,
     /// Each run's head after the batch.
     changed: HashMap<RunId, Head>,
+    /// The runs the batch creates (their first append, from no head).
+    created: Vec<String>,
 }
 
 type AppendReply = tokio::sync::oneshot::Sender<Result<Vec<Envelope>, JournalError>>;
 
 /// The batch planned from `known` heads, or the batch as it came when
 /// any operation needs more than those heads (a claim, a probe, a run
-/// not known, an append not at its known head, an event that changes an
-/// index), checked before anything is taken apart.
+/// not known that the append does not create, an append not at its known
+/// head, an event that changes an index), checked before anything is
+/// taken apart. A run's first append (`run_created` at position 0, of a
+/// run this writer does not know) is planned from no head: if the run
+/// exists after all, its first row is there and the statement fails on
+/// it.
 fn plan_known(
     known: &HashMap<RunId, Head>,
     batch: Vec<Op>,
@@ -490,6 +509,11 @@ fn plan_known(
                 .get(run)
                 .copied()
                 .or_else(|| known.get(run).map(|head| head.next_seq))
+                .or_else(|| {
+                    let creates = *expected == Seq(0)
+                        && matches!(events.first(), Some(spool_journal::Event::RunCreated(_)));
+                    creates.then_some(Seq(0))
+                })
             else {
                 return false;
             };
@@ -507,6 +531,7 @@ fn plan_known(
         appends: Vec::with_capacity(batch.len()),
         refused: Vec::new(),
         changed: HashMap::new(),
+        created: Vec::new(),
     };
     for op in batch {
         let Op::Append {
@@ -519,9 +544,13 @@ fn plan_known(
             unreachable!("only appends were let through");
         };
         let head = planned.changed.get(&run).or_else(|| known.get(&run));
+        let creates = head.is_none();
         match plan(&run, head, expected, events, now) {
             Err(refused) => planned.refused.push(Done::Append(reply, Err(refused))),
             Ok(plan) => {
+                if creates {
+                    planned.created.push(run.as_str().to_owned());
+                }
                 planned.changed.insert(run.clone(), plan.head.clone());
                 planned.appends.push((reply, run, expected, plan));
             }
@@ -557,6 +586,7 @@ async fn write_known(
         mut appends,
         refused,
         changed,
+        created,
     } = planned;
     let mut columns = Columns::default();
     for (_, run, _, plan) in &mut appends {
@@ -581,6 +611,7 @@ async fn write_known(
         Some(fenced) => {
             node = fenced;
             params.push(&node);
+            params.push(&created);
             &st.known_fenced
         }
         None => &st.known,

@@ -66,6 +66,8 @@ async fn a_node_past_its_lease_cannot_append_and_a_live_node_takes_its_runs_over
         .append(&r, Seq(0), vec![created(), started("t1", "hi")])
         .await
         .unwrap();
+    // Created in one trip, its lease taken in the same statement.
+    assert_eq!(journal_a.commits_from_known_heads(), 1);
     // A created it, so A holds it: B may not write to it.
     let refused = lost(journal_b.append(&r, Seq(2), vec![started("t2", "x")]).await);
     assert!(
@@ -83,6 +85,15 @@ async fn a_node_past_its_lease_cannot_append_and_a_live_node_takes_its_runs_over
         other => panic!("expected this node's lease to have lapsed, got {other:?}"),
     }
     assert_eq!(journal_a.read(&r, Seq(0)).await.unwrap().len(), 2);
+    // Nor can it create a run: the one-trip creation's fence does not
+    // hold, and the usual way says why.
+    let late = run("late");
+    match journal_a.append(&late, Seq(0), vec![created()]).await {
+        Err(JournalError::Lapsed { node, .. }) => assert_eq!(node, a.node()),
+        other => panic!("expected this node's lease to have lapsed, got {other:?}"),
+    }
+    assert!(journal_a.read(&late, Seq(0)).await.unwrap().is_empty());
+    assert_eq!(journal_a.commits_from_known_heads(), 1);
 
     assert_eq!(b.take_over().await.unwrap(), vec![r.clone()]);
     assert!(b.take_over().await.unwrap().is_empty(), "taken over once");
@@ -155,7 +166,7 @@ async fn a_node_whose_run_moved_cannot_append_from_the_head_it_wrote_last() {
         .append(&r, Seq(1), vec![started("t1", "hi")])
         .await
         .unwrap();
-    assert_eq!(journal_a.commits_from_known_heads(), 1);
+    assert_eq!(journal_a.commits_from_known_heads(), 2);
     // A lapses, B takes the run over without writing to it, and A joins
     // again: alive, and the head it knows is still the stored one, but
     // the run's lease is B's.
@@ -164,6 +175,6 @@ async fn a_node_whose_run_moved_cannot_append_from_the_head_it_wrote_last() {
     assert!(matches!(a.renew().await.unwrap(), Renewal::Rejoined { .. }));
     let refused = lost(journal_a.append(&r, Seq(2), vec![started("t2", "x")]).await);
     assert!(refused.contains(&format!("node {}", b.node())), "{refused}");
-    assert_eq!(journal_a.commits_from_known_heads(), 1);
+    assert_eq!(journal_a.commits_from_known_heads(), 2);
     assert_eq!(journal_a.read(&r, Seq(0)).await.unwrap().len(), 2);
 }

@@ -42,17 +42,17 @@ async fn appends_continuing_the_heads_a_writer_wrote_commit_from_them_and_the_ch
     let schema = crate::fresh_schema();
     let journal = crate::journal(&url, &schema).await;
     let r = run("known");
-    // The creation reads the (missing) head; every append after it
+    // The creation is planned from no head; every append after it
     // continues the head this writer wrote.
     journal.append(&r, Seq(0), vec![created()]).await.unwrap();
-    assert_eq!(journal.commits_from_known_heads(), 0);
+    assert_eq!(journal.commits_from_known_heads(), 1);
     for n in 1..=20_u64 {
         journal
             .append(&r, Seq(n), vec![started(&format!("t{n}"), "x")])
             .await
             .unwrap();
     }
-    assert_eq!(journal.commits_from_known_heads(), 20);
+    assert_eq!(journal.commits_from_known_heads(), 21);
     // Read back through another store: the rows and the stored head are
     // what the usual way writes (the read verifies the hash chain).
     let other = crate::journal(&url, &schema).await;
@@ -61,6 +61,28 @@ async fn appends_continuing_the_heads_a_writer_wrote_commit_from_them_and_the_ch
         .append(&r, Seq(21), vec![started("t21", "x")])
         .await
         .expect("the stored head is at 21");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creating_a_run_another_store_created_is_caught_and_answered_as_a_conflict() {
+    let Some(url) = crate::server() else { return };
+    let schema = crate::fresh_schema();
+    let a = crate::journal(&url, &schema).await;
+    let b = crate::journal(&url, &schema).await;
+    let r = run("twice");
+    b.append(&r, Seq(0), vec![created(), started("t1", "x")])
+        .await
+        .unwrap();
+    // A does not know the run: its creation is tried from no head, meets
+    // the row B wrote at 0, and is decided from the stored head.
+    match a.append(&r, Seq(0), vec![created()]).await {
+        Err(JournalError::Conflict {
+            expected, actual, ..
+        }) => assert_eq!((expected, actual), (Seq(0), Seq(2))),
+        other => panic!("expected a conflict at 2, got {other:?}"),
+    }
+    assert_eq!(a.commits_from_known_heads(), 0);
+    assert_eq!(a.read(&r, Seq(0)).await.unwrap().len(), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -86,7 +108,8 @@ async fn a_head_another_store_moved_is_caught_and_the_append_answered_from_the_s
         }) => assert_eq!((expected, actual), (Seq(2), Seq(3))),
         other => panic!("expected a conflict at 3, got {other:?}"),
     }
-    assert_eq!(a.commits_from_known_heads(), 0);
+    // The creation was the one commit from a head planned (none).
+    assert_eq!(a.commits_from_known_heads(), 1);
     a.append(&r, Seq(3), vec![started("a3", "x")])
         .await
         .unwrap();
@@ -95,7 +118,7 @@ async fn a_head_another_store_moved_is_caught_and_the_append_answered_from_the_s
         .unwrap();
     assert_eq!(
         a.commits_from_known_heads(),
-        1,
+        2,
         "known again after the stored head was read"
     );
     let log = b.read(&r, Seq(0)).await.unwrap();

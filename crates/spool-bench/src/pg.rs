@@ -75,7 +75,7 @@ pub(crate) fn append(scale: Scale) -> anyhow::Result<Vec<Row>> {
                 spool,
                 "events/s",
                 format!(
-                    "a journal's SQL, no code, 2 round trips (locks, heads read; rows, heads upserted, NOTIFY), batch {group:.1} x {writers}"
+                    "a journal's SQL, no code, 2 round trips (locks, heads read; rows, heads upserted), batch {group:.1} x {writers}"
                 ),
                 journal_sql,
             ));
@@ -85,7 +85,7 @@ pub(crate) fn append(scale: Scale) -> anyhow::Result<Vec<Row>> {
                     spool,
                     "events/s",
                     format!(
-                        "a journal's SQL, no code, 1 round trip (rows, heads upserted, NOTIFY; no locks), batch {group:.1} x {writers}"
+                        "a journal's SQL, no code, 1 round trip (rows, heads upserted; no locks), batch {group:.1} x {writers}"
                     ),
                     one_pass,
                 ));
@@ -130,13 +130,13 @@ enum Statements {
     /// What a commit of a journal shared by writers does when it does not
     /// know its runs' heads, as Spool's store then does it: lock the runs
     /// and read their heads (one round trip, as the rows are planned from
-    /// them), then insert the rows, upsert the heads and announce the
-    /// commit (a second round trip, with `COMMIT`). The same SQL without
-    /// Spool's code.
+    /// them), then insert the rows and upsert the heads (a second round
+    /// trip, with `COMMIT`). The same SQL without Spool's code. Nobody
+    /// watches the runs, so, as in Spool's store, no commit notifies.
     Journal,
-    /// The least any journal keeping its run heads in a table and
-    /// announcing its commits must do: the rows, the heads upserted and
-    /// the `NOTIFY`, in one round trip (no locks, no heads read: as if
+    /// The least any journal keeping its run heads in a table must do:
+    /// the rows and the heads upserted, in one round trip (no locks, no
+    /// heads read: as if
     /// the writer knew every head and no other writer existed). Spool's
     /// store does this, plus the runs' locks and its fence, for appends
     /// continuing the heads it wrote last.
@@ -207,10 +207,6 @@ async fn plain(
                          title = excluded.title, updated_ns = excluded.updated_ns"
                 ))
                 .await?;
-            let notify = client
-                .prepare("SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p")
-                .await?;
-            let channel = format!("{table}_bench");
             let body = vec![b'x'; bytes];
             let hash = vec![7_u8; 32];
             let runs: Vec<String> = (0..64)
@@ -265,11 +261,8 @@ async fn plain(
                     let status: Vec<&str> = touched.iter().map(|_| "running").collect();
                     let title: Vec<Option<&str>> = touched.iter().map(|_| None).collect();
                     let times: Vec<i64> = touched.iter().map(|_| 1).collect();
-                    let payload = vec![locked.join("\n")];
                     let put: [&(dyn tokio_postgres::types::ToSql + Sync); 7] =
                         [&locked, &next, &last, &status, &title, &times, &times];
-                    let told: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
-                        [&channel, &payload];
                     let begin = async {
                         if statements == Statements::JournalOnePass {
                             client.batch_execute("BEGIN").await?;
@@ -280,7 +273,6 @@ async fn plain(
                         begin,
                         client.execute(&insert, &params),
                         client.execute(&heads_put, &put),
-                        client.query(&notify, &told),
                         client.batch_execute("COMMIT"),
                     )?;
                 }

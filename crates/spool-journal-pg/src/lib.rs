@@ -16,11 +16,16 @@
 //!   order, so two writers never deadlock on them) before it reads their
 //!   heads, so a chain never forks; address and operation-id bindings and
 //!   claims are decided by the database's unique keys.
-//! - **Subscribers in other processes**: each commit sends one `NOTIFY`
-//!   on the schema's channel, a line per run it changed; every open store listens on it and moves
-//!   its subscribers' positions. The log stays the source of truth: after
-//!   the listening connection is lost and made again, every watched run's
-//!   head is read back, so no append goes unannounced.
+//! - **Subscribers in other processes**: a store that subscribes to a run
+//!   registers its watch in the run's row, and a commit changing watched
+//!   runs sends one `NOTIFY` on the schema's channel, a line per such run;
+//!   every open store listens on it and moves its subscribers' positions.
+//!   Commits to runs nobody watches notify nobody, so they do not queue
+//!   for the lock under which PostgreSQL commits notifying transactions
+//!   one at a time. The log stays the source of truth: after the
+//!   listening connection is lost and made again, every watched run's
+//!   head is read back, so no append goes unannounced (`listen` says why
+//!   none is missed in between).
 //!
 //! Methods must be called from within a Tokio runtime.
 #![warn(missing_docs)]
@@ -214,6 +219,8 @@ pub struct PgJournal {
     writers: Vec<mpsc::Sender<Op>>,
     readers: Arc<Readers>,
     watchers: Arc<Watchers>,
+    /// The runs whose watch this process registered, and until when.
+    watches: Arc<listen::Watches>,
     /// The listening task; stopped when the journal is dropped.
     listener: tokio::task::JoinHandle<()>,
     /// The schema the tables are in, as the server named it.
@@ -286,10 +293,23 @@ impl PgJournal {
             .await
             .map_err(storage)?;
         let (schema, encrypted): (String, bool) = (row.get(0), row.get(1));
+        // The store's number, unique in the database (nodes' numbers come
+        // from the same sequence): its writers record it with each head,
+        // so a subscriber knows whether another store writes a run.
+        let store = if write {
+            let row = setup
+                .query_one("SELECT nextval('spool_node_ids')", &[])
+                .await
+                .map_err(storage)?;
+            Some(row.get::<_, i64>(0))
+        } else {
+            None
+        };
         drop(setup);
         let channel = channel(&schema);
         let watchers = Arc::new(Watchers::default());
-        let readers = Arc::new(Readers::new(target.clone()));
+        let readers = Arc::new(Readers::new(target.clone(), store));
+        let watches = Arc::new(listen::Watches::default());
         let counters = Arc::new(writer::Counters::default());
         let mut writers = Vec::new();
         if write {
@@ -300,6 +320,7 @@ impl PgJournal {
                         target: target.clone(),
                         fence: options.fence.clone(),
                         channel: channel.clone(),
+                        store: store.unwrap_or_default(),
                         watchers: Arc::clone(&watchers),
                         clock: Arc::clone(&options.clock),
                         max_batch: options.max_batch,
@@ -309,13 +330,20 @@ impl PgJournal {
                 );
             }
         }
-        let listener =
-            listen::start(target, channel, Arc::clone(&watchers), Arc::clone(&readers)).await?;
+        let listener = listen::start(
+            target,
+            channel,
+            Arc::clone(&watchers),
+            Arc::clone(&watches),
+            Arc::clone(&readers),
+        )
+        .await?;
         Ok(Self {
             counters,
             writers,
             readers,
             watchers,
+            watches,
             listener,
             schema,
             encrypted,
@@ -570,6 +598,11 @@ pub(crate) fn head_of(
 struct ReadStatements {
     events: Statement,
     head: Statement,
+    /// Registers this store's watch of some runs and reads their heads
+    /// ([`listen`]); a plain read of the heads when opened read-only.
+    watch: Statement,
+    /// The same for one run.
+    watch_one: Statement,
     runs: Statement,
     address: Statement,
     operation: Statement,
@@ -579,15 +612,19 @@ struct ReadStatements {
 /// pipelines the queries of every task that shares it.
 pub(crate) struct Readers {
     target: Target,
+    /// The store's number when it may write: only then does it register
+    /// its watches, of the runs another store writes.
+    store: Option<i64>,
     current: Mutex<Option<(Arc<Client>, Arc<ReadStatements>)>>,
     /// Reads served, for [`PgJournal::stats`].
     served: std::sync::atomic::AtomicU64,
 }
 
 impl Readers {
-    fn new(target: Target) -> Self {
+    fn new(target: Target, store: Option<i64>) -> Self {
         Self {
             target,
+            store,
             current: Mutex::new(None),
             served: std::sync::atomic::AtomicU64::new(0),
         }
@@ -601,7 +638,43 @@ impl Readers {
             return Ok((Arc::clone(client), Arc::clone(statements)));
         }
         let client = self.target.connect_by_key().await?;
+        if self.store.is_some() {
+            // A watch is a hint made again after a crash (`listen`), so
+            // its commit need not wait for the disk.
+            client
+                .batch_execute("SET synchronous_commit TO off")
+                .await
+                .map_err(storage)?;
+        }
+        // Each asked run that exists, its next position, and whether a
+        // watch was registered for it: only for runs another store wrote
+        // last (decided on the row as the update locked it). The runs
+        // this store writes are announced by its own writers. One run
+        // (a subscriber's) by key, so the plan is made once; many (the
+        // listener's ticks) as an array.
+        let watch = |runs: &str| match self.store {
+            Some(store) => format!(
+                "WITH watched AS (
+                     UPDATE spool_runs SET watched_until = clock_timestamp() + interval '{} seconds'
+                     WHERE {runs} AND written_by IS DISTINCT FROM {store}
+                     RETURNING run_id, next_seq)
+                 SELECT run_id, next_seq, true FROM watched
+                 UNION ALL
+                 SELECT run_id, next_seq, false FROM spool_runs
+                 WHERE {runs} AND run_id NOT IN (SELECT run_id FROM watched)",
+                listen::WATCH_FOR.as_secs()
+            ),
+            None => format!("SELECT run_id, next_seq, false FROM spool_runs WHERE {runs}"),
+        };
         let statements = ReadStatements {
+            watch_one: client
+                .prepare(&watch("run_id = $1"))
+                .await
+                .map_err(storage)?,
+            watch: client
+                .prepare(&watch("run_id = ANY($1::text[])"))
+                .await
+                .map_err(storage)?,
             events: client
                 .prepare(
                     "SELECT seq, body, hash FROM spool_events
@@ -665,6 +738,33 @@ impl Readers {
             .query(|client, st| async move { client.query_opt(&st.head, &[&run.as_str()]).await })
             .await?;
         Ok(row.map_or(Seq(0), |row| stored_seq(row.get(0))))
+    }
+
+    /// Registers this store's watch of those of `runs` another store
+    /// wrote last (renewing it), and returns the next position of each
+    /// run that exists and whether its watch was registered; registers
+    /// nothing when opened read-only.
+    pub(crate) async fn watch(
+        &self,
+        runs: &[&str],
+    ) -> Result<Vec<(RunId, Seq, bool)>, JournalError> {
+        let rows = self
+            .query(|client, st| async move {
+                match runs {
+                    [run] => client.query(&st.watch_one, &[run]).await,
+                    _ => client.query(&st.watch, &[&runs]).await,
+                }
+            })
+            .await?;
+        rows.iter()
+            .map(|row| {
+                Ok((
+                    stored_run_id(row.get(0))?,
+                    stored_seq(row.get(1)),
+                    row.get(2),
+                ))
+            })
+            .collect()
     }
 
     async fn read(&self, run: &RunId, from: Seq) -> Result<Vec<Envelope>, JournalError> {
@@ -812,7 +912,7 @@ impl Journal for PgJournal {
     fn subscribe<'a>(&'a self, run: &'a RunId) -> BoxFuture<'a, Result<SeqWatch, JournalError>> {
         Box::pin(async move {
             let receiver = self.watchers.register(run);
-            let next = self.readers.next_seq(run).await?;
+            let next = self.watches.head(&self.readers, run).await?;
             self.watchers.advance(run, next);
             Ok(receiver)
         })

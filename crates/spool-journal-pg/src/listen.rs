@@ -1,13 +1,35 @@
 //! Hearing other processes' commits: a connection that `LISTEN`s on the
-//! journal's channel and moves local subscribers' positions.
+//! journal's channel and moves local subscribers' positions, and the
+//! watches that make other processes notify it.
+//!
+//! A commit notifies only for runs a store other than its writer's
+//! watches: PostgreSQL commits notifying transactions one at a time under
+//! a database-wide lock, sync to disk included, so notifying for every
+//! commit made the nodes of a cluster queue behind each other. Each head
+//! records the store that wrote it (`written_by`). A store subscribing to
+//! a run another store wrote last sets the run's `watched_until`
+//! ([`WATCH_FOR`] ahead), reading its head in the same statement, and
+//! renews the watch while somebody watches; the runs it writes itself are
+//! announced by its own writers, in process. No commit goes unannounced:
+//! a writer's upsert of the run's head and the watch's update lock the
+//! same row, so either the watch committed first and the writer's
+//! upsert, which reads the row as it locked it, sees it and notifies, or
+//! the writer committed first and the watch's statement, waiting for the
+//! row, reads the head it wrote. Every [`TICK`] the listener asks again
+//! about the watched runs without a watch: a run that did not exist yet,
+//! or that this store wrote and another has taken over since (a cluster's
+//! takeover), is then registered and its head read, so its subscribers
+//! hear of such a commit within a tick. A store opened read-only
+//! registers nothing and reads its watched runs' heads every tick.
 //!
 //! A notification is a hint, the log the truth: a payload that does not
 //! parse is ignored, and when the connection is lost (the database
-//! restarted) it is made again and every watched run's head read back, so
-//! a commit whose notification was lost is still announced.
+//! restarted) it is made again and every watch made again, its head read
+//! back, so a commit whose notification was lost is still announced.
 
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use spool_journal::store::Watchers;
@@ -16,28 +38,119 @@ use tokio_postgres::AsyncMessage;
 
 use crate::{Readers, Target, quote_ident, storage};
 
-/// The most bytes one notification carries (the server's limit is 8000).
-const MAX_PAYLOAD: usize = 7000;
+/// How long a watch lasts unless renewed; one left behind by a process
+/// that died costs notifications for that long, nothing else.
+pub(crate) const WATCH_FOR: Duration = Duration::from_secs(60);
 
-/// The payloads announcing a commit's runs: one line per run, its next
-/// position and its id, as few notifications as fit (one per commit, but
-/// for commits touching hundreds of runs): a notification costs the
-/// server and every listener far more than a line in one.
-pub(crate) fn payloads<'a>(heads: impl Iterator<Item = (&'a RunId, Seq)>) -> Vec<String> {
-    let mut payloads = vec![String::new()];
-    for (run, next) in heads {
-        let line = format!("{} {}", next.0, run.as_str());
-        let last = payloads.last_mut().expect("there is always one");
-        if !last.is_empty() && last.len() + 1 + line.len() > MAX_PAYLOAD {
-            payloads.push(line);
-        } else {
-            if !last.is_empty() {
-                last.push('\n');
+/// A watch is renewed once less than this is left, and trusted without
+/// renewing while more is: far from [`WATCH_FOR`]'s end, so a commit
+/// under way when it is trusted still sees it.
+const RENEW_BELOW: Duration = Duration::from_secs(40);
+
+/// How often the listener registers the watches not yet made (runs that
+/// did not exist) and renews those due.
+const TICK: Duration = Duration::from_secs(1);
+
+/// The runs whose watch this process registered, and until when (by this
+/// process's clock, counted from before the statement was sent, so never
+/// later than the database's).
+#[derive(Debug, Default)]
+pub(crate) struct Watches {
+    until: std::sync::Mutex<HashMap<RunId, Instant>>,
+}
+
+impl Watches {
+    fn until(&self) -> std::sync::MutexGuard<'_, HashMap<RunId, Instant>> {
+        self.until
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// For a new subscriber of `run`: its next position, read after its
+    /// watch is known to hold. A watch registered recently enough is
+    /// trusted and the head only read; otherwise the watch is registered
+    /// (or renewed) if another store writes the run, and the head read by
+    /// the same statement.
+    pub(crate) async fn head(&self, readers: &Readers, run: &RunId) -> Result<Seq, JournalError> {
+        let held = self
+            .until()
+            .get(run)
+            .is_some_and(|until| until.saturating_duration_since(Instant::now()) > RENEW_BELOW);
+        if held {
+            return readers.next_seq(run).await;
+        }
+        let heads = self.register(readers, &[run.as_str()]).await?;
+        Ok(heads.first().map_or(Seq(0), |(_, next)| *next))
+    }
+
+    /// Registers watches of those of `runs` another store writes and
+    /// returns the heads of all that exist, remembering until when each
+    /// watch registered holds.
+    async fn register(
+        &self,
+        readers: &Readers,
+        runs: &[&str],
+    ) -> Result<Vec<(RunId, Seq)>, JournalError> {
+        let sent = Instant::now();
+        let heads = readers.watch(runs).await?;
+        let mut until = self.until();
+        Ok(heads
+            .into_iter()
+            .map(|(run, next, registered)| {
+                if registered {
+                    until.insert(run.clone(), sent + WATCH_FOR);
+                }
+                (run, next)
+            })
+            .collect())
+    }
+
+    /// The watched runs without a watch (runs this store writes, runs
+    /// not created yet) or whose watch is due for renewal; the runs nobody
+    /// watches any more are forgotten (their watch lapses).
+    fn due(&self, watched: Vec<RunId>) -> Vec<RunId> {
+        let now = Instant::now();
+        let mut until = self.until();
+        let watched: std::collections::HashSet<RunId> = watched.into_iter().collect();
+        until.retain(|run, _| watched.contains(run));
+        watched
+            .into_iter()
+            .filter(|run| {
+                until
+                    .get(run)
+                    .is_none_or(|at| at.saturating_duration_since(now) <= RENEW_BELOW)
+            })
+            .collect()
+    }
+
+    /// Forgets every watch, so the next refresh makes them all again: for
+    /// after the database may have restarted (a watch's commit does not
+    /// wait for the disk, so the last ones may be gone).
+    fn forget(&self) {
+        self.until().clear();
+    }
+}
+
+/// Registers or renews the watches due and tells the subscribers the
+/// heads read with them.
+async fn refresh(watches: &Watches, watchers: &Watchers, readers: &Readers) {
+    let due = watches.due(watchers.watched());
+    // Bounded statements: a process watching many runs renews them in
+    // parts.
+    for part in due.chunks(1000) {
+        let runs: Vec<&str> = part.iter().map(RunId::as_str).collect();
+        match watches.register(readers, &runs).await {
+            Ok(heads) => {
+                for (run, next) in heads {
+                    watchers.advance(&run, next);
+                }
             }
-            last.push_str(&line);
+            Err(error) => {
+                tracing::warn!(target: "spool::journal", %error, "registering watched runs; trying again");
+                return;
+            }
         }
     }
-    payloads
 }
 
 /// The runs and positions a payload announces; a line that does not
@@ -55,6 +168,7 @@ pub(crate) async fn start(
     target: Target,
     channel: String,
     watchers: Arc<Watchers>,
+    watches: Arc<Watches>,
     readers: Arc<Readers>,
 ) -> Result<tokio::task::JoinHandle<()>, JournalError> {
     let first = listen(&target, &channel).await?;
@@ -68,14 +182,8 @@ pub(crate) async fn start(
                     Ok(made) => {
                         pause = Duration::from_millis(100);
                         // What was committed while nobody listened.
-                        for run in watchers.watched() {
-                            match readers.next_seq(&run).await {
-                                Ok(next) => watchers.advance(&run, next),
-                                Err(error) => {
-                                    tracing::warn!(target: "spool::journal", %error, run = %run, "re-reading a watched run's head")
-                                }
-                            }
-                        }
+                        watches.forget();
+                        refresh(&watches, &watchers, &readers).await;
                         made
                     }
                     Err(error) => {
@@ -86,9 +194,17 @@ pub(crate) async fn start(
                     }
                 },
             };
-            while let Some(message) = messages.recv().await {
-                for (run, next) in parse(&message) {
-                    watchers.advance(&run, next);
+            let mut tick = tokio::time::interval(TICK);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    message = messages.recv() => {
+                        let Some(message) = message else { break };
+                        for (run, next) in parse(&message) {
+                            watchers.advance(&run, next);
+                        }
+                    }
+                    _ = tick.tick() => refresh(&watches, &watchers, &readers).await,
                 }
             }
             drop(client);
@@ -140,37 +256,29 @@ mod tests {
 
     #[test]
     fn payloads_read_back_as_their_runs_and_positions_and_junk_lines_are_skipped() {
-        let runs: Vec<RunId> = (0..3)
-            .map(|n| RunId::new(format!("run-{n}")).unwrap())
-            .collect();
-        let payloads = payloads(runs.iter().zip([Seq(7), Seq(1), Seq(30)]));
-        assert_eq!(payloads.len(), 1);
-        let read: Vec<(RunId, Seq)> = parse(&payloads[0]).collect();
+        let read: Vec<(RunId, Seq)> = parse("7 run-0\n1 run-1\n30 run-2").collect();
+        let run = |n: u32| RunId::new(format!("run-{n}")).unwrap();
         assert_eq!(
             read,
-            vec![
-                (runs[0].clone(), Seq(7)),
-                (runs[1].clone(), Seq(1)),
-                (runs[2].clone(), Seq(30))
-            ]
+            vec![(run(0), Seq(7)), (run(1), Seq(1)), (run(2), Seq(30))]
         );
         let junk: Vec<(RunId, Seq)> = parse("x run-1\n7\n3 run-2").collect();
-        assert_eq!(junk, vec![(RunId::new("run-2").unwrap(), Seq(3))]);
+        assert_eq!(junk, vec![(run(2), Seq(3))]);
     }
 
     #[test]
-    fn a_commit_of_many_runs_is_announced_in_payloads_under_the_servers_limit() {
-        let runs: Vec<RunId> = (0..1000)
-            .map(|n| RunId::new(format!("run_01a22dc2c5db000000a915d{n:04}")).unwrap())
-            .collect();
-        let payloads = payloads(runs.iter().map(|run| (run, Seq(123_456))));
-        assert!(payloads.len() > 1);
-        assert!(payloads.iter().all(|p| p.len() <= MAX_PAYLOAD));
-        let read: Vec<RunId> = payloads
-            .iter()
-            .flat_map(|p| parse(p))
-            .map(|(run, _)| run)
-            .collect();
-        assert_eq!(read, runs);
+    fn a_watch_is_due_until_registered_then_again_near_its_end_and_forgotten_when_unwatched() {
+        let watches = Watches::default();
+        let run = |n: u32| RunId::new(format!("run-{n}")).unwrap();
+        assert_eq!(watches.due(vec![run(0), run(1)]).len(), 2);
+        watches.until().insert(run(0), Instant::now() + WATCH_FOR);
+        watches.until().insert(
+            run(1),
+            Instant::now() + RENEW_BELOW - Duration::from_secs(1),
+        );
+        assert_eq!(watches.due(vec![run(0), run(1)]), vec![run(1)]);
+        // Nobody watches run 0 any more: it is forgotten, to lapse.
+        assert_eq!(watches.due(vec![run(1)]), vec![run(1)]);
+        assert!(!watches.until().contains_key(&run(0)));
     }
 }

@@ -14,7 +14,9 @@ use crate::storage;
 
 /// The layout steps, in order: step `n` takes the store from version `n`
 /// to `n + 1`. A new step is appended; a released one never changes.
-/// Step 2 adds the cluster's nodes and run leases.
+/// Step 2 adds the cluster's nodes and run leases; step 3 which store
+/// wrote a run's head last and until when another watches it
+/// (`crate::listen`: a commit notifies only for runs watched elsewhere).
 const STEPS: &[&str] = &[
     "
 CREATE TABLE spool_events (
@@ -72,6 +74,9 @@ CREATE TABLE spool_leases (
     node BIGINT NOT NULL
 );
 CREATE INDEX spool_leases_node ON spool_leases (node);
+",
+    "
+ALTER TABLE spool_runs ADD COLUMN watched_until TIMESTAMPTZ, ADD COLUMN written_by BIGINT;
 ",
 ];
 

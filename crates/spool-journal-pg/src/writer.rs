@@ -9,9 +9,10 @@
 //! it plans from are the truth. Index changes run in statement order, so
 //! a later append in the batch sees an earlier one's; an append refused by
 //! an index (an address another run holds) is undone to its savepoint and
-//! the rest of the batch stands. The rows, the heads and the notifications
-//! go in three pipelined statements, then one `COMMIT`, and only then is
-//! anyone answered or told.
+//! the rest of the batch stands. The rows go in one statement and the
+//! heads in another, which also notifies other processes of the runs some
+//! process watches (none when nobody does), pipelined, then one `COMMIT`,
+//! and only then is anyone answered or told.
 //!
 //! A batch of plain appends (no index changes) to runs whose heads this
 //! writer wrote last, or that the batch creates, skips reading them: it is
@@ -38,7 +39,7 @@ use tokio_postgres::{Client, Statement};
 
 use crate::cluster::Fence;
 use crate::schema::LOCK_CLASS;
-use crate::{Target, head_of, listen, nanos, seq_sql, storage, stored_run_id, stored_seq};
+use crate::{Target, head_of, nanos, seq_sql, storage, stored_run_id, stored_seq};
 
 /// The statements a batch runs, prepared once per connection.
 struct Statements {
@@ -55,7 +56,6 @@ struct Statements {
     claim_take: Statement,
     events: Statement,
     heads_put: Statement,
-    notify: Statement,
     probe: Statement,
     fence_node: Statement,
     fence_leases: Statement,
@@ -141,16 +141,19 @@ impl Statements {
                 )
                 .await?,
             heads_put: client
-                .prepare(
-                    "INSERT INTO spool_runs (run_id, next_seq, last_hash, status, title, created_ns, updated_ns)
-                     SELECT * FROM unnest($1::text[], $2::bigint[], $3::bytea[], $4::text[], $5::text[], $6::bigint[], $7::bigint[])
-                     ON CONFLICT (run_id) DO UPDATE SET next_seq = excluded.next_seq,
-                         last_hash = excluded.last_hash, status = excluded.status,
-                         title = excluded.title, updated_ns = excluded.updated_ns",
-                )
-                .await?,
-            notify: client
-                .prepare("SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p")
+                .prepare(&format!(
+                    "WITH heads AS (
+                         INSERT INTO spool_runs (run_id, next_seq, last_hash, status, title, created_ns, updated_ns, written_by)
+                         SELECT *, $9 FROM unnest($1::text[], $2::bigint[], $3::bytea[], $4::text[], $5::text[], $6::bigint[], $7::bigint[])
+                         ON CONFLICT (run_id) DO UPDATE SET next_seq = excluded.next_seq,
+                             last_hash = excluded.last_hash, status = excluded.status,
+                             title = excluded.title, updated_ns = excluded.updated_ns,
+                             written_by = excluded.written_by
+                         RETURNING run_id, next_seq, watched_until),
+                     {}
+                     SELECT count(*) FROM told",
+                    told_sql(8)
+                ))
                 .await?,
             probe: client
                 .prepare(
@@ -205,7 +208,7 @@ impl Statements {
 }
 
 /// The statement that writes a batch planned from known heads: the rows,
-/// the heads and the notification (and `more`, further common table
+/// the heads and the notification of watched runs (and `more`, further common table
 /// expressions, each ending in a comma), each only when `fence` holds
 /// (decided once), and how many rows and heads it wrote. A row already at
 /// its position (the head known was stale, or a run it creates exists)
@@ -222,17 +225,39 @@ fn known_sql(fence: &str, more: &str) -> String {
              WHERE fence.ok
              RETURNING 1),
          heads AS (
-             INSERT INTO spool_runs (run_id, next_seq, last_hash, status, title, created_ns, updated_ns)
-             SELECT h.run_id, h.next_seq, h.last_hash, h.status, h.title, h.created_ns, h.updated_ns
+             INSERT INTO spool_runs (run_id, next_seq, last_hash, status, title, created_ns, updated_ns, written_by)
+             SELECT h.run_id, h.next_seq, h.last_hash, h.status, h.title, h.created_ns, h.updated_ns, $13
              FROM unnest($5::text[], $6::bigint[], $7::bytea[], $8::text[], $9::text[], $10::bigint[], $11::bigint[])
                   AS h(run_id, next_seq, last_hash, status, title, created_ns, updated_ns), fence
              WHERE fence.ok
              ON CONFLICT (run_id) DO UPDATE SET next_seq = excluded.next_seq,
                  last_hash = excluded.last_hash, status = excluded.status,
-                 title = excluded.title, updated_ns = excluded.updated_ns
-             RETURNING 1),
-         told AS (SELECT pg_notify($12, p) FROM unnest($13::text[]) AS p, fence WHERE fence.ok)
-         SELECT (SELECT count(*) FROM written), (SELECT count(*) FROM heads), (SELECT count(*) FROM told)"
+                 title = excluded.title, updated_ns = excluded.updated_ns,
+                 written_by = excluded.written_by
+             RETURNING run_id, next_seq, watched_until),
+         {told}
+         SELECT (SELECT count(*) FROM written), (SELECT count(*) FROM heads), (SELECT count(*) FROM told)",
+        told = told_sql(12)
+    )
+}
+
+/// The common table expression `told`, reading the upsert `heads`
+/// (`run_id, next_seq, watched_until`): a notification on the channel in
+/// parameter `channel` for the runs some process watches, a line per run
+/// (its next position and id, as [`crate::listen`] parses them), 40 lines at
+/// most per notification (a line is at most 150 bytes; the server takes
+/// 8 000). A commit to runs nobody watches sends none, and so never waits
+/// for the database-wide lock under which notifying transactions commit
+/// one at a time. `watched_until` comes back from the row as the upsert
+/// locked it, so a watch registered meanwhile is seen: see
+/// [`crate::listen`] for why no commit goes unannounced.
+fn told_sql(channel: u32) -> String {
+    format!(
+        "told AS (
+             SELECT pg_notify(${channel}, string_agg(w.next_seq || ' ' || w.run_id, E'\\n'))
+             FROM (SELECT run_id, next_seq, (row_number() OVER () - 1) / 40 AS part
+                   FROM heads WHERE watched_until > clock_timestamp()) AS w
+             GROUP BY w.part)"
     )
 }
 
@@ -249,7 +274,7 @@ pub(crate) struct Writer {
     counters: Arc<Counters>,
     target: Target,
     fence: Option<Fence>,
-    channel: String,
+    announce: Announce,
     watchers: Arc<Watchers>,
     clock: Clock,
     max_batch: usize,
@@ -289,6 +314,14 @@ impl Columns {
     }
 }
 
+/// What the heads a writer upserts carry beside the heads: the store
+/// that wrote them, and the channel on which a commit announces the runs
+/// another store watches.
+pub(crate) struct Announce {
+    channel: String,
+    store: i64,
+}
+
 /// What a writer is started with.
 pub(crate) struct Setup {
     pub(crate) counters: Arc<Counters>,
@@ -296,6 +329,8 @@ pub(crate) struct Setup {
     pub(crate) fence: Option<Fence>,
     /// The notification channel.
     pub(crate) channel: String,
+    /// The store's number, recorded with each head its writers write.
+    pub(crate) store: i64,
     pub(crate) watchers: Arc<Watchers>,
     pub(crate) clock: Clock,
     pub(crate) max_batch: usize,
@@ -310,7 +345,10 @@ impl Writer {
             counters: setup.counters,
             target: setup.target,
             fence: setup.fence,
-            channel: setup.channel,
+            announce: Announce {
+                channel: setup.channel,
+                store: setup.store,
+            },
             watchers: setup.watchers,
             clock: setup.clock,
             max_batch: setup.max_batch.max(1),
@@ -367,7 +405,7 @@ impl Writer {
             Err(batch) => batch,
             Ok(planned) => {
                 let runs: Vec<RunId> = planned.changed.keys().cloned().collect();
-                match write_known(client, statements, &self.channel, fence, planned).await {
+                match write_known(client, statements, &self.announce, fence, planned).await {
                     Known::Committed(done, changed) => {
                         self.remember(changed);
                         self.counted(operations);
@@ -410,7 +448,7 @@ impl Writer {
             return;
         };
         let (done, outcome, changed) =
-            transact(client, statements, &self.channel, fence, now, batch).await;
+            transact(client, statements, &self.announce, fence, now, batch).await;
         if let Err(failure) = outcome {
             for run in changed.keys() {
                 self.known.remove(run);
@@ -578,7 +616,7 @@ enum Known {
 async fn write_known(
     client: &Client,
     st: &Statements,
-    channel: &str,
+    announce: &Announce,
     fence: Option<i64>,
     planned: Planned,
 ) -> Known {
@@ -595,7 +633,6 @@ async fn write_known(
     let heads = HeadColumns::of(&changed);
     let mut runs: Vec<&str> = heads.ids.clone();
     runs.sort_unstable();
-    let payloads = listen::payloads(changed.iter().map(|(run, head)| (run, head.next_seq)));
     let runs_param: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&runs];
     let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![
         &columns.run_ids,
@@ -604,8 +641,8 @@ async fn write_known(
         &columns.hashes,
     ];
     params.extend(heads.params());
-    params.push(&channel);
-    params.push(&payloads);
+    params.push(&announce.channel);
+    params.push(&announce.store);
     let node;
     let statement = match fence {
         Some(fenced) => {
@@ -732,7 +769,7 @@ enum Failure {
 async fn transact(
     client: &Client,
     st: &Statements,
-    channel: &str,
+    announce: &Announce,
     fence: Option<i64>,
     now: time::OffsetDateTime,
     batch: Vec<Op>,
@@ -882,7 +919,7 @@ async fn transact(
     let leases = fence
         .filter(|_| !leased.is_empty())
         .map(|node| (leased, node));
-    let committed = write_and_commit(client, st, channel, &columns, &changed, leases).await;
+    let committed = write_and_commit(client, st, announce, &columns, &changed, leases).await;
     (done, committed, changed)
 }
 
@@ -930,12 +967,12 @@ impl Fenced {
 async fn write_and_commit(
     client: &Client,
     st: &Statements,
-    channel: &str,
+    announce: &Announce,
     columns: &Columns,
     changed: &HashMap<RunId, Head>,
     leases: Option<(Vec<String>, i64)>,
 ) -> Result<(), Failure> {
-    let outcome = write_rows(client, st, channel, columns, changed, leases.as_ref()).await;
+    let outcome = write_rows(client, st, announce, columns, changed, leases.as_ref()).await;
     match outcome {
         Ok(()) => Ok(()),
         Err(error) if client.is_closed() => Err(Failure::Commit(error.to_string())),
@@ -946,7 +983,7 @@ async fn write_and_commit(
 async fn write_rows(
     client: &Client,
     st: &Statements,
-    channel: &str,
+    announce: &Announce,
     columns: &Columns,
     changed: &HashMap<RunId, Head>,
     leases: Option<&(Vec<String>, i64)>,
@@ -962,9 +999,9 @@ async fn write_rows(
         &columns.hashes,
     ];
     let head_columns = HeadColumns::of(changed);
-    let heads = head_columns.params();
-    let payloads = listen::payloads(changed.iter().map(|(run, head)| (run, head.next_seq)));
-    let notes: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&channel, &payloads];
+    let mut heads = Vec::from(head_columns.params());
+    heads.push(&announce.channel);
+    heads.push(&announce.store);
     let taken = async {
         match leases {
             Some((runs, node)) => client.execute(&st.lease_take, &[runs, node]).await,
@@ -973,16 +1010,14 @@ async fn write_rows(
     };
     // Every result is awaited before any is judged, so none of the
     // pipelined statements is dropped unanswered.
-    let (events, heads, notified, taken, committed) = tokio::join!(
+    let (events, heads, taken, committed) = tokio::join!(
         client.execute(&st.events, &rows),
         client.execute(&st.heads_put, &heads),
-        client.execute(&st.notify, &notes),
         taken,
         client.batch_execute("COMMIT"),
     );
     events?;
     heads?;
-    notified?;
     taken?;
     committed
 }

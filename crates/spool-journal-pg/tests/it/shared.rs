@@ -209,6 +209,389 @@ async fn a_subscriber_on_one_store_is_told_of_an_append_through_the_other() {
     assert_eq!(reader.read(&r, Seq(1)).await.unwrap().len(), 1);
 }
 
+/// A connection of the test's own listening on `schema`'s channel (it
+/// listens while the client is kept), and the payloads it hears.
+async fn overhear(
+    url: &str,
+    schema: &str,
+) -> (
+    tokio_postgres::Client,
+    tokio::sync::mpsc::UnboundedReceiver<String>,
+) {
+    use futures_util::StreamExt;
+    let (client, mut connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let (sender, heard) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(Ok(message)) = messages.next().await {
+            if let tokio_postgres::AsyncMessage::Notification(note) = message {
+                let _ = sender.send(note.payload().to_owned());
+            }
+        }
+    });
+    client
+        .batch_execute(&format!("LISTEN \"spool_journal.{schema}\""))
+        .await
+        .unwrap();
+    (client, heard)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_notifies_other_processes_only_of_the_runs_somebody_watches() {
+    let Some(url) = crate::server() else { return };
+    let schema = crate::fresh_schema();
+    let writer = crate::journal(&url, &schema).await;
+    let reader = crate::journal(&url, &schema).await;
+    let (_listening, mut heard) = overhear(&url, &schema).await;
+    let (quiet, watched) = (run("nobody-watches"), run("somebody-watches"));
+    writer
+        .append(&quiet, Seq(0), vec![created()])
+        .await
+        .unwrap();
+    writer
+        .append(&watched, Seq(0), vec![created()])
+        .await
+        .unwrap();
+    let mut watch = reader.subscribe(&watched).await.unwrap();
+    writer
+        .append(&quiet, Seq(1), vec![started("t1", "hello")])
+        .await
+        .unwrap();
+    writer
+        .append(&watched, Seq(1), vec![started("t1", "hello")])
+        .await
+        .unwrap();
+    // Notifications arrive in commit order: the first heard is the last
+    // commit's, so none was sent for the unwatched run's commits.
+    let first = tokio::time::timeout(Duration::from_secs(10), heard.recv())
+        .await
+        .expect("the watched run's commit is announced")
+        .unwrap();
+    assert_eq!(first, format!("2 {}", watched.as_str()));
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        watch.wait_for(|next| *next == Seq(2)),
+    )
+    .await
+    .expect("the subscriber on the other store is told")
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_on_the_store_writing_a_run_is_told_in_process_and_no_commit_notifies() {
+    let Some(url) = crate::server() else { return };
+    let schema = crate::fresh_schema();
+    let journal = crate::journal(&url, &schema).await;
+    let other = crate::journal(&url, &schema).await;
+    let (_listening, mut heard) = overhear(&url, &schema).await;
+    let (own, elsewhere) = (run("written-here"), run("watched-elsewhere"));
+    journal.append(&own, Seq(0), vec![created()]).await.unwrap();
+    journal
+        .append(&elsewhere, Seq(0), vec![created()])
+        .await
+        .unwrap();
+    let mut watch = journal.subscribe(&own).await.unwrap();
+    journal
+        .append(&own, Seq(1), vec![started("t1", "hello")])
+        .await
+        .unwrap();
+    assert_eq!(*watch.borrow_and_update(), Seq(2), "told by its own writer");
+    // A commit watched by another store, after: the first notification
+    // heard is its, so the run watched where it is written sent none.
+    let _watched = other.subscribe(&elsewhere).await.unwrap();
+    journal
+        .append(&elsewhere, Seq(1), vec![started("t1", "hello")])
+        .await
+        .unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(10), heard.recv())
+        .await
+        .expect("the commit watched elsewhere is announced")
+        .unwrap();
+    assert_eq!(first, format!("2 {}", elsewhere.as_str()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_another_store_takes_over_is_announced_to_the_first_stores_subscriber() {
+    let Some(url) = crate::server() else { return };
+    let schema = crate::fresh_schema();
+    let first = crate::journal(&url, &schema).await;
+    let taker = crate::journal(&url, &schema).await;
+    let r = run("taken-over");
+    first.append(&r, Seq(0), vec![created()]).await.unwrap();
+    // Written here, so watched without a watch in the database.
+    let mut watch = first.subscribe(&r).await.unwrap();
+    assert_eq!(*watch.borrow_and_update(), Seq(1));
+    taker
+        .append(&r, Seq(1), vec![started("t1", "hello")])
+        .await
+        .unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        watch.wait_for(|next| *next == Seq(2)),
+    )
+    .await
+    .expect("the listener's next tick finds the run written elsewhere")
+    .unwrap();
+    // From then on it is watched, and each commit announced.
+    taker
+        .append(&r, Seq(2), vec![started("t2", "again")])
+        .await
+        .unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        watch.wait_for(|next| *next == Seq(3)),
+    )
+    .await
+    .expect("the next commit elsewhere is announced")
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscriptions_racing_their_runs_appends_through_another_store_each_hear_the_last() {
+    let Some(url) = crate::server() else { return };
+    let schema = crate::fresh_schema();
+    let writer = crate::journal(&url, &schema).await;
+    let reader = crate::journal(&url, &schema).await;
+    let runs: Vec<_> = (0..64).map(|n| run(&format!("raced-{n}"))).collect();
+    for r in &runs {
+        writer.append(r, Seq(0), vec![created()]).await.unwrap();
+    }
+    // Each run's last append and its first subscriber elsewhere at once:
+    // whichever commits first, the subscriber ends knowing the append.
+    let raced = runs.iter().map(|r| {
+        let (writer, reader) = (&writer, &reader);
+        async move {
+            let (appended, watch) = tokio::join!(
+                writer.append(r, Seq(1), vec![started("t1", "hello")]),
+                reader.subscribe(r),
+            );
+            appended.unwrap();
+            let mut watch = watch.unwrap();
+            tokio::time::timeout(
+                Duration::from_secs(10),
+                watch.wait_for(|next| *next == Seq(2)),
+            )
+            .await
+            .unwrap_or_else(|_| panic!("{r} raced with its subscriber and went unannounced"))
+            .unwrap();
+        }
+    });
+    futures_util::future::join_all(raced).await;
+}
+
+/// Waits until `n` sessions wait for locks session `holder` holds (or for
+/// sessions waiting on it), asking
+/// on a connection of its own (a transaction sees one snapshot of
+/// `pg_stat_activity`).
+async fn until_waiting_on(url: &str, holder: i32, n: i64) {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let waiting: i64 = client
+                .query_one(
+                    // Directly, or behind a session that waits directly
+                    // (a row's second waiter waits for its first).
+                    "WITH first AS (SELECT pid FROM pg_stat_activity
+                                    WHERE $1 = ANY(pg_blocking_pids(pid)))
+                     SELECT count(*) FROM pg_stat_activity
+                     WHERE pg_blocking_pids(pid) && (SELECT $1 || array_agg(pid) FROM first)",
+                    &[&holder],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if waiting >= n {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("the sessions reach the held row in time");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_committed_after_an_appends_statement_began_is_seen_by_that_append() {
+    let Some(url) = crate::server() else { return };
+    let schema = crate::fresh_schema();
+    let writer = crate::journal(&url, &schema).await;
+    let reader = crate::journal(&url, &schema).await;
+    let r = run("held");
+    writer.append(&r, Seq(0), vec![created()]).await.unwrap();
+    let (holder, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let pid: i32 = holder
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    holder
+        .batch_execute(&format!(
+            "BEGIN; SELECT 1 FROM \"{schema}\".spool_runs WHERE run_id = '{}' FOR UPDATE",
+            r.as_str()
+        ))
+        .await
+        .unwrap();
+    // The watch asks for the run's row first, then the append, whose
+    // statement (and snapshot) has begun: once the row is let go the
+    // watch commits first, and the append must still see it, or the
+    // subscriber, whose head was read before the append, never hears.
+    let subscribing = tokio::spawn({
+        let (reader, r) = (std::sync::Arc::clone(&reader), r.clone());
+        async move { reader.subscribe(&r).await }
+    });
+    until_waiting_on(&url, pid, 1).await;
+    let appending = tokio::spawn({
+        let (writer, r) = (std::sync::Arc::clone(&writer), r.clone());
+        async move {
+            writer
+                .append(&r, Seq(1), vec![started("t1", "hello")])
+                .await
+        }
+    });
+    until_waiting_on(&url, pid, 2).await;
+    holder.batch_execute("COMMIT").await.unwrap();
+    appending.await.unwrap().unwrap();
+    let mut watch = subscribing.await.unwrap().unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        watch.wait_for(|next| *next == Seq(2)),
+    )
+    .await
+    .expect("the append committed after the watch announces itself")
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_to_a_run_not_yet_created_hears_of_its_creation_through_another_store() {
+    let Some(url) = crate::server() else { return };
+    let schema = crate::fresh_schema();
+    let writer = crate::journal(&url, &schema).await;
+    let reader = crate::journal(&url, &schema).await;
+    let r = run("not-yet");
+    let mut watch = reader.subscribe(&r).await.unwrap();
+    assert_eq!(*watch.borrow_and_update(), Seq(0));
+    writer.append(&r, Seq(0), vec![created()]).await.unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        watch.wait_for(|next| *next == Seq(1)),
+    )
+    .await
+    .expect("the creation reaches the subscriber by the listener's next tick")
+    .unwrap();
+    // From then on its watch is registered and each commit announced.
+    writer
+        .append(&r, Seq(1), vec![started("t1", "hello")])
+        .await
+        .unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        watch.wait_for(|next| *next == Seq(2)),
+    )
+    .await
+    .expect("the next commit reaches the subscriber")
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_of_many_watched_runs_with_long_ids_is_announced_within_the_servers_limit() {
+    let Some(url) = crate::server() else { return };
+    let schema = crate::fresh_schema();
+    let writer = crate::journal(&url, &schema).await;
+    let reader = crate::journal(&url, &schema).await;
+    // 128 bytes, the longest id: 40 lines are about 5.3 kB, under the
+    // server's 8 000 bytes a notification may carry.
+    let runs: Vec<_> = (0..300).map(|n| run(&format!("{n:0>128}"))).collect();
+    futures_util::future::join_all(
+        runs.iter()
+            .map(|r| writer.append(r, Seq(0), vec![created()])),
+    )
+    .await
+    .into_iter()
+    .for_each(|created| {
+        created.unwrap();
+    });
+    let mut watches = Vec::new();
+    for r in &runs {
+        watches.push(reader.subscribe(r).await.unwrap());
+    }
+    let commits = writer.stats().commits;
+    futures_util::future::join_all(
+        runs.iter()
+            .map(|r| writer.append(r, Seq(1), vec![started("t1", "hello")])),
+    )
+    .await
+    .into_iter()
+    .for_each(|appended| {
+        appended.unwrap();
+    });
+    assert!(
+        writer.stats().commits - commits < runs.len() as u64,
+        "some commits carried many runs"
+    );
+    for watch in &mut watches {
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            watch.wait_for(|next| *next == Seq(2)),
+        )
+        .await
+        .expect("every watched run's commit is announced")
+        .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_journal_of_the_layout_before_watches_is_migrated_on_open_and_keeps_its_runs() {
+    let Some(url) = crate::server() else { return };
+    let schema = crate::fresh_schema();
+    let before = crate::journal(&url, &schema).await;
+    let r = run("kept");
+    before.append(&r, Seq(0), vec![created()]).await.unwrap();
+    drop(before);
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    // The layout of version 2, as a build before watches left it.
+    client
+        .batch_execute(&format!(
+            "ALTER TABLE \"{schema}\".spool_runs DROP COLUMN watched_until, DROP COLUMN written_by;
+             UPDATE \"{schema}\".spool_meta SET value = '2' WHERE key = 'store_version'"
+        ))
+        .await
+        .unwrap();
+    let writer = crate::journal(&url, &schema).await;
+    let reader = crate::journal(&url, &schema).await;
+    let version: String = client
+        .query_one(
+            &format!("SELECT value FROM \"{schema}\".spool_meta WHERE key = 'store_version'"),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(version, "3");
+    let mut watch = reader.subscribe(&r).await.unwrap();
+    assert_eq!(*watch.borrow_and_update(), Seq(1));
+    writer
+        .append(&r, Seq(1), vec![started("t1", "hello")])
+        .await
+        .unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        watch.wait_for(|next| *next == Seq(2)),
+    )
+    .await
+    .expect("the migrated journal announces a watched run's commit")
+    .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_written_by_a_newer_spool_is_refused_and_left_alone() {
     let Some(url) = crate::server() else { return };

@@ -17,12 +17,20 @@ use crate::server::{Running, serve_on, terminate};
 const LEASE: &str = "2";
 
 fn node(dir: &std::path::Path, url: &str, name: &str) -> Running {
-    serve_on(
-        dir,
-        url.as_ref(),
-        &["--cluster", "--lease-seconds", LEASE, "--node-name", name],
-        &[],
-    )
+    node_with(dir, url, name, &[], &[])
+}
+
+/// A node started with more flags and environment variables.
+fn node_with(
+    dir: &std::path::Path,
+    url: &str,
+    name: &str,
+    flags: &[&str],
+    env: &[(&str, &str)],
+) -> Running {
+    let mut args = vec!["--cluster", "--lease-seconds", LEASE, "--node-name", name];
+    args.extend_from_slice(flags);
+    serve_on(dir, url.as_ref(), &args, env)
 }
 
 /// An agent whose turn writes once (a `write` tool appending to
@@ -387,18 +395,11 @@ fn a_schedule_firing_for_an_address_another_node_drives_is_delivered_by_that_nod
     assert!(issued.status.success());
     let token = String::from_utf8(issued.stdout).unwrap().trim().to_owned();
     let with_tokens = |name: &str| {
-        serve_on(
+        node_with(
             dir.path(),
-            url.as_ref(),
-            &[
-                "--cluster",
-                "--lease-seconds",
-                LEASE,
-                "--node-name",
-                name,
-                "--token-file",
-                tokens.to_str().unwrap(),
-            ],
+            &url,
+            name,
+            &["--token-file", tokens.to_str().unwrap()],
             &[],
         )
     };
@@ -630,20 +631,11 @@ fn nodes_serving_tls_forward_a_message_for_a_run_another_node_drives_over_tls() 
     let tls = concat!(env!("CARGO_MANIFEST_DIR"), "/../spool-engines/tests/tls");
     let (cert, key) = (format!("{tls}/node.pem"), format!("{tls}/node.key"));
     let node_over_tls = |name: &str| {
-        serve_on(
+        node_with(
             dir.path(),
-            url.as_ref(),
-            &[
-                "--cluster",
-                "--lease-seconds",
-                LEASE,
-                "--node-name",
-                name,
-                "--tls-cert",
-                &cert,
-                "--tls-key",
-                &key,
-            ],
+            &url,
+            name,
+            &["--tls-cert", &cert, "--tls-key", &key],
             &[("SSL_CERT_FILE", &cert)],
         )
     };

@@ -2,18 +2,19 @@
 //! race, their subscribers hear each other, and the schema refuses a build
 //! older than it.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use spool_journal::conformance::{created, run, started};
 use spool_journal::event::{Event, RunCreated};
 use spool_journal::{Address, Journal, JournalError, Seq};
+use spool_journal_pg::PgJournal;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_stores_racing_on_one_run_admit_exactly_one_append_per_seq_and_the_chain_verifies() {
-    let Some(url) = crate::server() else { return };
-    let schema = crate::fresh_schema();
-    let a = crate::journal(&url, &schema).await;
-    let b = crate::journal(&url, &schema).await;
+    let Some((_, _, a, b)) = two_stores().await else {
+        return;
+    };
     let r = run("shared");
     a.append(&r, Seq(0), vec![created()]).await.unwrap();
     for round in 1..=20_u64 {
@@ -65,10 +66,9 @@ async fn appends_continuing_the_heads_a_writer_wrote_commit_from_them_and_the_ch
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn creating_a_run_another_store_created_is_caught_and_answered_as_a_conflict() {
-    let Some(url) = crate::server() else { return };
-    let schema = crate::fresh_schema();
-    let a = crate::journal(&url, &schema).await;
-    let b = crate::journal(&url, &schema).await;
+    let Some((_, _, a, b)) = two_stores().await else {
+        return;
+    };
     let r = run("twice");
     b.append(&r, Seq(0), vec![created(), started("t1", "x")])
         .await
@@ -87,10 +87,9 @@ async fn creating_a_run_another_store_created_is_caught_and_answered_as_a_confli
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_head_another_store_moved_is_caught_and_the_append_answered_from_the_stored_one() {
-    let Some(url) = crate::server() else { return };
-    let schema = crate::fresh_schema();
-    let a = crate::journal(&url, &schema).await;
-    let b = crate::journal(&url, &schema).await;
+    let Some((_, _, a, b)) = two_stores().await else {
+        return;
+    };
     let r = run("moved");
     a.append(&r, Seq(0), vec![created(), started("t1", "x")])
         .await
@@ -128,10 +127,9 @@ async fn a_head_another_store_moved_is_caught_and_the_append_answered_from_the_s
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_created_by_two_stores_at_once_is_created_once() {
-    let Some(url) = crate::server() else { return };
-    let schema = crate::fresh_schema();
-    let a = crate::journal(&url, &schema).await;
-    let b = crate::journal(&url, &schema).await;
+    let Some((_, _, a, b)) = two_stores().await else {
+        return;
+    };
     for n in 0..20 {
         let r = run(&format!("new-{n}"));
         let (left, right) = tokio::join!(
@@ -148,10 +146,9 @@ async fn a_run_created_by_two_stores_at_once_is_created_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_address_taken_through_one_store_is_refused_through_the_other() {
-    let Some(url) = crate::server() else { return };
-    let schema = crate::fresh_schema();
-    let a = crate::journal(&url, &schema).await;
-    let b = crate::journal(&url, &schema).await;
+    let Some((_, _, a, b)) = two_stores().await else {
+        return;
+    };
     let address = Address::new("chat", "alice");
     let with_address = || {
         Event::RunCreated(RunCreated {
@@ -187,10 +184,9 @@ async fn an_address_taken_through_one_store_is_refused_through_the_other() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subscriber_on_one_store_is_told_of_an_append_through_the_other() {
-    let Some(url) = crate::server() else { return };
-    let schema = crate::fresh_schema();
-    let writer = crate::journal(&url, &schema).await;
-    let reader = crate::journal(&url, &schema).await;
+    let Some((_, _, writer, reader)) = two_stores().await else {
+        return;
+    };
     let r = run("watched");
     writer.append(&r, Seq(0), vec![created()]).await.unwrap();
     let mut watch = reader.subscribe(&r).await.unwrap();
@@ -199,14 +195,32 @@ async fn a_subscriber_on_one_store_is_told_of_an_append_through_the_other() {
         .append(&r, Seq(1), vec![started("t1", "hello")])
         .await
         .unwrap();
-    tokio::time::timeout(
-        Duration::from_secs(10),
-        watch.wait_for(|next| *next == Seq(2)),
+    told(
+        &mut watch,
+        Seq(2),
+        "the other store's commit reaches this subscriber",
     )
-    .await
-    .expect("the other store's commit reaches this subscriber")
-    .unwrap();
+    .await;
     assert_eq!(reader.read(&r, Seq(1)).await.unwrap().len(), 1);
+}
+
+/// Two stores on a schema of their own, as two nodes would have, with
+/// the server's URL and the schema; `None` (said) without a server.
+async fn two_stores() -> Option<(String, String, Arc<PgJournal>, Arc<PgJournal>)> {
+    let url = crate::server()?;
+    let schema = crate::fresh_schema();
+    let first = crate::journal(&url, &schema).await;
+    let second = crate::journal(&url, &schema).await;
+    Some((url, schema, first, second))
+}
+
+/// Waits until `watch` announces `next`, failing with `why` after ten
+/// seconds.
+async fn told(watch: &mut spool_journal::store::SeqWatch, next: Seq, why: &str) {
+    tokio::time::timeout(Duration::from_secs(10), watch.wait_for(|at| *at == next))
+        .await
+        .expect(why)
+        .unwrap();
 }
 
 /// A connection of the test's own listening on `schema`'s channel (it
@@ -240,10 +254,9 @@ async fn overhear(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_notifies_other_processes_only_of_the_runs_somebody_watches() {
-    let Some(url) = crate::server() else { return };
-    let schema = crate::fresh_schema();
-    let writer = crate::journal(&url, &schema).await;
-    let reader = crate::journal(&url, &schema).await;
+    let Some((url, schema, writer, reader)) = two_stores().await else {
+        return;
+    };
     let (_listening, mut heard) = overhear(&url, &schema).await;
     let (quiet, watched) = (run("nobody-watches"), run("somebody-watches"));
     writer
@@ -270,21 +283,19 @@ async fn a_commit_notifies_other_processes_only_of_the_runs_somebody_watches() {
         .expect("the watched run's commit is announced")
         .unwrap();
     assert_eq!(first, format!("2 {}", watched.as_str()));
-    tokio::time::timeout(
-        Duration::from_secs(10),
-        watch.wait_for(|next| *next == Seq(2)),
+    told(
+        &mut watch,
+        Seq(2),
+        "the subscriber on the other store is told",
     )
-    .await
-    .expect("the subscriber on the other store is told")
-    .unwrap();
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subscriber_on_the_store_writing_a_run_is_told_in_process_and_no_commit_notifies() {
-    let Some(url) = crate::server() else { return };
-    let schema = crate::fresh_schema();
-    let journal = crate::journal(&url, &schema).await;
-    let other = crate::journal(&url, &schema).await;
+    let Some((url, schema, journal, other)) = two_stores().await else {
+        return;
+    };
     let (_listening, mut heard) = overhear(&url, &schema).await;
     let (own, elsewhere) = (run("written-here"), run("watched-elsewhere"));
     journal.append(&own, Seq(0), vec![created()]).await.unwrap();
@@ -314,10 +325,9 @@ async fn a_subscriber_on_the_store_writing_a_run_is_told_in_process_and_no_commi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_another_store_takes_over_is_announced_to_the_first_stores_subscriber() {
-    let Some(url) = crate::server() else { return };
-    let schema = crate::fresh_schema();
-    let first = crate::journal(&url, &schema).await;
-    let taker = crate::journal(&url, &schema).await;
+    let Some((_, _, first, taker)) = two_stores().await else {
+        return;
+    };
     let r = run("taken-over");
     first.append(&r, Seq(0), vec![created()]).await.unwrap();
     // Written here, so watched without a watch in the database.
@@ -327,33 +337,25 @@ async fn a_run_another_store_takes_over_is_announced_to_the_first_stores_subscri
         .append(&r, Seq(1), vec![started("t1", "hello")])
         .await
         .unwrap();
-    tokio::time::timeout(
-        Duration::from_secs(10),
-        watch.wait_for(|next| *next == Seq(2)),
+    told(
+        &mut watch,
+        Seq(2),
+        "the listener's next tick finds the run written elsewhere",
     )
-    .await
-    .expect("the listener's next tick finds the run written elsewhere")
-    .unwrap();
+    .await;
     // From then on it is watched, and each commit announced.
     taker
         .append(&r, Seq(2), vec![started("t2", "again")])
         .await
         .unwrap();
-    tokio::time::timeout(
-        Duration::from_secs(10),
-        watch.wait_for(|next| *next == Seq(3)),
-    )
-    .await
-    .expect("the next commit elsewhere is announced")
-    .unwrap();
+    told(&mut watch, Seq(3), "the next commit elsewhere is announced").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn subscriptions_racing_their_runs_appends_through_another_store_each_hear_the_last() {
-    let Some(url) = crate::server() else { return };
-    let schema = crate::fresh_schema();
-    let writer = crate::journal(&url, &schema).await;
-    let reader = crate::journal(&url, &schema).await;
+    let Some((_, _, writer, reader)) = two_stores().await else {
+        return;
+    };
     let runs: Vec<_> = (0..64).map(|n| run(&format!("raced-{n}"))).collect();
     for r in &runs {
         writer.append(r, Seq(0), vec![created()]).await.unwrap();
@@ -416,10 +418,9 @@ async fn until_waiting_on(url: &str, holder: i32, n: i64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_committed_after_an_appends_statement_began_is_seen_by_that_append() {
-    let Some(url) = crate::server() else { return };
-    let schema = crate::fresh_schema();
-    let writer = crate::journal(&url, &schema).await;
-    let reader = crate::journal(&url, &schema).await;
+    let Some((url, schema, writer, reader)) = two_stores().await else {
+        return;
+    };
     let r = run("held");
     writer.append(&r, Seq(0), vec![created()]).await.unwrap();
     let (holder, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
@@ -443,12 +444,12 @@ async fn a_watch_committed_after_an_appends_statement_began_is_seen_by_that_appe
     // watch commits first, and the append must still see it, or the
     // subscriber, whose head was read before the append, never hears.
     let subscribing = tokio::spawn({
-        let (reader, r) = (std::sync::Arc::clone(&reader), r.clone());
+        let (reader, r) = (Arc::clone(&reader), r.clone());
         async move { reader.subscribe(&r).await }
     });
     until_waiting_on(&url, pid, 1).await;
     let appending = tokio::spawn({
-        let (writer, r) = (std::sync::Arc::clone(&writer), r.clone());
+        let (writer, r) = (Arc::clone(&writer), r.clone());
         async move {
             writer
                 .append(&r, Seq(1), vec![started("t1", "hello")])
@@ -459,52 +460,42 @@ async fn a_watch_committed_after_an_appends_statement_began_is_seen_by_that_appe
     holder.batch_execute("COMMIT").await.unwrap();
     appending.await.unwrap().unwrap();
     let mut watch = subscribing.await.unwrap().unwrap();
-    tokio::time::timeout(
-        Duration::from_secs(10),
-        watch.wait_for(|next| *next == Seq(2)),
+    told(
+        &mut watch,
+        Seq(2),
+        "the append committed after the watch announces itself",
     )
-    .await
-    .expect("the append committed after the watch announces itself")
-    .unwrap();
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subscriber_to_a_run_not_yet_created_hears_of_its_creation_through_another_store() {
-    let Some(url) = crate::server() else { return };
-    let schema = crate::fresh_schema();
-    let writer = crate::journal(&url, &schema).await;
-    let reader = crate::journal(&url, &schema).await;
+    let Some((_, _, writer, reader)) = two_stores().await else {
+        return;
+    };
     let r = run("not-yet");
     let mut watch = reader.subscribe(&r).await.unwrap();
     assert_eq!(*watch.borrow_and_update(), Seq(0));
     writer.append(&r, Seq(0), vec![created()]).await.unwrap();
-    tokio::time::timeout(
-        Duration::from_secs(10),
-        watch.wait_for(|next| *next == Seq(1)),
+    told(
+        &mut watch,
+        Seq(1),
+        "the creation reaches the subscriber by the listener's next tick",
     )
-    .await
-    .expect("the creation reaches the subscriber by the listener's next tick")
-    .unwrap();
+    .await;
     // From then on its watch is registered and each commit announced.
     writer
         .append(&r, Seq(1), vec![started("t1", "hello")])
         .await
         .unwrap();
-    tokio::time::timeout(
-        Duration::from_secs(10),
-        watch.wait_for(|next| *next == Seq(2)),
-    )
-    .await
-    .expect("the next commit reaches the subscriber")
-    .unwrap();
+    told(&mut watch, Seq(2), "the next commit reaches the subscriber").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_of_many_watched_runs_with_long_ids_is_announced_within_the_servers_limit() {
-    let Some(url) = crate::server() else { return };
-    let schema = crate::fresh_schema();
-    let writer = crate::journal(&url, &schema).await;
-    let reader = crate::journal(&url, &schema).await;
+    let Some((_, _, writer, reader)) = two_stores().await else {
+        return;
+    };
     // 128 bytes, the longest id: 40 lines are about 5.3 kB, under the
     // server's 8 000 bytes a notification may carry.
     let runs: Vec<_> = (0..300).map(|n| run(&format!("{n:0>128}"))).collect();
@@ -536,13 +527,7 @@ async fn a_commit_of_many_watched_runs_with_long_ids_is_announced_within_the_ser
         "some commits carried many runs"
     );
     for watch in &mut watches {
-        tokio::time::timeout(
-            Duration::from_secs(10),
-            watch.wait_for(|next| *next == Seq(2)),
-        )
-        .await
-        .expect("every watched run's commit is announced")
-        .unwrap();
+        told(watch, Seq(2), "every watched run's commit is announced").await;
     }
 }
 
@@ -583,13 +568,12 @@ async fn a_journal_of_the_layout_before_watches_is_migrated_on_open_and_keeps_it
         .append(&r, Seq(1), vec![started("t1", "hello")])
         .await
         .unwrap();
-    tokio::time::timeout(
-        Duration::from_secs(10),
-        watch.wait_for(|next| *next == Seq(2)),
+    told(
+        &mut watch,
+        Seq(2),
+        "the migrated journal announces a watched run's commit",
     )
-    .await
-    .expect("the migrated journal announces a watched run's commit")
-    .unwrap();
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -735,7 +719,7 @@ async fn appends_through(url: &str, disturb: impl Future<Output = ()> + Send + '
             }
         }
         let appends = runs.iter().zip(&acknowledged).map(|(r, &next)| {
-            let writer = std::sync::Arc::clone(&writer);
+            let writer = Arc::clone(&writer);
             async move {
                 writer
                     .append(r, Seq(next), vec![started(&format!("t{round}"), "x")])

@@ -17,12 +17,13 @@
 //!   heads, so a chain never forks; address and operation-id bindings and
 //!   claims are decided by the database's unique keys.
 //! - **Subscribers in other processes**: a store that subscribes to a run
-//!   registers its watch in the run's row, and a commit changing watched
-//!   runs sends one `NOTIFY` on the schema's channel, a line per such run;
-//!   every open store listens on it and moves its subscribers' positions.
-//!   Commits to runs nobody watches notify nobody, so they do not queue
-//!   for the lock under which PostgreSQL commits notifying transactions
-//!   one at a time. The log stays the source of truth: after the
+//!   another store writes registers its watch in the run's row, and a
+//!   commit changing watched runs sends one `NOTIFY` on the schema's
+//!   channel, a line per such run; every open store listens on it and
+//!   moves its subscribers' positions (a store's own commits reach its
+//!   own subscribers in process). Commits to runs nobody watches
+//!   elsewhere notify nobody, so they do not queue for the lock under
+//!   which PostgreSQL commits notifying transactions one at a time. The log stays the source of truth: after the
 //!   listening connection is lost and made again, every watched run's
 //!   head is read back, so no append goes unannounced (`listen` says why
 //!   none is missed in between).

@@ -133,23 +133,42 @@ impl Watches {
 
 /// Registers or renews the watches due and tells the subscribers the
 /// heads read with them.
-async fn refresh(watches: &Watches, watchers: &Watchers, readers: &Readers) {
+async fn refresh(
+    watches: &Watches,
+    watchers: &Watchers,
+    readers: &Readers,
+) -> Result<(), JournalError> {
     let due = watches.due(watchers.watched());
     // Bounded statements: a process watching many runs renews them in
     // parts.
     for part in due.chunks(1000) {
         let runs: Vec<&str> = part.iter().map(RunId::as_str).collect();
-        match watches.register(readers, &runs).await {
-            Ok(heads) => {
-                for (run, next) in heads {
-                    watchers.advance(&run, next);
-                }
-            }
-            Err(error) => {
-                tracing::warn!(target: "spool::journal", %error, "registering watched runs; trying again");
-                return;
-            }
+        for (run, next) in watches.register(readers, &runs).await? {
+            watchers.advance(&run, next);
         }
+    }
+    Ok(())
+}
+
+/// Refreshes the watches, saying so when that starts or stops failing
+/// (once each, not at every tick of an outage).
+async fn refresh_said(
+    watches: &Watches,
+    watchers: &Watchers,
+    readers: &Readers,
+    failing: &mut bool,
+) {
+    match refresh(watches, watchers, readers).await {
+        Ok(()) if *failing => {
+            *failing = false;
+            tracing::info!(target: "spool::journal", "registering watched runs again");
+        }
+        Ok(()) => {}
+        Err(error) if !*failing => {
+            *failing = true;
+            tracing::warn!(target: "spool::journal", %error, "registering watched runs failed; trying again every tick");
+        }
+        Err(_) => {}
     }
 }
 
@@ -175,6 +194,7 @@ pub(crate) async fn start(
     Ok(tokio::spawn(async move {
         let mut connection = Some(first);
         let mut pause = Duration::from_millis(100);
+        let mut failing = false;
         loop {
             let (client, mut messages) = match connection.take() {
                 Some(made) => made,
@@ -183,7 +203,7 @@ pub(crate) async fn start(
                         pause = Duration::from_millis(100);
                         // What was committed while nobody listened.
                         watches.forget();
-                        refresh(&watches, &watchers, &readers).await;
+                        refresh_said(&watches, &watchers, &readers, &mut failing).await;
                         made
                     }
                     Err(error) => {
@@ -204,7 +224,7 @@ pub(crate) async fn start(
                             watchers.advance(&run, next);
                         }
                     }
-                    _ = tick.tick() => refresh(&watches, &watchers, &readers).await,
+                    _ = tick.tick() => refresh_said(&watches, &watchers, &readers, &mut failing).await,
                 }
             }
             drop(client);

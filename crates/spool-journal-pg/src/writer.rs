@@ -314,7 +314,7 @@ impl Columns {
     }
 }
 
-/// What the heads a writer upserts carry beside the heads: the store
+/// What a writer's upsert of heads records and announces with: the store
 /// that wrote them, and the channel on which a commit announces the runs
 /// another store watches.
 pub(crate) struct Announce {

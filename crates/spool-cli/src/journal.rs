@@ -290,17 +290,45 @@ pub(crate) async fn open_node(
     Ok((Arc::new(store), Arc::new(cluster)))
 }
 
-/// Takes over what dead nodes left and recovers it, then keeps doing so,
-/// and keeps this node's lease, every third of the lease time, for as
-/// long as the process runs. Returns what the first look took over, and
-/// how many of those runs it resumed; later takeovers are handed to the
-/// scheduler in `schedules` once it is there (a schedule whose record
-/// run moved here fires from this node now).
+/// Keeps this node's lease, every third of the lease time, from now on
+/// and for as long as the process runs; takes over what dead nodes left
+/// and recovers it, then keeps doing so at the same pace. Returns what the
+/// first look took over, and how many of those runs it resumed; later
+/// takeovers are handed to the scheduler in `schedules` once it is there
+/// (a schedule whose record run moved here fires from this node now).
+///
+/// The lease is renewed by a task of its own, started before the first
+/// takeover: taking over and recovering many runs (a node that served
+/// tens of thousands stopped) can take longer than a lease, and a lease
+/// that lapsed meanwhile would hand the runs on again as soon as they were
+/// taken.
 pub(crate) async fn keep_node(
     node: Arc<Cluster>,
     runtime: Runtime,
     schedules: Arc<std::sync::OnceLock<spool_runtime::Scheduler>>,
 ) -> anyhow::Result<(Vec<spool_journal::RunId>, usize)> {
+    let renewing = tokio::spawn({
+        let node = Arc::clone(&node);
+        async move {
+            let mut tick = tokio::time::interval(node.lease() / 3);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                match node.renew().await {
+                    Ok(Renewal::Renewed) => {}
+                    Ok(Renewal::Rejoined { was, now }) => crate::serve::say(&format!(
+                        "spool: this node's lease lapsed (it was paused or cut off); its runs as node {was} are no longer its own; it is node {now} now"
+                    )),
+                    // The node left: the server is stopping.
+                    Err(JournalError::Closed) => return,
+                    Err(error) => {
+                        tracing::warn!(target: "spool::cluster", %error, "renewing this node's lease");
+                    }
+                }
+            }
+        }
+    });
     let first = take_over(&node, &runtime).await?;
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(node.lease() / 3);
@@ -308,17 +336,9 @@ pub(crate) async fn keep_node(
         tick.tick().await;
         loop {
             tick.tick().await;
-            match node.renew().await {
-                Ok(Renewal::Renewed) => {}
-                Ok(Renewal::Rejoined { was, now }) => crate::serve::say(&format!(
-                    "spool: this node's lease lapsed (it was paused or cut off); its runs as node {was} are no longer its own; it is node {now} now"
-                )),
-                // The node left: the server is stopping.
-                Err(JournalError::Closed) => return,
-                Err(error) => {
-                    tracing::warn!(target: "spool::cluster", %error, "renewing this node's lease");
-                    continue;
-                }
+            // Once the node left, the runs are for the other nodes.
+            if renewing.is_finished() {
+                return;
             }
             match take_over(&node, &runtime).await {
                 Ok((runs, _)) if !runs.is_empty() => {

@@ -96,9 +96,14 @@ pub enum Renewal {
     },
 }
 
-/// One node's membership of a cluster, on a connection of its own.
+/// One node's membership of a cluster, on connections of its own.
 pub struct Cluster {
+    /// Renewals, leaving and lookups of a run's holder.
     client: Mutex<Client>,
+    /// Takeovers, whose transaction may wait on rows that appends in
+    /// flight hold: on a connection apart, so a renewal never waits
+    /// behind one, however long it takes.
+    takeovers: Mutex<Client>,
     target: Target,
     fence: Fence,
     name: String,
@@ -159,8 +164,10 @@ impl Cluster {
             .await
             .map_err(storage)?
             .get(0);
+        let takeovers = target.connect().await?;
         let cluster = Self {
             client: Mutex::new(client),
+            takeovers: Mutex::new(takeovers),
             target,
             fence: Fence::default(),
             name: options.name,
@@ -226,7 +233,15 @@ impl Cluster {
 
     /// The client, made again when its connection was lost.
     async fn client(&self) -> Result<tokio::sync::MutexGuard<'_, Client>, JournalError> {
-        let mut client = self.client.lock().await;
+        self.connected(&self.client).await
+    }
+
+    /// The client in `slot`, made again when its connection was lost.
+    async fn connected<'a>(
+        &self,
+        slot: &'a Mutex<Client>,
+    ) -> Result<tokio::sync::MutexGuard<'a, Client>, JournalError> {
+        let mut client = slot.lock().await;
         if client.is_closed() {
             *client = self.target.connect().await?;
         }
@@ -277,7 +292,7 @@ impl Cluster {
         if self.left.load(Ordering::Acquire) {
             return Ok(Vec::new());
         }
-        let client = self.client().await?;
+        let client = self.connected(&self.takeovers).await?;
         let me = self.node();
         let adopt = !self.adopted.load(Ordering::Acquire);
         client.batch_execute("BEGIN").await.map_err(storage)?;

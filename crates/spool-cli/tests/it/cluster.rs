@@ -719,3 +719,72 @@ fn cluster_nodes_lists_each_live_node_with_its_runs_and_a_stopped_nodes_runs_und
     );
     assert!(terminate(b).success());
 }
+
+#[test]
+fn a_node_whose_first_takeover_outlasts_its_lease_keeps_the_lease_meanwhile_and_then_serves() {
+    let Some(url) = crate::postgres::database() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let a = node(dir.path(), &url, "a");
+    let before = try_run(&a.addr, "before").unwrap();
+    // A leaves: the next node to look takes its run over.
+    assert!(terminate(a).success());
+    // The test holds every lease row, so B's first takeover waits for it
+    // as long as a takeover of many runs would take.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = runtime.block_on(async {
+        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        client
+            .batch_execute("BEGIN; SELECT 1 FROM spool_leases FOR UPDATE")
+            .await
+            .unwrap();
+        client
+    });
+    let starting = std::thread::spawn({
+        let (dir, url) = (dir.path().to_owned(), url.clone());
+        move || node(&dir, &url, "b")
+    });
+    // B stays alive past one and a half leases (2 s) while its takeover
+    // waits: its lease is renewed meanwhile.
+    runtime.block_on(async {
+        tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                let held = client
+                    .query_opt(
+                        "SELECT 1 FROM spool_nodes WHERE name = 'b'
+                         AND expires_at > clock_timestamp()
+                         AND clock_timestamp() - joined_at > interval '3 seconds'",
+                        &[],
+                    )
+                    .await
+                    .unwrap();
+                if held.is_some() {
+                    return;
+                }
+            }
+        })
+        .await
+        .expect("the node waiting on its takeover keeps its lease past the lease time");
+        client.batch_execute("COMMIT").await.unwrap();
+    });
+    let b = starting.join().unwrap();
+    // A's run is B's now, under the same number B joined with.
+    let listed = members(&url);
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(
+        (&listed[0]["name"], &listed[0]["runs"]),
+        (&"b".into(), &1.into()),
+        "{listed:?}"
+    );
+    try_run(&b.addr, "after").unwrap();
+    assert!(log_of(&url, &before).contains("echo: before"));
+    assert!(terminate(b).success());
+}

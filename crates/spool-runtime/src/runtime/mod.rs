@@ -29,6 +29,9 @@ pub use builder::RuntimeBuilder;
 pub use commands::MAX_ANSWERS;
 pub use requests::{Accepted, CancelOutcome, MessageRequest, Recovery, StartRequest};
 
+/// How many runs taken over [`Runtime::recover_runs`] reads at once.
+const RECOVERY_READS: usize = 16;
+
 /// A cheap-to-clone handle on the runtime.
 #[derive(Clone)]
 pub struct Runtime {
@@ -128,7 +131,9 @@ impl Runtime {
     /// cluster does with the runs it takes over from a node that died.
     /// What this runtime had cached of them is dropped first (another
     /// process drove them since), so each is read from its log; the
-    /// journal is not listed, so the cost follows the runs taken.
+    /// journal is not listed, so the cost follows the runs taken. Up to
+    /// [`RECOVERY_READS`] runs are read at once: a node may take over tens
+    /// of thousands, each a round trip to a shared database.
     ///
     /// # Errors
     ///
@@ -137,22 +142,47 @@ impl Runtime {
     /// error that stops the whole recovery.
     pub async fn recover_runs(&self, runs: &[RunId]) -> Result<Recovery, RuntimeError> {
         let mut recovery = Recovery::default();
-        for run in runs {
-            self.inner.runs.invalidate(run).await;
-            let status = match self.inner.lock(run).await {
-                Ok(locked) => locked.state().status,
-                // A schedule's record run is its scheduler's, and an
-                // unknown one has nothing to recover.
-                Err(RuntimeError::RunNotFound(_)) => continue,
-                Err(error) => {
-                    tracing::error!(run_id = %run, %error, "a run's log cannot be read; it is left as it is");
-                    recovery.unreadable.push((run.clone(), error));
-                    continue;
-                }
+        let mut left = runs.iter().cloned();
+        let mut reading = tokio::task::JoinSet::new();
+        loop {
+            while reading.len() < RECOVERY_READS {
+                let Some(run) = left.next() else { break };
+                let runtime = self.clone();
+                reading.spawn(async move { runtime.recover_taken(run).await });
+            }
+            let Some(done) = reading.join_next().await else {
+                break;
             };
-            self.recover_one(run.clone(), &status, &mut recovery).await;
+            match done {
+                Ok(one) => {
+                    recovery.resumed += one.resumed;
+                    recovery.unreadable.extend(one.unreadable);
+                }
+                // A recovery that panicked is a bug; it is not hidden.
+                Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+                Err(_) => {}
+            }
         }
         Ok(recovery)
+    }
+
+    /// Recovers one run taken over: its cached copy dropped, its log read.
+    async fn recover_taken(&self, run: RunId) -> Recovery {
+        let mut recovery = Recovery::default();
+        self.inner.runs.invalidate(&run).await;
+        let status = match self.inner.lock(&run).await {
+            Ok(locked) => locked.state().status,
+            // A schedule's record run is its scheduler's, and an
+            // unknown one has nothing to recover.
+            Err(RuntimeError::RunNotFound(_)) => return recovery,
+            Err(error) => {
+                tracing::error!(run_id = %run, %error, "a run's log cannot be read; it is left as it is");
+                recovery.unreadable.push((run, error));
+                return recovery;
+            }
+        };
+        self.recover_one(run, &status, &mut recovery).await;
+        recovery
     }
 
     async fn recover_one(&self, run: RunId, status: &Status, recovery: &mut Recovery) {

@@ -416,3 +416,44 @@ async fn a_tool_is_told_its_run_turn_call_and_creator_and_told_the_same_after_a_
     assert_eq!(first.principal.as_ref(), Some(&principal));
     assert_eq!(seen[1], *first, "the recovered call is told the same");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_taken_over_in_a_batch_larger_than_is_read_at_once_resume_only_the_interrupted_one() {
+    let crash = Crashable::new(
+        r#"{"tool_calls": [{"id": "c1", "name": "gated", "arguments": {}}]}
+{"text": "all done"}"#,
+        Effect::Read,
+        vec![],
+    );
+    let (run, turn) = tokio::task::block_in_place(|| crash.start_and_crash());
+    // Finished runs around it, more than are read at once, and a run
+    // the journal does not know.
+    let finisher = runtime_with(
+        Arc::clone(&crash.journal),
+        r#"{"text": "hi"}"#,
+        tools_with(vec![]),
+    );
+    let mut taken = Vec::new();
+    for _ in 0..40 {
+        let (finished, its_turn) = begin(&finisher, "hello").await;
+        assert_eq!(
+            settle(&finisher, &finished, &its_turn).await.status,
+            Status::Completed
+        );
+        taken.push(finished);
+    }
+    taken.insert(20, run.clone());
+    taken.push(RunId::new("run_never_made").unwrap());
+    let entered = Arc::new(tokio::sync::Notify::new());
+    let runtime = crash.runtime(Arc::clone(&entered));
+    let recovery = runtime.recover_runs(&taken).await.unwrap();
+    assert_eq!(recovery.resumed, 1, "only the interrupted run had work");
+    assert!(recovery.unreadable.is_empty(), "{:?}", recovery.unreadable);
+    tokio::time::timeout(PATIENCE, entered.notified())
+        .await
+        .expect("the interrupted read runs again");
+    crash.gate.notify_one();
+    let view = settle(&runtime, &run, &turn).await;
+    assert_eq!(view.response.as_deref(), Some("all done"));
+    assert_eq!(crash.started.load(Ordering::SeqCst), 2);
+}

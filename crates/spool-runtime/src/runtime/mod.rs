@@ -132,8 +132,8 @@ impl Runtime {
     /// What this runtime had cached of them is dropped first (another
     /// process drove them since), so each is read from its log; the
     /// journal is not listed, so the cost follows the runs taken. Up to
-    /// [`RECOVERY_READS`] runs are read at once: a node may take over tens
-    /// of thousands, each a round trip to a shared database.
+    /// 16 runs are read at once: a node may take over tens of thousands,
+    /// each a round trip to a shared database.
     ///
     /// # Errors
     ///

@@ -310,9 +310,7 @@ pub(crate) async fn keep_node(
     let renewing = tokio::spawn({
         let node = Arc::clone(&node);
         async move {
-            let mut tick = tokio::time::interval(node.lease() / 3);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            tick.tick().await;
+            let mut tick = every_third_of_lease(&node).await;
             loop {
                 tick.tick().await;
                 match node.renew().await {
@@ -331,9 +329,7 @@ pub(crate) async fn keep_node(
     });
     let first = take_over(&node, &runtime).await?;
     tokio::spawn(async move {
-        let mut tick = tokio::time::interval(node.lease() / 3);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tick.tick().await;
+        let mut tick = every_third_of_lease(&node).await;
         loop {
             tick.tick().await;
             // Once the node left, the runs are for the other nodes.
@@ -356,6 +352,15 @@ pub(crate) async fn keep_node(
         }
     });
     Ok(first)
+}
+
+/// A tick every third of the node's lease time, its first (immediate)
+/// one already taken.
+async fn every_third_of_lease(node: &Cluster) -> tokio::time::Interval {
+    let mut tick = tokio::time::interval(node.lease() / 3);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    tick
 }
 
 async fn take_over(

@@ -279,18 +279,13 @@ fn spawn_tls(
     let (handler, stopping) = (Arc::clone(handler), graceful.stopping.clone());
     graceful.connections.spawn(async move {
         let handshake = tokio::time::timeout(HEADER_READ_TIMEOUT, handshake(stream, &acceptor));
-        let mut stop = stopping.clone();
-        let stop = async move {
-            // The guard `wait_for` returns is not held past this line.
-            let _ = stop.wait_for(|stopping| *stopping).await.map(|_| ());
-        };
         tokio::select! {
             shook = handshake => if let Ok(Some(tls)) = shook {
                 connection(tls, handler, stopping).await;
             },
             // A server stopping takes no new requests: a handshake still
             // in progress is dropped, not waited for.
-            () = stop => {}
+            () = stopped(stopping.clone()) => {}
         }
     });
 }
@@ -351,7 +346,7 @@ async fn refuse_plain(stream: &mut TcpStream) {
 
 /// Serves one connection until it closes, or finishes its request in
 /// progress and closes once the server is stopping.
-async fn connection<I>(io: I, handler: Handler, mut stopping: watch::Receiver<bool>)
+async fn connection<I>(io: I, handler: Handler, stopping: watch::Receiver<bool>)
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -367,16 +362,18 @@ where
     let io = TokioIo::new(crate::refusals::Refusals::new(io));
     let connection = builder.serve_connection(io, service).with_upgrades();
     tokio::pin!(connection);
-    let stop = async move {
-        // The guard `wait_for` returns is not held past this line.
-        let _ = stopping.wait_for(|stopping| *stopping).await.map(|_| ());
-    };
     tokio::select! {
         _ = connection.as_mut() => {}
-        () = stop => {
+        () = stopped(stopping) => {
             // Finish the request in progress, take no more.
             connection.as_mut().graceful_shutdown();
             let _ = connection.await;
         }
     }
+}
+
+/// Resolves once the server is stopping (or gone).
+async fn stopped(mut stopping: watch::Receiver<bool>) {
+    // The guard `wait_for` returns is not held past this line.
+    let _ = stopping.wait_for(|stopping| *stopping).await.map(|_| ());
 }

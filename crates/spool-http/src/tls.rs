@@ -56,7 +56,7 @@ pub struct CertificateFiles {
 #[derive(Debug)]
 struct Loaded {
     key: Arc<CertifiedKey>,
-    /// The files' modification times when last read.
+    /// The files' stamps when last read.
     seen: Stamp,
 }
 

@@ -246,6 +246,19 @@ fn cluster_mode_on_a_directory_journal_is_refused_and_its_flags_need_it() {
 }
 
 #[test]
+fn cluster_nodes_on_a_directory_journal_is_refused_naming_the_kind_of_journal_it_needs() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = dir.path().join("journal");
+    let listed = spool(&["cluster", "nodes", "--journal", journal.to_str().unwrap()]);
+    assert!(!listed.status.success());
+    assert!(
+        text(&listed.stderr).contains("a cluster's journal is a postgres:// URL"),
+        "{}",
+        text(&listed.stderr)
+    );
+}
+
+#[test]
 fn a_cluster_node_on_every_interface_needs_an_address_the_others_can_reach() {
     let Some(url) = database() else {
         return;

@@ -142,14 +142,19 @@ impl Inner {
                     return Ok(());
                 };
                 let turn = self.ids.turn_id(run, locked.cached().turns + 1);
-                let started = Event::TurnStarted(TurnStarted {
+                let started = TurnStarted {
                     turn_id: turn,
                     input: queued.input,
                     context: queued.context,
                     policy: spool_wire::run::TurnPolicy::Queue,
                     from_queue: Some(seq),
-                });
-                locked.append(&*self.journal, vec![started]).await
+                };
+                let intent = self.first_intent(locked.cached(), run, &started);
+                let events = [Event::TurnStarted(started)]
+                    .into_iter()
+                    .chain(intent)
+                    .collect();
+                locked.append(&*self.journal, events).await
             }
             Work::Nothing => Ok(()),
         }

@@ -9,7 +9,8 @@ use std::time::Instant;
 use serde::Deserialize;
 use spool_journal::cursor::{ModelStep, ReplayCursor};
 use spool_journal::event::{
-    ModelCallCompleted, ModelCallRequested, TurnCancelled, TurnCompleted, TurnFailed, Usage,
+    ModelCallCompleted, ModelCallRequested, TurnCancelled, TurnCompleted, TurnFailed, TurnStarted,
+    Usage,
 };
 use spool_journal::fold::Status;
 use spool_journal::{Event, RunId, Seq, TurnId};
@@ -94,12 +95,8 @@ impl TurnCtx {
             earlier: Arc::clone(cached.history.messages()),
             hasher: cached.history.hasher().clone(),
             answered: Vec::new(),
-            context: (!start.context.is_empty()).then(|| Message::User {
-                content: format!("Context for this turn only:\n{}", start.context.join("\n")),
-            }),
-            pending: vec![Message::User {
-                content: start.input.clone(),
-            }],
+            context: context_message(start),
+            pending: vec![input_message(start)],
             ordinal: cached.calls_before_turn,
             steer_from: started_at.next(),
             usage: Usage::default(),
@@ -159,11 +156,12 @@ impl TurnCtx {
         if recorded_v1 {
             return request.hash_v1();
         }
-        let mut hasher = self.hasher.clone();
-        for message in self.context.iter().chain(&self.pending) {
-            hasher.push(message);
-        }
-        hasher.finish(tools_digest)
+        request_hash(
+            &self.hasher,
+            self.context.as_ref(),
+            &self.pending,
+            tools_digest,
+        )
     }
 
     /// The model answered: what was pending and the answer join the
@@ -189,7 +187,90 @@ impl TurnCtx {
     }
 }
 
+/// The turn's context, shown to the model before its newest messages.
+fn context_message(start: &TurnStarted) -> Option<Message> {
+    (!start.context.is_empty()).then(|| Message::User {
+        content: format!("Context for this turn only:\n{}", start.context.join("\n")),
+    })
+}
+
+/// The turn's input, the first message its first call sends.
+fn input_message(start: &TurnStarted) -> Message {
+    Message::User {
+        content: start.input.clone(),
+    }
+}
+
+/// A request's hash (the current form): the chain over the history,
+/// extended by the turn's context and the messages pending for the call.
+fn request_hash(
+    history: &RequestHasher,
+    context: Option<&Message>,
+    pending: &[Message],
+    tools_digest: &[u8; 32],
+) -> String {
+    let mut hasher = history.clone();
+    for message in context.into_iter().chain(pending) {
+        hasher.push(message);
+    }
+    hasher.finish(tools_digest)
+}
+
+/// A model call's intent: its request's hash and the messages it adds.
+fn intent(request_hash: String, pending: &[Message]) -> Event {
+    Event::ModelCallRequested(ModelCallRequested {
+        request_hash,
+        new_messages: pending
+            .iter()
+            .map(|m| serde_json::to_value(m).expect("messages are plain JSON"))
+            .collect(),
+    })
+}
+
 impl Inner {
+    /// The intent of the first model call of a turn starting now, for the
+    /// append that records the start: nothing can come between the two
+    /// (input steered into the turn lands after its start, and so after
+    /// this intent), so the request is the one the driver would make
+    /// first. The driver finds it recorded and makes the call, as it makes
+    /// a dangling call after a restart, and a turn commits once less.
+    /// `None` when a budget stops the call before it is asked for: the
+    /// driver then records that, as before.
+    pub(crate) fn first_intent(
+        &self,
+        cached: &Cached,
+        run: &RunId,
+        start: &TurnStarted,
+    ) -> Option<Event> {
+        // The turn's log as it will read once the start is recorded.
+        let turn_log = [spool_journal::Envelope {
+            run_id: run.clone(),
+            seq: cached.next(),
+            recorded_at: time::OffsetDateTime::now_utc(),
+            event: Event::TurnStarted(start.clone()),
+        }];
+        if !matches!(
+            budget::verdict(
+                &self.budgets,
+                self.pricing.as_ref(),
+                &turn_log,
+                &start.turn_id
+            ),
+            Verdict::Within
+        ) {
+            return None;
+        }
+        let context = context_message(start);
+        let pending = [input_message(start)];
+        let hash = request_hash(
+            cached.history.hasher(),
+            context.as_ref(),
+            &pending,
+            &self.tools_digest,
+        );
+        Some(intent(hash, &pending))
+    }
+
     pub(super) async fn run_turn(self: &Arc<Self>, run: &RunId) -> Result<(), RuntimeError> {
         // The token first, then the state: a cancel between the two is seen
         // either as its recorded request or on this token. Taken after the
@@ -362,17 +443,14 @@ impl Inner {
                     return Ok(ModelOutcome::Stopped);
                 }
             }
-            let new_messages = ctx
-                .pending
-                .iter()
-                .map(|m| serde_json::to_value(m).expect("messages are plain JSON"))
-                .collect();
-            let intent = Event::ModelCallRequested(ModelCallRequested {
-                request_hash: hash,
-                new_messages,
-            });
+            let intent = intent(hash, &ctx.pending);
             held.append(&*self.journal, vec![intent]).await?;
             ctx.steer_from = held.cached().next();
+        } else if let Some(recorded) = permit.intent_seq() {
+            // Made under an intent already recorded (with the turn's start,
+            // or before a restart): its deltas follow that intent, as a
+            // live call's follow the one it appends.
+            ctx.steer_from = ctx.steer_from.max(recorded.next());
         }
         drop(locked);
         let answer = self.call_engine(ctx, &request).await;

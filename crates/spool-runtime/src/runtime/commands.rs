@@ -64,18 +64,20 @@ impl Runtime {
             kind: request.kind.clone(),
             principal: request.principal.clone(),
         });
-        let started = Event::TurnStarted(TurnStarted {
+        let started = TurnStarted {
             turn_id: turn.clone(),
             input: request.text.clone(),
             context: request.context.clone(),
             policy: request.policy.unwrap_or(TurnPolicy::Steer),
             from_queue: None,
-        });
+        };
         let mut locked = Locked::fresh(&self.inner.runs, &run).await;
-        match locked
-            .append(&*self.inner.journal, vec![created, started])
-            .await
-        {
+        let intent = self.inner.first_intent(locked.cached(), &run, &started);
+        let events = [created, Event::TurnStarted(started)]
+            .into_iter()
+            .chain(intent)
+            .collect();
+        match locked.append(&*self.inner.journal, events).await {
             Ok(()) => {}
             // Someone else took the address or the operation id first: go
             // through what they made.
@@ -158,14 +160,19 @@ impl Runtime {
             ),
             _ => {
                 let turn = self.inner.ids.turn_id(run, locked.cached().turns + 1);
+                let started = TurnStarted {
+                    turn_id: turn.clone(),
+                    input: message.text,
+                    context: message.context,
+                    policy,
+                    from_queue: None,
+                };
+                let intent = self.inner.first_intent(locked.cached(), run, &started);
                 (
-                    vec![Event::TurnStarted(TurnStarted {
-                        turn_id: turn.clone(),
-                        input: message.text,
-                        context: message.context,
-                        policy,
-                        from_queue: None,
-                    })],
+                    [Event::TurnStarted(started)]
+                        .into_iter()
+                        .chain(intent)
+                        .collect(),
                     Accepted::Started {
                         run: run.clone(),
                         turn,

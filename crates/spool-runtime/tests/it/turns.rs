@@ -75,21 +75,94 @@ async fn an_answer_that_ends_the_turn_is_recorded_in_one_append_with_the_turns_e
     let runtime = Runtime::builder(Arc::clone(&journal)).build();
     let (run, turn) = started(runtime.start(start("hello there")).await.unwrap());
     settle(&runtime, &run, &turn).await;
-    let log = journal.read(&run, Seq(0)).await.unwrap();
-    let stamped: Vec<(&str, i64)> = log
-        .iter()
-        .map(|e| (e.event.kind(), e.recorded_at.unix_timestamp()))
-        .collect();
     assert_eq!(
-        stamped,
+        stamped(&journal, &run, Seq(0)).await,
         [
             ("run_created", 0),
             ("turn_started", 0),
-            ("model_call_requested", 1),
-            ("model_call_completed", 2),
-            ("turn_completed", 2)
+            ("model_call_requested", 0),
+            ("model_call_completed", 1),
+            ("turn_completed", 1)
         ],
-        "three appends: the start, the intent, the answer with the turn's end"
+        "two appends: the start with its first call's intent, the answer with the turn's end"
+    );
+}
+
+/// Each event's kind and the second its append stamped (a clock that
+/// ticks once per append).
+async fn stamped(journal: &Arc<dyn Journal>, run: &RunId, from: Seq) -> Vec<(&'static str, i64)> {
+    journal
+        .read(run, from)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| (e.event.kind(), e.recorded_at.unix_timestamp()))
+        .collect()
+}
+
+/// A journal whose clock ticks one second per append.
+fn ticking_journal() -> Arc<dyn Journal> {
+    let ticks = Arc::new(AtomicUsize::new(0));
+    Arc::new(MemoryJournal::with_clock(Arc::new(move || {
+        let n = ticks.fetch_add(1, Ordering::SeqCst);
+        time::OffsetDateTime::UNIX_EPOCH + time::Duration::seconds(n as i64)
+    })))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_that_starts_a_turn_records_its_first_calls_intent_with_the_start_and_the_call_is_made_once()
+ {
+    let journal = ticking_journal();
+    let runtime = Runtime::builder(Arc::clone(&journal)).build();
+    let (run, first) = started(runtime.start(start("one")).await.unwrap());
+    settle(&runtime, &run, &first).await;
+    let second_at = journal.read(&run, Seq(0)).await.unwrap().len() as u64;
+    let (_, second) = started(
+        runtime
+            .send(&run, message("two", TurnPolicy::Steer))
+            .await
+            .unwrap(),
+    );
+    let view = settle(&runtime, &run, &second).await;
+    // The intent recorded with the start is the request the driver made:
+    // a different one would have stopped the turn as a divergence.
+    assert_eq!(view.status, Status::Completed);
+    assert_eq!(view.response.as_deref(), Some("echo: two"));
+    assert_eq!(
+        stamped(&journal, &run, Seq(second_at)).await,
+        [
+            ("turn_started", 2),
+            ("model_call_requested", 2),
+            ("model_call_completed", 3),
+            ("turn_completed", 3)
+        ]
+    );
+    assert_eq!(
+        requests(&journal, &run).await,
+        [
+            vec![json!({"role": "user", "content": "one"})],
+            vec![json!({"role": "user", "content": "two"})]
+        ],
+        "one intent per turn, each with its turn's input"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_budget_used_up_before_the_first_call_records_the_start_without_an_intent() {
+    let journal: Arc<dyn Journal> = Arc::new(MemoryJournal::new());
+    let runtime = budgeted(
+        &journal,
+        spool_runtime::agent::Budgets {
+            steps_per_turn: Some(0),
+            ..Default::default()
+        },
+    );
+    let (run, turn) = started(runtime.start(start("count")).await.unwrap());
+    let view = settle(&runtime, &run, &turn).await;
+    assert_eq!(view.status, Status::Waiting(SuspendKind::Budget));
+    assert!(
+        requests(&journal, &run).await.is_empty(),
+        "no model call was asked for"
     );
 }
 

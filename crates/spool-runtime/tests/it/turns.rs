@@ -150,15 +150,7 @@ async fn a_message_that_starts_a_turn_records_its_first_calls_intent_with_the_st
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_budget_used_up_before_the_first_call_records_the_start_without_an_intent() {
     let journal: Arc<dyn Journal> = Arc::new(MemoryJournal::new());
-    let runtime = budgeted(
-        &journal,
-        spool_runtime::agent::Budgets {
-            steps_per_turn: Some(0),
-            ..Default::default()
-        },
-    );
-    let (run, turn) = started(runtime.start(start("count")).await.unwrap());
-    let view = settle(&runtime, &run, &turn).await;
+    let (_, run, _, view) = started_under_steps(&journal, 0).await;
     assert_eq!(view.status, Status::Waiting(SuspendKind::Budget));
     assert!(
         requests(&journal, &run).await.is_empty(),
@@ -941,18 +933,28 @@ fn budgeted(journal: &Arc<dyn Journal>, budgets: spool_runtime::agent::Budgets) 
         .build()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_used_up_budget_parks_the_run_and_an_approval_extends_it() {
-    let journal: Arc<dyn Journal> = Arc::new(MemoryJournal::new());
+/// A run started under a `steps_per_turn` budget of `steps` (the
+/// `budgeted` agent), and its view once the turn reaches a boundary.
+async fn started_under_steps(
+    journal: &Arc<dyn Journal>,
+    steps: u64,
+) -> (Runtime, RunId, TurnId, spool_runtime::RunView) {
     let runtime = budgeted(
-        &journal,
+        journal,
         spool_runtime::agent::Budgets {
-            steps_per_turn: Some(1),
+            steps_per_turn: Some(steps),
             ..Default::default()
         },
     );
     let (run, turn) = started(runtime.start(start("count")).await.unwrap());
     let view = settle(&runtime, &run, &turn).await;
+    (runtime, run, turn, view)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_used_up_budget_parks_the_run_and_an_approval_extends_it() {
+    let journal: Arc<dyn Journal> = Arc::new(MemoryJournal::new());
+    let (runtime, run, turn, view) = started_under_steps(&journal, 1).await;
     assert_eq!(view.status, Status::Waiting(SuspendKind::Budget));
     let suspend = view.suspend.unwrap();
     assert_eq!(suspend.kind, SuspendKind::Budget);

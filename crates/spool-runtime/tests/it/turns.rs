@@ -62,16 +62,7 @@ async fn the_echo_engine_answers_echo_and_the_run_completes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_that_ends_the_turn_is_recorded_in_one_append_with_the_turns_end() {
-    // Each append reads the clock once: one tick per append.
-    let ticks = Arc::new(AtomicUsize::new(0));
-    let clock: spool_journal::store::Clock = {
-        let ticks = Arc::clone(&ticks);
-        Arc::new(move || {
-            let n = ticks.fetch_add(1, Ordering::SeqCst);
-            time::OffsetDateTime::UNIX_EPOCH + time::Duration::seconds(n as i64)
-        })
-    };
-    let journal: Arc<dyn Journal> = Arc::new(MemoryJournal::with_clock(clock));
+    let journal = ticking_journal();
     let runtime = Runtime::builder(Arc::clone(&journal)).build();
     let (run, turn) = started(runtime.start(start("hello there")).await.unwrap());
     settle(&runtime, &run, &turn).await;
@@ -100,7 +91,8 @@ async fn stamped(journal: &Arc<dyn Journal>, run: &RunId, from: Seq) -> Vec<(&'s
         .collect()
 }
 
-/// A journal whose clock ticks one second per append.
+/// A journal whose clock ticks one second per append (each append reads
+/// the clock once).
 fn ticking_journal() -> Arc<dyn Journal> {
     let ticks = Arc::new(AtomicUsize::new(0));
     Arc::new(MemoryJournal::with_clock(Arc::new(move || {

@@ -23,10 +23,11 @@
 //!   moves its subscribers' positions (a store's own commits reach its
 //!   own subscribers in process). Commits to runs nobody watches
 //!   elsewhere notify nobody, so they do not queue for the lock under
-//!   which PostgreSQL commits notifying transactions one at a time. The log stays the source of truth: after the
-//!   listening connection is lost and made again, every watched run's
-//!   head is read back, so no append goes unannounced (`listen` says why
-//!   none is missed in between).
+//!   which PostgreSQL commits notifying transactions one at a time. The
+//!   log stays the source of truth: after the listening connection is
+//!   lost and made again, every watched run's head is read back, so no
+//!   append goes unannounced (`listen` says why none is missed in
+//!   between).
 //!
 //! Methods must be called from within a Tokio runtime.
 #![warn(missing_docs)]

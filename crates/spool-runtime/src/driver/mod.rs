@@ -149,11 +149,7 @@ impl Inner {
                     policy: spool_wire::run::TurnPolicy::Queue,
                     from_queue: Some(seq),
                 };
-                let intent = self.first_intent(locked.cached(), run, &started);
-                let events = [Event::TurnStarted(started)]
-                    .into_iter()
-                    .chain(intent)
-                    .collect();
+                let events = self.starting_turn(locked.cached(), run, started);
                 locked.append(&*self.journal, events).await
             }
             Work::Nothing => Ok(()),

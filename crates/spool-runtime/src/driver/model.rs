@@ -228,47 +228,50 @@ fn intent(request_hash: String, pending: &[Message]) -> Event {
 }
 
 impl Inner {
-    /// The intent of the first model call of a turn starting now, for the
-    /// append that records the start: nothing can come between the two
+    /// The events that start a turn: its `turn_started`, and with it the
+    /// intent of its first model call. Nothing can come between the two
     /// (input steered into the turn lands after its start, and so after
     /// this intent), so the request is the one the driver would make
     /// first. The driver finds it recorded and makes the call, as it makes
-    /// a dangling call after a restart, and a turn commits once less.
-    /// `None` when a budget stops the call before it is asked for: the
-    /// driver then records that, as before.
-    pub(crate) fn first_intent(
+    /// a dangling call after a restart, and a turn commits once less. The
+    /// start alone when a budget stops the call before it is asked for:
+    /// the driver then records that, as before.
+    pub(crate) fn starting_turn(
         &self,
         cached: &Cached,
         run: &RunId,
-        start: &TurnStarted,
-    ) -> Option<Event> {
-        // The turn's log as it will read once the start is recorded.
-        let turn_log = [spool_journal::Envelope {
-            run_id: run.clone(),
-            seq: cached.next(),
-            recorded_at: time::OffsetDateTime::now_utc(),
-            event: Event::TurnStarted(start.clone()),
-        }];
-        if !matches!(
-            budget::verdict(
-                &self.budgets,
-                self.pricing.as_ref(),
-                &turn_log,
-                &start.turn_id
-            ),
-            Verdict::Within
-        ) {
-            return None;
-        }
-        let context = context_message(start);
-        let pending = [input_message(start)];
+        start: TurnStarted,
+    ) -> Vec<Event> {
+        let context = context_message(&start);
+        let pending = [input_message(&start)];
         let hash = request_hash(
             cached.history.hasher(),
             context.as_ref(),
             &pending,
             &self.tools_digest,
         );
-        Some(intent(hash, &pending))
+        let turn = start.turn_id.clone();
+        // The turn's log as it will read once the start is recorded.
+        let started = spool_journal::Envelope {
+            run_id: run.clone(),
+            seq: cached.next(),
+            recorded_at: time::OffsetDateTime::now_utc(),
+            event: Event::TurnStarted(start),
+        };
+        let within = matches!(
+            budget::verdict(
+                &self.budgets,
+                self.pricing.as_ref(),
+                std::slice::from_ref(&started),
+                &turn
+            ),
+            Verdict::Within
+        );
+        let mut events = vec![started.event];
+        if within {
+            events.push(intent(hash, &pending));
+        }
+        events
     }
 
     pub(super) async fn run_turn(self: &Arc<Self>, run: &RunId) -> Result<(), RuntimeError> {

@@ -72,10 +72,8 @@ impl Runtime {
             from_queue: None,
         };
         let mut locked = Locked::fresh(&self.inner.runs, &run).await;
-        let intent = self.inner.first_intent(locked.cached(), &run, &started);
-        let events = [created, Event::TurnStarted(started)]
-            .into_iter()
-            .chain(intent)
+        let events = std::iter::once(created)
+            .chain(self.inner.starting_turn(locked.cached(), &run, started))
             .collect();
         match locked.append(&*self.inner.journal, events).await {
             Ok(()) => {}
@@ -167,12 +165,8 @@ impl Runtime {
                     policy,
                     from_queue: None,
                 };
-                let intent = self.inner.first_intent(locked.cached(), run, &started);
                 (
-                    [Event::TurnStarted(started)]
-                        .into_iter()
-                        .chain(intent)
-                        .collect(),
+                    self.inner.starting_turn(locked.cached(), run, started),
                     Accepted::Started {
                         run: run.clone(),
                         turn,

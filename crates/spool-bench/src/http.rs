@@ -358,9 +358,9 @@ pub(crate) fn fanout(scale: Scale) -> anyhow::Result<Vec<Row>> {
         let (close_streams, closing) = watch::channel(false);
         let (url, stop) = start(HttpChannel::new(runtime, closing).handler()).await?;
         let client = Client::new(&url)?;
-        let (many, turn_times) =
+        let (many, turn_times, cpu) =
             latencies(&client, &url, "fanout-many", subscribers, turns).await?;
-        let bare = bare_fanout(subscribers, turns).await?;
+        let (bare, bare_cpu) = bare_fanout(subscribers, turns).await?;
         let mut rows = latency_rows(
             &format!("stream-fanout/{subscribers} subscribers"),
             &many,
@@ -368,14 +368,16 @@ pub(crate) fn fanout(scale: Scale) -> anyhow::Result<Vec<Row>> {
             FanoutTarget::NearTheFloor,
         );
         rows.push(turn_row(subscribers, &turn_times, &bare));
+        rows.push(cpu_row(subscribers, cpu, bare_cpu));
         rows.push(open_streams(&client, &url, held).await?);
         // The latencies at the scale the memory row holds, over fewer
         // turns (each is ten times the lines), measured after it: the
         // memory they leave to the allocator would read as less memory
         // per stream.
         let turns_held = scale.pick(5usize, 2);
-        let (most, turn_times) = latencies(&client, &url, "fanout-most", held, turns_held).await?;
-        let bare = bare_fanout(held, turns_held).await?;
+        let (most, turn_times, cpu) =
+            latencies(&client, &url, "fanout-most", held, turns_held).await?;
+        let (bare, bare_cpu) = bare_fanout(held, turns_held).await?;
         rows.extend(latency_rows(
             &format!("stream-fanout/{held} subscribers"),
             &most,
@@ -383,6 +385,7 @@ pub(crate) fn fanout(scale: Scale) -> anyhow::Result<Vec<Row>> {
             FanoutTarget::NearTheFloor,
         ));
         rows.push(turn_row(held, &turn_times, &bare));
+        rows.push(cpu_row(held, cpu, bare_cpu));
         close_streams.send_replace(true);
         stop.send_replace(true);
         anyhow::Ok(rows)
@@ -403,6 +406,25 @@ fn turn_row(subscribers: usize, turn_times: &[f64], bare: &[f64]) -> Row {
         percentile(bare, 1.0) * 1e3,
     )
     .lower_is_better()
+}
+
+/// The server's CPU time per stream per turn, beside the floor's per
+/// socket per round: with the readers on the same two cores, the slowest
+/// line waits for about all of it, so this is what the p99 follows.
+fn cpu_row(subscribers: usize, cpu: f64, bare_cpu: f64) -> Row {
+    Row::new(
+        format!("stream-fanout/{subscribers} subscribers, server CPU per stream per turn"),
+        cpu,
+        "us",
+        "bare sockets per socket per round",
+        bare_cpu,
+    )
+    .lower_is_better()
+}
+
+/// This process's CPU time so far (user and system), in milliseconds.
+fn own_cpu_ms() -> anyhow::Result<f64> {
+    crate::oneshot::cpu_ms("self", 14)
 }
 
 /// How close to the floor a fan-out's latencies must stay.
@@ -517,14 +539,16 @@ impl Peer {
 /// Opens `subscribers` streams on a fresh run from another process, sends
 /// `turns` messages, each once every subscriber has the last one's answer,
 /// and returns every line's latency (seconds, sorted) at every subscriber,
-/// and each turn's time from its message to every subscriber's answer.
+/// each turn's time from its message to every subscriber's answer, and
+/// this process's CPU time over the turns per subscriber per turn
+/// (microseconds): the server's, with the few requests that send them.
 async fn latencies(
     client: &Client,
     url: &str,
     address: &str,
     subscribers: usize,
     turns: usize,
-) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
+) -> anyhow::Result<(Vec<f64>, Vec<f64>, f64)> {
     let ensured: spool_wire::http::AddressReply = client
         .post(&format!("/addresses/{address}"), &json!({}))
         .await?;
@@ -538,18 +562,25 @@ async fn latencies(
         turns.to_string(),
     ])
     .await?;
+    let cpu_before = own_cpu_ms()?;
     let times = drive_turns(client, &ensured.run_id, turns, &mut peer).await?;
+    let cpu = (own_cpu_ms()? - cpu_before) * 1e3 / (subscribers * turns) as f64;
     let mut all: Vec<f64> = serde_json::from_str(&peer.line().await?)?;
     peer.finish().await?;
     all.sort_by(f64::total_cmp);
-    Ok((all, times))
+    Ok((all, times, cpu))
 }
 
 /// The floor of a fan-out on this machine: one task writes a stream line
 /// (stamped as it is made) to `subscribers` plain loopback sockets in turn,
 /// `rounds` times, each once the reader process has every line of the last;
-/// returns every line's latency (seconds, sorted) at every reader.
-pub(crate) async fn bare_fanout(subscribers: usize, rounds: usize) -> anyhow::Result<Vec<f64>> {
+/// returns every line's latency (seconds, sorted) at every reader, and
+/// this process's CPU time over the rounds per socket per round
+/// (microseconds).
+pub(crate) async fn bare_fanout(
+    subscribers: usize,
+    rounds: usize,
+) -> anyhow::Result<(Vec<f64>, f64)> {
     use tokio::io::AsyncWriteExt;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?.to_string();
@@ -570,6 +601,7 @@ pub(crate) async fn bare_fanout(subscribers: usize, rounds: usize) -> anyhow::Re
     ])
     .await?;
     let mut sockets = accepting.await??;
+    let cpu_before = own_cpu_ms()?;
     for round in 0..rounds {
         let line = spool_wire::http::StreamEvent {
             run_id: "run-bare".into(),
@@ -588,10 +620,11 @@ pub(crate) async fn bare_fanout(subscribers: usize, rounds: usize) -> anyhow::Re
         }
         anyhow::ensure!(peer.line().await? == "turn", "the readers lost a line");
     }
+    let cpu = (own_cpu_ms()? - cpu_before) * 1e3 / (subscribers * rounds) as f64;
     let mut all: Vec<f64> = serde_json::from_str(&peer.line().await?)?;
     peer.finish().await?;
     all.sort_by(f64::total_cmp);
-    Ok(all)
+    Ok((all, cpu))
 }
 
 /// The server's resident bytes per open stream, beside the server's side

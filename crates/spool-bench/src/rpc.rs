@@ -69,7 +69,7 @@ pub(crate) fn fanout(scale: Scale) -> anyhow::Result<Vec<Row>> {
         let mut many: Vec<f64> = serde_json::from_str(&peer.line().await?)?;
         peer.finish().await?;
         many.sort_by(f64::total_cmp);
-        let bare = bare_fanout(subscribers, turns).await?;
+        let (bare, _) = bare_fanout(subscribers, turns).await?;
 
         let mut rows = latency_rows(
             &format!("rpc-fanout/{subscribers} WebSocket subscribers"),

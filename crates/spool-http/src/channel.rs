@@ -20,11 +20,11 @@ use spool_wire::http::{
 };
 use tokio::sync::watch;
 
-use crate::body::{self, Body, ChannelBody};
+use crate::body::{self, Body};
 
 /// The namespace HTTP addresses live in.
 pub const NAMESPACE: &str = "http";
-use crate::stream::STREAM_QUEUE;
+use crate::stream::{OpenStream, StreamBody};
 
 /// The HTTP channel: a runtime, an optional authenticator, and what
 /// `/info` says.
@@ -194,8 +194,8 @@ impl HttpChannel {
         self
     }
 
-    /// How many streams are open, as it changes: each `GET …/stream` runs
-    /// a task until its client goes, the run's stream ends or the server
+    /// How many streams are open, as it changes: each `GET …/stream` is
+    /// open until its client goes, the run's stream ends or the server
     /// shuts down.
     #[must_use]
     pub fn open_streams(&self) -> watch::Receiver<usize> {
@@ -1008,21 +1008,15 @@ impl HttpChannel {
             Err(message) => return Ok(body::error(ErrorCode::BadRequest, message)),
         };
         let subscription = self.runtime.subscribe(run, cursor).await?;
-        let (sender, channel_body) = ChannelBody::new(STREAM_QUEUE);
-        let open = OpenStream::new(&self.streams);
-        let writing = crate::stream::write_stream(
+        let body = StreamBody::new(
             run.clone(),
             cursor,
             subscription,
-            sender,
             self.closing.clone(),
             Arc::clone(&self.lines),
+            OpenStream::new(&self.streams),
         );
-        tokio::spawn(async move {
-            let _open = open;
-            writing.await;
-        });
-        let mut response = Response::new(http_body_util::BodyExt::boxed(channel_body));
+        let mut response = Response::new(http_body_util::BodyExt::boxed(body));
         response.headers_mut().insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static(wire::NDJSON_CONTENT_TYPE),
@@ -1082,23 +1076,6 @@ fn owns(caller: &Caller, owner: Option<&Principal>) -> bool {
         .get(crate::token::ADMIN_ATTRIBUTE)
         .is_some_and(|admin| admin == "true")
         || owner.is_some_and(|owner| owner.scope() == principal.scope())
-}
-
-/// One running stream task, counted in [`HttpChannel::open_streams`]
-/// while it lives.
-struct OpenStream(Arc<watch::Sender<usize>>);
-
-impl OpenStream {
-    fn new(streams: &Arc<watch::Sender<usize>>) -> Self {
-        streams.send_modify(|open| *open += 1);
-        Self(Arc::clone(streams))
-    }
-}
-
-impl Drop for OpenStream {
-    fn drop(&mut self) {
-        self.0.send_modify(|open| *open -= 1);
-    }
 }
 
 /// One request's log line, written when the request ends. A request whose

@@ -1,5 +1,5 @@
 //! The NDJSON stream: what each journal event and live delta becomes as
-//! stream lines, and the task that writes them to one client.
+//! stream lines, and the body that writes them to one client.
 //!
 //! Every line type is a [`StreamEventType`] variant. Journal events are
 //! mapped explicitly: the ones a client acts on become the seed's types
@@ -8,9 +8,13 @@
 //! full requests) become nothing. Recorded sentinels never reach a client:
 //! a tool's result is what the model was shown.
 
+use std::convert::Infallible;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use http_body::Frame;
 
 use spool_journal::{Envelope, Event, RunId, Seq};
 use spool_runtime::engine::Delta;
@@ -18,13 +22,10 @@ use spool_runtime::hub::{StreamItem, Subscription};
 use spool_wire::http::data::{self, to_data};
 use spool_wire::http::{RunState, StreamEvent, StreamEventType};
 use spool_wire::sentinel::{self, Sentinel};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
+use tokio_util::sync::ReusableBoxFuture;
 
 use crate::lines::LineCache;
-
-/// How many stream writes may wait for a slow reader. The last slot is
-/// kept for the `lagged` line that tells it where to resume.
-pub const STREAM_QUEUE: usize = 256;
 
 /// Lines already read are written together up to this many bytes: one
 /// wake and one write for a burst, not one per line.
@@ -396,74 +397,144 @@ fn write_lines(bytes: &mut Vec<u8>, lines: &[StreamEvent]) {
     }
 }
 
-/// Writes `run`'s subscription to `sender` until the client goes, the
-/// stream ends, or `closing` turns true. A reader that stops reading is
-/// sent a `lagged` line with the cursor to resume from, in the queue's
-/// last slot, and the stream ends: nothing is buffered for it beyond the
-/// queue, and it never sees a silent close.
-pub(crate) async fn write_stream(
+/// A run's subscription as a response body, polled by the connection's
+/// own task: an append wakes that task, which reads the new lines and
+/// writes them, with no task or queue between the subscription and the
+/// socket (a stream used to be a writer task feeding the connection's task
+/// through a channel: two wake-ups and a hand-off per write).
+///
+/// A reader that stops reading holds nothing here: the connection stops
+/// polling the body once the socket and hyper's bounded write buffer are
+/// full, and durable events wait in the journal until it reads again. Only
+/// live deltas cannot wait: a reader that falls more than the hub's
+/// `DELTA_QUEUE` behind them is sent a `lagged` line with the cursor to
+/// resume from, and the stream ends. It never sees a silent close. The
+/// stream also ends when the client goes (the connection drops the body)
+/// or when `closing` turns true.
+pub(crate) struct StreamBody {
+    next: ReusableBoxFuture<'static, Option<(Lines, Bytes)>>,
+    ended: bool,
+}
+
+impl StreamBody {
+    pub(crate) fn new(
+        run: RunId,
+        cursor: Option<Seq>,
+        subscription: Subscription,
+        closing: watch::Receiver<bool>,
+        cache: Arc<LineCache>,
+        open: OpenStream,
+    ) -> Self {
+        let lines = Lines {
+            run,
+            last: cursor,
+            subscription,
+            closing,
+            cache,
+            _open: open,
+        };
+        Self {
+            next: ReusableBoxFuture::new(lines.next()),
+            ended: false,
+        }
+    }
+}
+
+impl http_body::Body for StreamBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if self.ended {
+            return Poll::Ready(None);
+        }
+        match std::task::ready!(self.next.poll(cx)) {
+            Some((lines, bytes)) => {
+                // The same future's layout: the box is reused.
+                self.next.set(lines.next());
+                Poll::Ready(Some(Ok(Frame::data(bytes))))
+            }
+            None => {
+                self.ended = true;
+                Poll::Ready(None)
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.ended
+    }
+}
+
+/// What a stream body reads from and writes with; moved into each read.
+struct Lines {
     run: RunId,
-    cursor: Option<Seq>,
-    mut subscription: Subscription,
-    sender: mpsc::Sender<Bytes>,
-    mut closing: watch::Receiver<bool>,
+    /// The last journal position of the lines written so far.
+    last: Option<Seq>,
+    subscription: Subscription,
+    closing: watch::Receiver<bool>,
     cache: Arc<LineCache>,
-) {
-    // The last position of the lines already queued: where a reader that
-    // falls behind resumes.
-    let mut queued = cursor;
-    let mut last = cursor;
-    loop {
-        // A client that goes away drops the body, which closes the
-        // channel: the task ends then, even on a run that never writes
-        // again, instead of waiting for a line to fail on.
-        let item = tokio::select! {
-            item = subscription.next() => item,
-            _ = closing.wait_for(|closing| *closing) => None,
-            () = sender.closed() => None,
-        };
-        let Some(mut item) = item else { break };
-        // The lines already read go out in one write: a subscriber
-        // catching up after a burst is woken and written to once.
-        let mut bytes = Vec::new();
-        let lagged = loop {
-            match &item {
-                StreamItem::Event(envelope) => {
-                    last = Some(envelope.seq);
-                    bytes.extend_from_slice(&cache.line(envelope, |envelope| {
-                        let mut line = Vec::new();
-                        write_lines(&mut line, &event_lines(envelope));
-                        Bytes::from(line)
-                    }));
+    _open: OpenStream,
+}
+
+impl Lines {
+    /// The next bytes to write: every line already read, up to
+    /// `STREAM_BATCH_BYTES`, so a subscriber catching up after a burst is
+    /// written to once. `None` once the stream has ended.
+    async fn next(mut self) -> Option<(Self, Bytes)> {
+        loop {
+            let mut item = tokio::select! {
+                item = self.subscription.next() => item?,
+                _ = self.closing.wait_for(|closing| *closing) => return None,
+            };
+            let mut bytes = Vec::new();
+            loop {
+                match &item {
+                    StreamItem::Event(envelope) => {
+                        self.last = Some(envelope.seq);
+                        bytes.extend_from_slice(&self.cache.line(envelope, |envelope| {
+                            let mut line = Vec::new();
+                            write_lines(&mut line, &event_lines(envelope));
+                            Bytes::from(line)
+                        }));
+                    }
+                    // A `lagged` line ends the subscription: `next` then
+                    // answers `None`.
+                    item => write_lines(&mut bytes, &stream_lines(&self.run, &mut self.last, item)),
                 }
-                item => write_lines(&mut bytes, &stream_lines(&run, &mut last, item)),
+                if bytes.len() >= STREAM_BATCH_BYTES {
+                    break;
+                }
+                match self.subscription.ready() {
+                    Some(next) => item = next,
+                    None => break,
+                }
             }
-            if matches!(item, StreamItem::Lagged { .. }) {
-                break true;
+            // An event that reaches no client (a model call) writes nothing.
+            if !bytes.is_empty() {
+                return Some((self, Bytes::from(bytes)));
             }
-            if bytes.len() >= STREAM_BATCH_BYTES {
-                break false;
-            }
-            match subscription.ready() {
-                Some(next) => item = next,
-                None => break false,
-            }
-        };
-        if bytes.is_empty() {
-            continue;
         }
-        if sender.capacity() <= 1 && !lagged {
-            // The reader is a queue behind: its last slot says where to
-            // resume, and the stream ends.
-            let mut line = Vec::new();
-            write_lines(&mut line, &[lagged_line(&run, queued)]);
-            let _ = sender.try_send(Bytes::from(line));
-            break;
-        }
-        if sender.try_send(Bytes::from(bytes)).is_err() || lagged {
-            break;
-        }
-        queued = last;
+    }
+}
+
+/// One open stream, counted in [`HttpChannel::open_streams`](crate::HttpChannel::open_streams)
+/// while it lives.
+pub(crate) struct OpenStream(Arc<watch::Sender<usize>>);
+
+impl OpenStream {
+    pub(crate) fn new(streams: &Arc<watch::Sender<usize>>) -> Self {
+        streams.send_modify(|open| *open += 1);
+        Self(Arc::clone(streams))
+    }
+}
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        self.0.send_modify(|open| *open -= 1);
     }
 }
 

@@ -818,21 +818,12 @@ async fn runs_with_an_empty_id_is_no_route_and_an_unknown_address_404_names_it()
     server.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reader_that_stops_reading_gets_a_lagged_line_with_its_cursor_and_resumes_from_it() {
-    let server = Server::start(echo_runtime()).await;
-    let ensured = server.post("/spool/v1/addresses/slow", "").await.json();
-    let run = ensured["run_id"].as_str().unwrap().to_owned();
-    let cursor = ensured["cursor"].as_u64().unwrap();
-    // Opened, then not read while far more than the socket's buffers and
-    // the stream's queue can hold is written.
-    let mut slow = Stream::open(
-        &server.addr,
-        &format!("/spool/v1/runs/{run}/stream?cursor={cursor}"),
-    )
-    .await;
+/// Sends `turns` messages of one 60 KB word each to `run`: about 180 KB of
+/// stream lines a turn (the message, its echo as a delta, the response),
+/// far more in all than loopback's socket buffers hold.
+async fn send_big_turns(server: &Server, run: &str, turns: usize) {
     let big = "x".repeat(60_000);
-    for _ in 0..120 {
+    for _ in 0..turns {
         let reply = server
             .post(
                 &format!("/spool/v1/runs/{run}"),
@@ -841,20 +832,128 @@ async fn a_reader_that_stops_reading_gets_a_lagged_line_with_its_cursor_and_resu
             .await;
         assert_eq!(reply.status, 200);
     }
-    let mut last = None;
-    while let Some(line) = slow.next().await {
-        last = Some(line);
+}
+
+/// The positions of the durable lines `stream` sends (deltas carry the
+/// position before them, not one of their own), each once, until the
+/// position `end` or a `lagged` line; returns them and the `lagged` line
+/// if that is where it stopped.
+async fn durable_positions_to(stream: &mut Stream, end: u64) -> (Vec<u64>, Option<Value>) {
+    let mut positions: Vec<u64> = Vec::new();
+    while positions.last().is_none_or(|last| *last < end) {
+        let line = stream.next().await.expect("the stream is open");
+        let kind = line["type"].as_str().unwrap();
+        if kind == "lagged" {
+            return (positions, Some(line));
+        }
+        let seq = line["seq"].as_u64().unwrap();
+        if !kind.ends_with("_delta") && positions.last() != Some(&seq) {
+            positions.push(seq);
+        }
     }
-    let last = last.expect("the stream sent lines before it ended");
+    (positions, None)
+}
+
+/// The positions of the durable lines after `cursor` up to `end`, as a
+/// fresh reader sees them.
+async fn fresh_positions(server: &Server, run: &str, cursor: u64, end: u64) -> Vec<u64> {
+    let mut stream = Stream::open(
+        &server.addr,
+        &format!("/spool/v1/runs/{run}/stream?cursor={cursor}"),
+    )
+    .await;
+    let (positions, lagged) = durable_positions_to(&mut stream, end).await;
+    assert!(lagged.is_none(), "a reader that reads does not lag");
+    positions
+}
+
+/// The run's last position.
+async fn last_position(server: &Server, run: &str) -> u64 {
+    server.get(&format!("/spool/v1/runs/{run}")).await.json()["cursor"]
+        .as_u64()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_that_stops_reading_is_held_back_by_its_socket_and_gets_every_event_when_it_reads_again()
+ {
+    let server = Server::start(echo_runtime()).await;
+    let ensured = server.post("/spool/v1/addresses/slow", "").await.json();
+    let run = ensured["run_id"].as_str().unwrap().to_owned();
+    let cursor = ensured["cursor"].as_u64().unwrap();
+    // Opened, then not read while far more than the socket's buffers can
+    // hold is written: the durable events wait in the journal, not in the
+    // server's memory, and the few deltas stay within the hub's queue.
+    let mut slow = Stream::open(
+        &server.addr,
+        &format!("/spool/v1/runs/{run}/stream?cursor={cursor}"),
+    )
+    .await;
+    send_big_turns(&server, &run, 120).await;
+    let end = last_position(&server, &run).await;
+    let (positions, lagged) = durable_positions_to(&mut slow, end).await;
     assert_eq!(
-        last["type"], "lagged",
-        "the stream ends with where to resume"
+        lagged, None,
+        "a stalled reader of durable events is never cut off"
     );
-    let resume = last["seq"].as_u64().unwrap();
-    assert!(resume >= cursor);
-    // Resuming from it reaches the end of the run with nothing missing.
-    let full = durable_lines_after(&server.addr, &run, resume, "completed").await;
-    assert!(!full.is_empty());
+    assert_eq!(
+        positions,
+        fresh_positions(&server, &run, cursor, end).await,
+        "every durable line, once each and in order"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_that_falls_further_behind_the_live_deltas_than_the_hub_keeps_gets_a_lagged_line_and_resumes_from_it()
+ {
+    let server = Server::start(echo_runtime()).await;
+    let ensured = server.post("/spool/v1/addresses/slow", "").await.json();
+    let run = ensured["run_id"].as_str().unwrap().to_owned();
+    let cursor = ensured["cursor"].as_u64().unwrap();
+    let mut slow = Stream::open(
+        &server.addr,
+        &format!("/spool/v1/runs/{run}/stream?cursor={cursor}"),
+    )
+    .await;
+    // The socket is filled first, so the stream stops being written; then
+    // a reply of more words than the hub keeps deltas for a reader.
+    send_big_turns(&server, &run, 120).await;
+    let words = "w ".repeat(spool_runtime::hub::DELTA_QUEUE + 100);
+    let reply = server
+        .post(
+            &format!("/spool/v1/runs/{run}"),
+            &json!({ "text": words }).to_string(),
+        )
+        .await;
+    assert_eq!(reply.status, 200);
+    let (before, lagged) = durable_positions_to(&mut slow, u64::MAX).await;
+    let lagged = lagged.expect("the stream ends with where to resume");
+    assert!(
+        slow.next().await.is_none(),
+        "the stream ends after its lagged line"
+    );
+    let resume = lagged["seq"].as_u64().unwrap();
+    assert!(
+        before.last().is_some_and(|last| *last <= resume),
+        "{before:?} then {resume}"
+    );
+    // Resuming from it goes on after it: together the two readers saw
+    // every durable line once, in order.
+    let mut resumed = Stream::open(
+        &server.addr,
+        &format!("/spool/v1/runs/{run}/stream?cursor={resume}"),
+    )
+    .await;
+    let reply = server
+        .post(&format!("/spool/v1/runs/{run}"), r#"{"text": "after"}"#)
+        .await;
+    assert_eq!(reply.status, 200);
+    let end = last_position(&server, &run).await;
+    let (after, lagged) = durable_positions_to(&mut resumed, end).await;
+    assert_eq!(lagged, None);
+    let both: Vec<u64> = before.into_iter().chain(after).collect();
+    assert_eq!(both, fresh_positions(&server, &run, cursor, end).await);
     server.stop().await;
 }
 

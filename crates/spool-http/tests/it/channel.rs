@@ -818,12 +818,22 @@ async fn runs_with_an_empty_id_is_no_route_and_an_unknown_address_404_names_it()
     server.stop().await;
 }
 
-/// Sends `turns` messages of one 60 KB word each to `run`: about 180 KB of
-/// stream lines a turn (the message, its echo as a delta, the response),
-/// far more in all than loopback's socket buffers hold.
-async fn send_big_turns(server: &Server, run: &str, turns: usize) {
+/// A run's stream opened from its first position and then not read while
+/// 120 messages of one 60 KB word each are sent: about 180 KB of stream
+/// lines a turn (the message, its echo as a delta, the response), far
+/// more in all than loopback's socket buffers hold. Returns the run, the
+/// stream's cursor and the stream.
+async fn stalled_reader(server: &Server) -> (String, u64, Stream) {
+    let ensured = server.post("/spool/v1/addresses/slow", "").await.json();
+    let run = ensured["run_id"].as_str().unwrap().to_owned();
+    let cursor = ensured["cursor"].as_u64().unwrap();
+    let slow = Stream::open(
+        &server.addr,
+        &format!("/spool/v1/runs/{run}/stream?cursor={cursor}"),
+    )
+    .await;
     let big = "x".repeat(60_000);
-    for _ in 0..turns {
+    for _ in 0..120 {
         let reply = server
             .post(
                 &format!("/spool/v1/runs/{run}"),
@@ -832,6 +842,7 @@ async fn send_big_turns(server: &Server, run: &str, turns: usize) {
             .await;
         assert_eq!(reply.status, 200);
     }
+    (run, cursor, slow)
 }
 
 /// The positions of the durable lines `stream` sends (deltas carry the
@@ -878,18 +889,9 @@ async fn last_position(server: &Server, run: &str) -> u64 {
 async fn a_reader_that_stops_reading_is_held_back_by_its_socket_and_gets_every_event_when_it_reads_again()
  {
     let server = Server::start(echo_runtime()).await;
-    let ensured = server.post("/spool/v1/addresses/slow", "").await.json();
-    let run = ensured["run_id"].as_str().unwrap().to_owned();
-    let cursor = ensured["cursor"].as_u64().unwrap();
-    // Opened, then not read while far more than the socket's buffers can
-    // hold is written: the durable events wait in the journal, not in the
-    // server's memory, and the few deltas stay within the hub's queue.
-    let mut slow = Stream::open(
-        &server.addr,
-        &format!("/spool/v1/runs/{run}/stream?cursor={cursor}"),
-    )
-    .await;
-    send_big_turns(&server, &run, 120).await;
+    // The durable events wait in the journal, not in the server's memory,
+    // and the few deltas stay within the hub's queue.
+    let (run, cursor, mut slow) = stalled_reader(&server).await;
     let end = last_position(&server, &run).await;
     let (positions, lagged) = durable_positions_to(&mut slow, end).await;
     assert_eq!(
@@ -908,17 +910,9 @@ async fn a_reader_that_stops_reading_is_held_back_by_its_socket_and_gets_every_e
 async fn a_reader_that_falls_further_behind_the_live_deltas_than_the_hub_keeps_gets_a_lagged_line_and_resumes_from_it()
  {
     let server = Server::start(echo_runtime()).await;
-    let ensured = server.post("/spool/v1/addresses/slow", "").await.json();
-    let run = ensured["run_id"].as_str().unwrap().to_owned();
-    let cursor = ensured["cursor"].as_u64().unwrap();
-    let mut slow = Stream::open(
-        &server.addr,
-        &format!("/spool/v1/runs/{run}/stream?cursor={cursor}"),
-    )
-    .await;
     // The socket is filled first, so the stream stops being written; then
     // a reply of more words than the hub keeps deltas for a reader.
-    send_big_turns(&server, &run, 120).await;
+    let (run, cursor, mut slow) = stalled_reader(&server).await;
     let words = "w ".repeat(spool_runtime::hub::DELTA_QUEUE + 100);
     let reply = server
         .post(

@@ -412,18 +412,14 @@ impl Writer {
                         self.counters
                             .known
                             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        for entry in done {
-                            entry.commit(&self.watchers);
-                        }
+                        Done::commit_all(done, &self.watchers);
                         return;
                     }
                     Known::Again(refused, batch) => {
                         for run in &runs {
                             self.known.remove(run);
                         }
-                        for entry in refused {
-                            entry.commit(&self.watchers);
-                        }
+                        Done::commit_all(refused, &self.watchers);
                         batch
                     }
                     Known::Unknown(done, reason) => {
@@ -475,12 +471,10 @@ impl Writer {
             }
             return;
         }
-        // Durable now: count it, tell subscribers, then answer callers.
+        // Durable now: count it, answer callers, then tell subscribers.
         self.remember(changed);
         self.counted(operations);
-        for entry in done {
-            entry.commit(&self.watchers);
-        }
+        Done::commit_all(done, &self.watchers);
     }
 
     /// Heads just committed, known from now on.

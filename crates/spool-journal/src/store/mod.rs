@@ -817,6 +817,36 @@ impl Watchers {
         self.tell(run, next, true);
     }
 
+    /// The first half of announcing an append whose caller is answered in
+    /// between: `run`'s subscribers can read `next` from now on (so once
+    /// the caller is answered, a receiver shows its append), but are not
+    /// woken until [`rouse`](Self::rouse). Returns whether they are to be.
+    pub(crate) fn set_quietly(&self, run: &RunId, next: Seq, known_too: bool) -> bool {
+        let mut senders = self.senders();
+        let Some(sender) = senders.map.get(run) else {
+            return false;
+        };
+        if sender.receiver_count() == 0 {
+            senders.map.remove(run);
+            return false;
+        }
+        let mut wake = false;
+        sender.send_if_modified(|seen| {
+            wake = next > *seen || (known_too && next == *seen);
+            *seen = next.max(*seen);
+            // Not marked changed: nobody is woken yet.
+            false
+        });
+        wake
+    }
+
+    /// The second half: wakes `run`'s subscribers.
+    pub(crate) fn rouse(&self, run: &RunId) {
+        if let Some(sender) = self.senders().map.get(run) {
+            sender.send_modify(|_| {});
+        }
+    }
+
     fn tell(&self, run: &RunId, next: Seq, known_too: bool) {
         let mut senders = self.senders();
         if let Some(sender) = senders.map.get(run) {

@@ -279,13 +279,12 @@ impl Syncing {
                 .synced_commit
                 .store(last.number, Ordering::Release);
         }
-        for committed in group {
-            for entry in committed.done {
-                // A subscriber that read the run's head before the sync may
-                // already know this position; it is woken all the same,
-                // since its reads skipped the events until now.
-                entry.commit_with(|run, next| self.watchers.wake(run, next));
-            }
-        }
+        // A subscriber that read the run's head before the sync may
+        // already know a position; it is woken all the same, since its
+        // reads skipped the events until now.
+        Done::commit_all_waking(
+            group.into_iter().flat_map(|committed| committed.done),
+            &self.watchers,
+        );
     }
 }

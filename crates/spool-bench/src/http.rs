@@ -725,7 +725,7 @@ pub(crate) fn subscribe(args: &[String]) -> anyhow::Result<()> {
                         let _ = answered.send(());
                     }
                 }
-                anyhow::Ok(seen)
+                anyhow::Ok((seen, lines))
             }));
         }
         drop(answered);
@@ -734,9 +734,13 @@ pub(crate) fn subscribe(args: &[String]) -> anyhow::Result<()> {
 }
 
 /// Says `turn` each time all `count` readers have had one more answer,
-/// then every latency the readers saw, as one JSON array.
-pub(crate) async fn collect(
-    readers: Vec<tokio::task::JoinHandle<anyhow::Result<Vec<f64>>>>,
+/// then every latency the readers saw, as one JSON array. Each reader
+/// hands back its connection with its latencies, and the connections are
+/// closed only after the last turn: a reader that closed as soon as it had
+/// its last answer would load the last turn's fan-out, still writing to
+/// the others, with thousands of closes.
+pub(crate) async fn collect<C: Send + 'static>(
+    readers: Vec<tokio::task::JoinHandle<anyhow::Result<(Vec<f64>, C)>>>,
     mut answers: tokio::sync::mpsc::UnboundedReceiver<()>,
     count: usize,
     rounds: usize,
@@ -751,10 +755,14 @@ pub(crate) async fn collect(
         say("turn")?;
     }
     let mut all = Vec::new();
+    let mut connections = Vec::with_capacity(readers.len());
     for reader in readers {
-        all.extend(reader.await??);
+        let (seen, connection) = reader.await??;
+        all.extend(seen);
+        connections.push(connection);
     }
     say(&serde_json::to_string(&all)?)?;
+    drop(connections);
     Ok(())
 }
 
@@ -785,7 +793,7 @@ pub(crate) fn lines(args: &[String]) -> anyhow::Result<()> {
                     seen.push((time::OffsetDateTime::now_utc() - event.time).as_seconds_f64());
                     let _ = answered.send(());
                 }
-                anyhow::Ok(seen)
+                anyhow::Ok((seen, lines))
             }));
         }
         drop(answered);

@@ -159,7 +159,7 @@ pub(crate) fn subscribe(args: &[String]) -> anyhow::Result<()> {
                         let _ = answered.send(());
                     }
                 }
-                anyhow::Ok(seen)
+                anyhow::Ok((seen, socket))
             }));
         }
         drop(answered);

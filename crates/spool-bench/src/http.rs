@@ -733,6 +733,9 @@ pub(crate) fn subscribe(args: &[String]) -> anyhow::Result<()> {
     })
 }
 
+/// A reader's task: the latencies it saw, and its connection.
+pub(crate) type Reader<C> = tokio::task::JoinHandle<anyhow::Result<(Vec<f64>, C)>>;
+
 /// Says `turn` each time all `count` readers have had one more answer,
 /// then every latency the readers saw, as one JSON array. Each reader
 /// hands back its connection with its latencies, and the connections are
@@ -740,7 +743,7 @@ pub(crate) fn subscribe(args: &[String]) -> anyhow::Result<()> {
 /// its last answer would load the last turn's fan-out, still writing to
 /// the others, with thousands of closes.
 pub(crate) async fn collect<C: Send + 'static>(
-    readers: Vec<tokio::task::JoinHandle<anyhow::Result<(Vec<f64>, C)>>>,
+    readers: Vec<Reader<C>>,
     mut answers: tokio::sync::mpsc::UnboundedReceiver<()>,
     count: usize,
     rounds: usize,

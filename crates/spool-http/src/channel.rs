@@ -37,8 +37,9 @@ pub struct HttpChannel {
     /// How long a request's body may take to arrive.
     body_timeout: std::time::Duration,
     mounted: Vec<(String, crate::server::Handler)>,
-    lines: Arc<crate::lines::LineCache>,
-    /// How many stream tasks are running.
+    /// Stream lines encoded once for every stream of a run.
+    lines: Arc<crate::stream::SharedLines>,
+    /// How many streams are open.
     streams: Arc<watch::Sender<usize>>,
     /// Who may reach a run.
     access: RunAccess,

@@ -18,7 +18,7 @@ use http_body::Frame;
 
 use spool_journal::{Envelope, Event, RunId, Seq};
 use spool_runtime::engine::Delta;
-use spool_runtime::hub::{StreamItem, Subscription};
+use spool_runtime::hub::{LiveDelta, StreamItem, Subscription};
 use spool_wire::http::data::{self, to_data};
 use spool_wire::http::{RunState, StreamEvent, StreamEventType};
 use spool_wire::sentinel::{self, Sentinel};
@@ -422,7 +422,7 @@ impl StreamBody {
         cursor: Option<Seq>,
         subscription: Subscription,
         closing: watch::Receiver<bool>,
-        cache: Arc<LineCache>,
+        shared: Arc<SharedLines>,
         open: OpenStream,
     ) -> Self {
         let lines = Lines {
@@ -430,7 +430,7 @@ impl StreamBody {
             last: cursor,
             subscription,
             closing,
-            cache,
+            shared,
             _open: open,
         };
         Self {
@@ -469,6 +469,43 @@ impl http_body::Body for StreamBody {
     }
 }
 
+/// The encoded lines every stream of a run shares: a journal event's, by
+/// its position, and a live delta's, by its number. When a commit or a
+/// delta wakes a thousand streams, the first encodes the line and the rest
+/// copy its bytes.
+#[derive(Debug, Default)]
+pub(crate) struct SharedLines {
+    events: LineCache,
+    deltas: LineCache,
+}
+
+impl SharedLines {
+    fn event(&self, envelope: &Envelope) -> Bytes {
+        self.events.line(envelope, |envelope| {
+            let mut line = Vec::new();
+            write_lines(&mut line, &event_lines(envelope));
+            Bytes::from(line)
+        })
+    }
+
+    /// A delta's line, with the time the first stream wrote it. Its `seq`
+    /// is the last position before it (`after - 1`), the same on every
+    /// stream: a delta is delivered just after the events before its place
+    /// and before the rest.
+    fn delta(&self, run: &RunId, delta: &LiveDelta) -> Bytes {
+        // A delta's number names it within its run.
+        self.deltas.get_or_encode(run, Seq(delta.n), || {
+            let last = delta.after.0.checked_sub(1).map(Seq);
+            let mut line = Vec::new();
+            write_lines(
+                &mut line,
+                &[delta_line(run, last, &delta.turn, &delta.delta)],
+            );
+            Bytes::from(line)
+        })
+    }
+}
+
 /// What a stream body reads from and writes with; moved into each read.
 struct Lines {
     run: RunId,
@@ -476,7 +513,7 @@ struct Lines {
     last: Option<Seq>,
     subscription: Subscription,
     closing: watch::Receiver<bool>,
-    cache: Arc<LineCache>,
+    shared: Arc<SharedLines>,
     _open: OpenStream,
 }
 
@@ -495,11 +532,10 @@ impl Lines {
                 match &item {
                     StreamItem::Event(envelope) => {
                         self.last = Some(envelope.seq);
-                        bytes.extend_from_slice(&self.cache.line(envelope, |envelope| {
-                            let mut line = Vec::new();
-                            write_lines(&mut line, &event_lines(envelope));
-                            Bytes::from(line)
-                        }));
+                        bytes.extend_from_slice(&self.shared.event(envelope));
+                    }
+                    StreamItem::Delta(delta) => {
+                        bytes.extend_from_slice(&self.shared.delta(&self.run, delta));
                     }
                     // A `lagged` line ends the subscription: `next` then
                     // answers `None`.

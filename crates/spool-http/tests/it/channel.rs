@@ -1113,3 +1113,54 @@ async fn a_query_parameter_is_percent_decoded_and_refused_when_given_twice() {
     );
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_stream_of_a_run_gets_the_same_delta_lines_each_between_the_positions_around_it() {
+    let server = Server::start(echo_runtime()).await;
+    let run = server.post("/spool/v1/addresses/shared", "").await.json()["run_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let path = format!("/spool/v1/runs/{run}/stream");
+    let mut first = Stream::open(&server.addr, &path).await;
+    let mut second = Stream::open(&server.addr, &path).await;
+    server
+        .post(
+            &format!("/spool/v1/runs/{run}"),
+            r#"{"text": "one two three four"}"#,
+        )
+        .await;
+    // Each stream's lines up to the turn's end, as sent; the deltas of each.
+    let mut deltas = Vec::new();
+    for stream in [&mut first, &mut second] {
+        let mut own = Vec::new();
+        let mut last_durable = 0;
+        let mut waiting = Vec::new();
+        loop {
+            let text = stream.next_text().await.expect("the stream stays open");
+            let line: Value = serde_json::from_str(&text).unwrap();
+            let seq = line["seq"].as_u64().unwrap();
+            if line["type"] == "text_delta" {
+                // The last position before it: at or after the durable line
+                // before it (a model call's position gives no line) and
+                // before the one after it.
+                assert!(seq >= last_durable, "{text}");
+                waiting.push(seq);
+                own.push(text);
+            } else {
+                assert!(waiting.drain(..).all(|delta| delta < seq), "{text}");
+                last_durable = seq;
+            }
+            if line["type"] == "run_state" && line["state"] == "completed" {
+                break;
+            }
+        }
+        deltas.push(own);
+    }
+    assert!(deltas[0].len() >= 4, "a delta a word: {:?}", deltas[0]);
+    assert_eq!(
+        deltas[0], deltas[1],
+        "the same bytes, time included, on both streams"
+    );
+    server.stop().await;
+}

@@ -1011,7 +1011,6 @@ impl HttpChannel {
         let subscription = self.runtime.subscribe(run, cursor).await?;
         let body = StreamBody::new(
             run.clone(),
-            cursor,
             subscription,
             self.closing.clone(),
             Arc::clone(&self.lines),

@@ -419,7 +419,6 @@ pub(crate) struct StreamBody {
 impl StreamBody {
     pub(crate) fn new(
         run: RunId,
-        cursor: Option<Seq>,
         subscription: Subscription,
         closing: watch::Receiver<bool>,
         shared: Arc<SharedLines>,
@@ -427,7 +426,6 @@ impl StreamBody {
     ) -> Self {
         let lines = Lines {
             run,
-            last: cursor,
             subscription,
             closing,
             shared,
@@ -509,8 +507,6 @@ impl SharedLines {
 /// What a stream body reads from and writes with; moved into each read.
 struct Lines {
     run: RunId,
-    /// The last journal position of the lines written so far.
-    last: Option<Seq>,
     subscription: Subscription,
     closing: watch::Receiver<bool>,
     shared: Arc<SharedLines>,
@@ -531,15 +527,16 @@ impl Lines {
             loop {
                 match &item {
                     StreamItem::Event(envelope) => {
-                        self.last = Some(envelope.seq);
                         bytes.extend_from_slice(&self.shared.event(envelope));
                     }
                     StreamItem::Delta(delta) => {
                         bytes.extend_from_slice(&self.shared.delta(&self.run, delta));
                     }
-                    // A `lagged` line ends the subscription: `next` then
-                    // answers `None`.
-                    item => write_lines(&mut bytes, &stream_lines(&self.run, &mut self.last, item)),
+                    // The subscription has ended: `next` then answers
+                    // `None`.
+                    StreamItem::Lagged { last } => {
+                        write_lines(&mut bytes, &[lagged_line(&self.run, *last)]);
+                    }
                 }
                 if bytes.len() >= STREAM_BATCH_BYTES {
                     break;

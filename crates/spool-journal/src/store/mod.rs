@@ -908,4 +908,22 @@ mod tests {
         watchers.notify(&watched, Seq(5));
         assert_eq!(*receiver.borrow(), Seq(5));
     }
+
+    #[test]
+    fn a_position_set_quietly_is_read_at_once_and_wakes_nobody_until_roused() {
+        let watchers = Watchers::default();
+        let run = RunId::new("watched").unwrap();
+        let receiver = watchers.register(&run);
+        assert!(watchers.set_quietly(&run, Seq(2), false));
+        assert_eq!(*receiver.borrow(), Seq(2));
+        assert!(!receiver.has_changed().unwrap(), "nobody woken yet");
+        watchers.rouse(&run);
+        assert!(receiver.has_changed().unwrap());
+        // Positions never move back, and one already known wakes nobody
+        // unless asked to.
+        assert!(!watchers.set_quietly(&run, Seq(1), false));
+        assert_eq!(*receiver.borrow(), Seq(2));
+        assert!(!watchers.set_quietly(&run, Seq(2), false));
+        assert!(watchers.set_quietly(&run, Seq(2), true));
+    }
 }

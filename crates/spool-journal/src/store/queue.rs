@@ -166,7 +166,7 @@ mod tests {
     }
 
     #[test]
-    fn a_commit_answers_its_caller_before_it_wakes_the_runs_subscribers_and_they_read_it_at_once() {
+    fn a_commit_answers_its_caller_before_it_wakes_the_runs_subscribers() {
         let watchers = Watchers::default();
         let run = RunId::new("watched").unwrap();
         let mut receiver = watchers.register(&run);

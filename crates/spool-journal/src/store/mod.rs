@@ -758,6 +758,17 @@ struct Senders {
     sweep_at: usize,
 }
 
+impl Senders {
+    /// `run`'s sender while somebody listens; forgotten once nobody does.
+    fn listened(&mut self, run: &RunId) -> Option<&watch::Sender<Seq>> {
+        if self.map.get(run)?.receiver_count() == 0 {
+            self.map.remove(run);
+            return None;
+        }
+        self.map.get(run)
+    }
+}
+
 /// Sets a run's announced next position to `next` unless it is already
 /// later: positions never move backwards. Subscribers are woken when it
 /// moves, or also when it stays if `known_too`.
@@ -823,13 +834,9 @@ impl Watchers {
     /// woken until [`rouse`](Self::rouse). Returns whether they are to be.
     pub(crate) fn set_quietly(&self, run: &RunId, next: Seq, known_too: bool) -> bool {
         let mut senders = self.senders();
-        let Some(sender) = senders.map.get(run) else {
+        let Some(sender) = senders.listened(run) else {
             return false;
         };
-        if sender.receiver_count() == 0 {
-            senders.map.remove(run);
-            return false;
-        }
         let mut wake = false;
         sender.send_if_modified(|seen| {
             wake = next > *seen || (known_too && next == *seen);
@@ -848,13 +855,8 @@ impl Watchers {
     }
 
     fn tell(&self, run: &RunId, next: Seq, known_too: bool) {
-        let mut senders = self.senders();
-        if let Some(sender) = senders.map.get(run) {
-            if sender.receiver_count() == 0 {
-                senders.map.remove(run);
-            } else {
-                announce(sender, next, known_too);
-            }
+        if let Some(sender) = self.senders().listened(run) {
+            announce(sender, next, known_too);
         }
     }
 

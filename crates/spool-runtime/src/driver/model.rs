@@ -244,12 +244,6 @@ impl Inner {
     ) -> Vec<Event> {
         let context = context_message(&start);
         let pending = [input_message(&start)];
-        let hash = request_hash(
-            cached.history.hasher(),
-            context.as_ref(),
-            &pending,
-            &self.tools_digest,
-        );
         let turn = start.turn_id.clone();
         // The turn's log as it will read once the start is recorded.
         let started = spool_journal::Envelope {
@@ -269,6 +263,13 @@ impl Inner {
         );
         let mut events = vec![started.event];
         if within {
+            // Hashed only for a call that will be asked for.
+            let hash = request_hash(
+                cached.history.hasher(),
+                context.as_ref(),
+                &pending,
+                &self.tools_digest,
+            );
             events.push(intent(hash, &pending));
         }
         events

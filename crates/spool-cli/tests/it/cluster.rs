@@ -458,9 +458,9 @@ impl Deadline {
     }
 }
 
-/// `POST /runs` on `addr`: the id of the one-turn run it completed, or
-/// what answered instead (`STATUS code`, or why there was no answer).
-fn try_run(addr: &str, text: &str) -> Result<String, String> {
+/// `POST /runs` on `addr`: the reply's status and JSON body, or why there
+/// was no reply.
+fn post_run(addr: &str, text: &str) -> Result<(String, serde_json::Value), String> {
     let mut stream = std::net::TcpStream::connect(addr).map_err(|e| e.to_string())?;
     stream
         .set_read_timeout(Some(Duration::from_secs(30)))
@@ -476,15 +476,56 @@ fn try_run(addr: &str, text: &str) -> Result<String, String> {
     stream
         .read_to_string(&mut reply)
         .map_err(|e| e.to_string())?;
-    let status = reply.split(' ').nth(1).unwrap_or_default();
-    let answer: serde_json::Value = serde_json::from_str(body_of(&reply)).unwrap_or_default();
+    let status = reply.split(' ').nth(1).unwrap_or_default().to_owned();
+    let answer = serde_json::from_str(body_of(&reply))
+        .unwrap_or_else(|_| serde_json::Value::String(reply.clone()));
+    Ok((status, answer))
+}
+
+/// `POST /runs` on `addr`: the id of the one-turn run it completed, or
+/// what answered instead (`STATUS code`, or why there was no answer).
+fn try_run(addr: &str, text: &str) -> Result<String, String> {
+    let (status, answer) = post_run(addr, text)?;
     match answer["run_id"].as_str() {
         Some(run) if status == "200" && answer["response"] == format!("echo: {text}") => {
             Ok(run.to_owned())
         }
         _ => Err(format!(
             "{status} {}",
-            answer["code"].as_str().unwrap_or(&reply)
+            answer["code"]
+                .as_str()
+                .map_or_else(|| answer.to_string(), str::to_owned)
+        )),
+    }
+}
+
+/// What a node answered a one-turn run with while its database may be
+/// away.
+enum Outcome {
+    /// Completed: the run's id.
+    Completed(String),
+    /// `202`: the turn was taken (its start is recorded) and waits for the
+    /// journal; the run's id.
+    Taken(String),
+    /// Anything else, as `STATUS code`.
+    Other(String),
+}
+
+fn run_outcome(addr: &str, text: &str) -> Outcome {
+    let (status, answer) = match post_run(addr, text) {
+        Ok(reply) => reply,
+        Err(why) => return Outcome::Other(why),
+    };
+    match (status.as_str(), answer["run_id"].as_str()) {
+        ("200", Some(run)) if answer["response"] == format!("echo: {text}") => {
+            Outcome::Completed(run.to_owned())
+        }
+        ("202", Some(run)) if answer["state"] == "running" => Outcome::Taken(run.to_owned()),
+        _ => Outcome::Other(format!(
+            "{status} {}",
+            answer["code"]
+                .as_str()
+                .map_or_else(|| answer.to_string(), str::to_owned)
         )),
     }
 }
@@ -510,7 +551,7 @@ fn three_nodes_serve_on_after_the_database_is_away_past_their_leases_and_lose_no
     // One client per node, each running one-turn runs one after another
     // and telling the test what answered each.
     let stop = Arc::new(AtomicBool::new(false));
-    let (told, outcomes) = std::sync::mpsc::channel::<(usize, Result<String, String>)>();
+    let (told, outcomes) = std::sync::mpsc::channel::<(usize, Outcome)>();
     let clients: Vec<_> = nodes
         .iter()
         .enumerate()
@@ -523,22 +564,29 @@ fn three_nodes_serve_on_after_the_database_is_away_past_their_leases_and_lose_no
                     if stop.load(Ordering::Relaxed) {
                         break;
                     }
-                    let _ = told.send((client, try_run(&addr, &format!("hello {client}-{n}"))));
+                    let _ = told.send((client, run_outcome(&addr, &format!("hello {client}-{n}"))));
                 }
             })
         })
         .collect();
     drop(told);
     let mut answered: Vec<String> = Vec::new();
+    let mut taken: Vec<String> = Vec::new();
     let mut refused = 0;
-    let mut take = |outcome: Result<String, String>| match outcome {
-        Ok(run) => {
+    let mut take = |outcome: Outcome| match outcome {
+        Outcome::Completed(run) => {
             answered.push(run);
             true
         }
+        // The database went away between the turn's start and its end:
+        // the run was acknowledged, and must not be lost either.
+        Outcome::Taken(run) => {
+            taken.push(run);
+            false
+        }
         // While the database is away a node refuses at once, with the
         // code a client retries on, and records nothing.
-        Err(refusal) => {
+        Outcome::Other(refusal) => {
             assert_eq!(refusal, "503 journal_unavailable");
             refused += 1;
             false
@@ -600,7 +648,7 @@ fn three_nodes_serve_on_after_the_database_is_away_past_their_leases_and_lose_no
             "a node stops cleanly after the restart"
         );
     }
-    // No run a node answered as completed is lost.
+    // No run a node answered as completed is lost, nor one it took.
     let listed = Command::new(env!("CARGO_BIN_EXE_spool"))
         .args(["runs", "list", "--json", "--journal", &url])
         .output()
@@ -616,6 +664,12 @@ fn three_nodes_serve_on_after_the_database_is_away_past_their_leases_and_lose_no
         assert!(
             completed.contains(run.as_str()),
             "run {run} was answered but is not listed completed"
+        );
+    }
+    for run in &taken {
+        assert!(
+            listed.contains(&format!("\"run_id\":\"{run}\"")),
+            "run {run} was taken but is not listed"
         );
     }
 }

@@ -17,7 +17,11 @@ use crate::support::*;
 struct Crashable {
     journal: Arc<dyn Journal>,
     started: Arc<AtomicUsize>,
-    gate: Arc<tokio::sync::Notify>,
+    /// The gate of the runtime made last. Each runtime gets its own: a
+    /// crashed runtime's tasks are dropped in the background, and until
+    /// they are, its tool still waits on its gate and would take the
+    /// permit meant for the recovering runtime's.
+    gate: std::sync::Mutex<Arc<tokio::sync::Notify>>,
     script: &'static str,
     effect: Effect,
     extra: Vec<Arc<dyn Tool>>,
@@ -28,7 +32,7 @@ impl Crashable {
         Self {
             journal: Arc::new(MemoryJournal::new()),
             started: Arc::new(AtomicUsize::new(0)),
-            gate: Arc::new(tokio::sync::Notify::new()),
+            gate: std::sync::Mutex::default(),
             script,
             effect,
             extra,
@@ -36,15 +40,22 @@ impl Crashable {
     }
 
     fn runtime(&self, entered: Arc<tokio::sync::Notify>) -> Runtime {
+        let gate = Arc::new(tokio::sync::Notify::new());
+        *self.gate.lock().unwrap() = Arc::clone(&gate);
         let gated = Arc::new(Gated {
             effect: self.effect,
             started: Arc::clone(&self.started),
             entered,
-            gate: Arc::clone(&self.gate),
+            gate,
         });
         let mut tools: Vec<Arc<dyn Tool>> = vec![gated];
         tools.extend(self.extra.iter().cloned());
         runtime_with(Arc::clone(&self.journal), self.script, tools_with(tools))
+    }
+
+    /// Opens the gate of the runtime made last.
+    fn open_gate(&self) {
+        self.gate.lock().unwrap().notify_one();
     }
 
     /// Starts a run on a runtime of its own and stops that runtime dead
@@ -168,7 +179,7 @@ async fn a_read_interrupted_mid_call_runs_again_and_recorded_results_are_replaye
     tokio::time::timeout(PATIENCE, entered.notified())
         .await
         .expect("the read runs again");
-    crash.gate.notify_one();
+    crash.open_gate();
     let view = settle(&runtime, &run, &turn).await;
     assert_eq!(view.status, Status::Completed);
     assert_eq!(view.response.as_deref(), Some("all done"));
@@ -452,7 +463,7 @@ async fn runs_taken_over_in_a_batch_larger_than_is_read_at_once_resume_only_the_
     tokio::time::timeout(PATIENCE, entered.notified())
         .await
         .expect("the interrupted read runs again");
-    crash.gate.notify_one();
+    crash.open_gate();
     let view = settle(&runtime, &run, &turn).await;
     assert_eq!(view.response.as_deref(), Some("all done"));
     assert_eq!(crash.started.load(Ordering::SeqCst), 2);

@@ -822,15 +822,7 @@ impl Readers {
         rows.iter()
             .map(|row| {
                 let run_id = stored_run_id(row.get(0))?;
-                let head = head_of(&run_id, row, 1)?;
-                Ok(RunSummary {
-                    run_id,
-                    status: head.status,
-                    title: head.title,
-                    created_at: head.created_at,
-                    updated_at: head.updated_at,
-                    next_seq: head.next_seq,
-                })
+                Ok(head_of(&run_id, row, 1)?.into_summary(run_id))
             })
             .collect()
     }

@@ -449,6 +449,48 @@ pub struct Head {
     pub updated_at: OffsetDateTime,
 }
 
+impl Head {
+    /// A run's head before its first event, created at `at`.
+    #[must_use]
+    pub fn genesis(at: OffsetDateTime) -> Self {
+        Head {
+            next_seq: Seq(0),
+            last_hash: chain::GENESIS,
+            status: Status::Pending,
+            title: None,
+            created_at: at,
+            updated_at: at,
+        }
+    }
+
+    /// Moves the head past `event`, recorded at `at` with chain link
+    /// `hash`: what an append does, and what a store that writes heads
+    /// behind its log does to read a head from its row and the log's
+    /// tail.
+    pub fn advance(&mut self, event: &Event, hash: Hash, at: OffsetDateTime) {
+        if let Event::RunCreated(created) = event {
+            self.title.clone_from(&created.title);
+        }
+        self.status = transition(&self.status, event);
+        self.last_hash = hash;
+        self.next_seq = self.next_seq.next();
+        self.updated_at = at;
+    }
+
+    /// What a listing says of run `run_id` at this head.
+    #[must_use]
+    pub fn into_summary(self, run_id: RunId) -> RunSummary {
+        RunSummary {
+            run_id,
+            status: self.status,
+            title: self.title,
+            created_at: self.created_at,
+            updated_at: self.updated_at,
+            next_seq: self.next_seq,
+        }
+    }
+}
+
 /// A stored row: an envelope's exact bytes and its chain hash.
 #[derive(Clone, Debug)]
 pub struct Row {
@@ -539,14 +581,7 @@ pub fn plan(
     if events.is_empty() {
         return Err(invalid("an append holds at least one event"));
     }
-    let mut head = head.cloned().unwrap_or(Head {
-        next_seq: Seq(0),
-        last_hash: chain::GENESIS,
-        status: Status::Pending,
-        title: None,
-        created_at: now,
-        updated_at: now,
-    });
+    let mut head = head.cloned().unwrap_or_else(|| Head::genesis(now));
     let mut plan = Plan {
         envelopes: Vec::with_capacity(events.len()),
         rows: Vec::with_capacity(events.len()),
@@ -564,10 +599,6 @@ pub fn plan(
             _ => {}
         }
         plan.changes.extend(index_changes(&event, seq));
-        if let Event::RunCreated(created) = &event {
-            head.title.clone_from(&created.title);
-        }
-        head.status = transition(&head.status, &event);
         let envelope = Envelope {
             run_id: run.clone(),
             seq,
@@ -577,11 +608,9 @@ pub fn plan(
         let bytes = serde_json::to_vec(&envelope)
             .expect("envelopes are plain JSON values and always serialize");
         let hash = chain::link(&head.last_hash, run, seq, &bytes);
+        head.advance(&envelope.event, hash, now);
         plan.rows.push(Row { seq, bytes, hash });
         plan.envelopes.push(envelope);
-        head.last_hash = hash;
-        head.next_seq = seq.next();
-        head.updated_at = now;
     }
     plan.head = head;
     Ok(plan)

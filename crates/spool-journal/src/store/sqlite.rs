@@ -232,6 +232,14 @@ INSERT INTO indexed (through) VALUES (0);
 
 /// The rest of a journal's tables: run heads and the indexes commands
 /// check (addresses, operation ids, idempotency claims).
+///
+/// A run's row in `runs` is its head as of the index's mark
+/// (`indexed.through`), written with the index in its batches, not by
+/// every commit: rewriting the heads of the runs a commit touched dirtied
+/// pages of their own all over the table (a fifth of appends/s at 64
+/// runs, see docs/performance.md). A head is its row moved on by the run's
+/// events after the mark (`load_head`), and opening the journal writes the
+/// heads of whatever tail a crash left.
 const SCHEMA: &str = "
 CREATE TABLE runs (
     run_id TEXT PRIMARY KEY,
@@ -271,8 +279,11 @@ CREATE UNIQUE INDEX claims_holder ON claims (run_id, call_id);
 /// `schema_version`, the events' vocabulary). Version 1 (no
 /// `store_version`) kept events in a `(run_id, seq)` B-tree; opening such
 /// a journal for writing migrates it, and a read-only open reads it as it
-/// is.
-const STORE_VERSION: u32 = 2;
+/// is. Version 2 wrote every run's head with each commit; version 3 keeps
+/// the same tables and writes heads behind, with the index, so a build
+/// that reads heads from their rows alone must not open it (it would
+/// append after a stale head).
+const STORE_VERSION: u32 = 3;
 
 /// How many events the writer lets go unindexed before it indexes them in
 /// a transaction of their own. The larger, the fewer index pages each
@@ -305,7 +316,8 @@ enum Layout {
     /// Version 1: one `(run_id, seq)` B-tree (read-only opens of a journal
     /// no writer has migrated yet).
     ByRun,
-    /// Version 2: arrival order, indexed behind.
+    /// Versions 2 and 3: arrival order, indexed behind (and, in version 3,
+    /// heads written behind with the index).
     InArrivalOrder,
 }
 
@@ -428,6 +440,10 @@ impl SqliteJournal {
              PRAGMA wal_autocheckpoint={WAL_CHECKPOINT_PAGES}; PRAGMA journal_size_limit={WAL_SIZE_LIMIT};"
         ))
         .map_err(storage)?;
+        // Read before the migration, which catches the heads up with the
+        // log: a commit by another connection after it moves this number,
+        // and the writer then reads heads from the log again.
+        let version = data_version(&conn).map_err(storage)?;
         migrate(&conn)?;
         conn.execute_batch("PRAGMA synchronous=NORMAL")
             .map_err(storage)?;
@@ -452,8 +468,10 @@ impl SqliteJournal {
         let writer = Writer {
             heads: Arc::clone(&heads),
             counters: Arc::clone(&counters),
-            data_version: None,
+            data_version: version,
             unindexed: 0,
+            // Opening wrote the heads of any tail a crash left.
+            behind: Some(HashMap::new()),
             conn,
             receiver,
             clock: options.clock,
@@ -623,7 +641,8 @@ impl Journal for SqliteJournal {
     }
 
     fn runs(&self) -> BoxFuture<'_, Result<Vec<RunSummary>, JournalError>> {
-        Box::pin(self.with_reader(list_runs))
+        let layout = self.readers.layout;
+        Box::pin(self.with_reader(move |conn| list_runs(conn, layout)))
     }
 
     fn runs_with_status(
@@ -631,15 +650,21 @@ impl Journal for SqliteJournal {
         status: Status,
     ) -> BoxFuture<'_, Result<Vec<RunSummary>, JournalError>> {
         // One scan of the heads in SQLite, without sorting them or making
-        // a summary of every run.
+        // a summary of every run; then the runs the log's tail moved on.
+        let layout = self.readers.layout;
         Box::pin(self.with_reader(move |conn| {
-            summaries(
-                conn.prepare_cached(
-                    "SELECT run_id, next_seq, status, title, created_ns, updated_ns FROM runs WHERE status = ?1",
-                )
-                .map_err(storage)?,
-                params![status.encode()],
-            )
+            in_snapshot(conn, |conn| {
+                let stored = summaries(
+                    conn.prepare_cached(
+                        "SELECT run_id, next_seq, status, title, created_ns, updated_ns FROM runs WHERE status = ?1",
+                    )
+                    .map_err(storage)?,
+                    params![status.encode()],
+                )?;
+                let mut runs = with_tail(conn, layout, stored)?;
+                runs.retain(|run| run.status == status);
+                Ok(runs)
+            })
         }))
     }
 
@@ -702,6 +727,7 @@ impl Journal for SqliteJournal {
         run: &'a RunId,
     ) -> BoxFuture<'a, Result<watch::Receiver<Seq>, JournalError>> {
         let owned = run.clone();
+        let layout = self.readers.layout;
         Box::pin(async move {
             // Registered first: a commit after this is announced to it.
             let receiver = self.watchers.register(run);
@@ -711,9 +737,10 @@ impl Journal for SqliteJournal {
                 return Ok(receiver);
             }
             let next = self
-                .with_reader(
-                    move |conn| Ok(load_head(conn, &owned)?.map_or(Seq(0), |h| h.next_seq)),
-                )
+                .with_reader(move |conn| {
+                    in_snapshot(conn, |conn| load_head(conn, layout, &owned))
+                        .map(|head| head.map_or(Seq(0), |h| h.next_seq))
+                })
                 .await?;
             self.watchers.advance(run, next);
             Ok(receiver)
@@ -750,10 +777,16 @@ struct Writer {
     syncer_failed: bool,
     durable: Arc<Durable>,
     /// SQLite's count of commits by *other* connections, as of our last
-    /// transaction: when it moves, our cached heads may be stale.
-    data_version: Option<i64>,
+    /// transaction (or the open): when it moves, our cached heads may be
+    /// stale.
+    data_version: i64,
     /// Events committed since the index last took the tail.
     unindexed: usize,
+    /// The heads of the runs this writer appended to since the index last
+    /// took the tail, which the index writes to their rows; `None` when
+    /// another connection may have appended too (see `data_version`), and
+    /// the index reads the tail's heads from the log instead.
+    behind: Option<HashMap<RunId, Head>>,
     /// See [`Options::keep_wal_below`].
     keep_wal_below: u64,
     /// The write-ahead log's file.
@@ -899,11 +932,6 @@ impl Writer {
             };
             done.push(entry);
         }
-        if broken.is_none()
-            && let Err(error) = write_heads(&self.conn, &pending)
-        {
-            broken = Some(error.to_string());
-        }
         let committing = std::time::Instant::now();
         let last_pos = if appended > 0 {
             self.conn.last_insert_rowid()
@@ -951,6 +979,9 @@ impl Writer {
         for (run, head) in &pending {
             self.unsynced
                 .insert(run.clone(), (self.commits, head.clone()));
+            if let Some(behind) = &mut self.behind {
+                behind.insert(run.clone(), head.clone());
+            }
         }
         let committed = Committed {
             number: self.commits,
@@ -1000,10 +1031,21 @@ impl Writer {
     /// it (the log is written in order).
     fn index_tail(&mut self) {
         let indexed = in_transaction(&self.conn, "indexing appended events", |conn| {
-            conn.execute_batch(INDEX_TAIL)
+            // Another connection may have appended since our last commit
+            // (the next `begin` forgets our heads for it): then ours may
+            // be stale, and the tail's heads are read from the log.
+            let known = if data_version(conn).map_err(storage)? == self.data_version {
+                self.behind.as_ref()
+            } else {
+                None
+            };
+            catch_up(conn, known)
         });
         match indexed {
-            Ok(()) => self.unindexed = 0,
+            Ok(()) => {
+                self.unindexed = 0;
+                self.behind = Some(HashMap::new());
+            }
             // Reads scan the longer tail meanwhile; the next commit tries
             // again.
             Err(error) => {
@@ -1019,14 +1061,14 @@ impl Writer {
         let synced = self.durable.synced_commit.load(Ordering::Acquire);
         self.unsynced.retain(|_, (commit, _)| *commit > synced);
         exec(&self.conn, "BEGIN IMMEDIATE", [])?;
-        let version: i64 = self
-            .conn
-            .prepare_cached("PRAGMA data_version")?
-            .query_row([], |row| row.get(0))?;
-        if self.data_version != Some(version) {
+        let version = data_version(&self.conn)?;
+        if self.data_version != version {
             self.heads.lock().clear();
             self.unsynced.clear();
-            self.data_version = Some(version);
+            // Another connection may have appended to these runs: until
+            // the next index, their rows are moved on from the log.
+            self.behind = None;
+            self.data_version = version;
         }
         Ok(())
     }
@@ -1042,10 +1084,13 @@ impl Writer {
         if let Some((_, head)) = self.unsynced.get(run) {
             return Ok(Some(head.clone()));
         }
+        if let Some(head) = self.behind.as_ref().and_then(|behind| behind.get(run)) {
+            return Ok(Some(head.clone()));
+        }
         if let Some(head) = self.heads.lock().get(run) {
             return Ok(Some(head.clone()));
         }
-        load_head(&self.conn, run)
+        load_head(&self.conn, Layout::InArrivalOrder, run)
     }
 
     fn append(
@@ -1068,6 +1113,13 @@ impl Writer {
         pending.insert(run.clone(), plan.head);
         Ok((plan.envelopes, next))
     }
+}
+
+/// A number SQLite moves whenever a connection other than `conn` commits
+/// to the file.
+fn data_version(conn: &Connection) -> rusqlite::Result<i64> {
+    conn.prepare_cached("PRAGMA data_version")?
+        .query_row([], |row| row.get(0))
 }
 
 fn fail_all(batch: Vec<Op>, message: &str) {
@@ -1179,8 +1231,7 @@ fn write_plan(conn: &Connection, run: &RunId, plan: &super::Plan) -> Result<(), 
     Ok(())
 }
 
-/// Writes each run's head once, however many of its appends the
-/// transaction holds.
+/// Writes the heads of the runs the index's batch moves past.
 fn write_heads(conn: &Connection, heads: &HashMap<RunId, Head>) -> Result<(), JournalError> {
     let mut upsert = conn
         .prepare_cached(
@@ -1256,7 +1307,111 @@ fn claim(conn: &Connection, key: &ClaimKey, holder: &CallRef) -> Result<Claim, J
     }
 }
 
-fn load_head(conn: &Connection, run: &RunId) -> Result<Option<Head>, JournalError> {
+/// A run's head: its row, moved on by its events after the index's mark.
+/// Readers call it inside one read transaction (`in_snapshot`), so the
+/// row and the mark come from the same snapshot; the writer, inside its
+/// own.
+fn load_head(conn: &Connection, layout: Layout, run: &RunId) -> Result<Option<Head>, JournalError> {
+    let row = stored_head(conn, run)?;
+    if layout == Layout::ByRun {
+        return Ok(row);
+    }
+    let mut heads = HashMap::new();
+    if let Some(row) = row {
+        heads.insert(run.clone(), row);
+    }
+    fold_tail(conn, Some(run), &mut heads)?;
+    Ok(heads.remove(run))
+}
+
+/// The events after the index's mark, of every run (`?1` null) or of one.
+const TAIL_EVENTS: &str = "SELECT run_id, seq, body, hash FROM events
+     WHERE pos > (SELECT through FROM indexed) AND (?1 IS NULL OR run_id = ?1) ORDER BY pos";
+
+/// Moves the heads of the runs with events after the index's mark on by
+/// them, into `heads`; `only` narrows it to one run. A head already in
+/// `heads` is taken as that run's row (the stored row is read for any
+/// other), and a run the tail creates starts from its first event.
+fn fold_tail(
+    conn: &Connection,
+    only: Option<&RunId>,
+    heads: &mut HashMap<RunId, Head>,
+) -> Result<(), JournalError> {
+    let mut statement = conn.prepare_cached(TAIL_EVENTS).map_err(storage)?;
+    let mut rows = statement
+        .query(params![only.map(RunId::as_str)])
+        .map_err(storage)?;
+    // Runs whose row was looked for and not found: new in the tail.
+    let mut looked = std::collections::HashSet::new();
+    while let Some(found) = rows.next().map_err(storage)? {
+        let run = stored_run_id(&found.get::<_, String>(0).map_err(storage)?)?;
+        let seq = Seq(u64::try_from(found.get::<_, i64>(1).map_err(storage)?).unwrap_or(u64::MAX));
+        if !heads.contains_key(&run)
+            && looked.insert(run.clone())
+            && let Some(row) = stored_head(conn, &run)?
+        {
+            heads.insert(run.clone(), row);
+        }
+        let next = heads.get(&run).map_or(Seq(0), |head| head.next_seq);
+        // A version-2 journal's rows already count its tail.
+        if seq < next {
+            continue;
+        }
+        let tampered = || {
+            JournalError::from(crate::chain::TamperEvident {
+                run: run.clone(),
+                seq,
+            })
+        };
+        if seq != next {
+            return Err(JournalError::Corrupt {
+                run: run.clone(),
+                seq,
+                reason: format!("the log's tail skips from position {} to {}", next.0, seq.0),
+            });
+        }
+        let body = stored_bytes(found.get_ref(2).map_err(storage)?).ok_or_else(tampered)?;
+        let hash = stored_bytes(found.get_ref(3).map_err(storage)?)
+            .and_then(|hash| Hash::try_from(hash.as_slice()).ok())
+            .ok_or_else(tampered)?;
+        let envelope = decode_row(&run, seq, &body)?;
+        let head = heads
+            .entry(run)
+            .or_insert_with(|| Head::genesis(envelope.recorded_at));
+        // The next append links to this hash: it is checked, as a read
+        // checks it.
+        if crate::chain::link(&head.last_hash, &envelope.run_id, seq, &body) != hash {
+            return Err(crate::chain::TamperEvident {
+                run: envelope.run_id,
+                seq,
+            }
+            .into());
+        }
+        head.advance(&envelope.event, hash, envelope.recorded_at);
+    }
+    Ok(())
+}
+
+/// Indexes the events after the index's mark and writes their runs'
+/// heads: `known` when the writer holds the head of every run in the tail
+/// (it appended them all), else each moved on from its row by the log.
+fn catch_up(conn: &Connection, known: Option<&HashMap<RunId, Head>>) -> Result<(), JournalError> {
+    let folded;
+    let heads = match known {
+        Some(heads) => heads,
+        None => {
+            let mut heads = HashMap::new();
+            fold_tail(conn, None, &mut heads)?;
+            folded = heads;
+            &folded
+        }
+    };
+    write_heads(conn, heads)?;
+    conn.execute_batch(INDEX_TAIL).map_err(storage)
+}
+
+/// A run's row in `runs`: its head as of the index's mark.
+fn stored_head(conn: &Connection, run: &RunId) -> Result<Option<Head>, JournalError> {
     let row = conn
         .prepare_cached(
             "SELECT next_seq, last_hash, status, title, created_ns, updated_ns FROM runs WHERE run_id = ?1",
@@ -1302,15 +1457,7 @@ fn read_events(
 ) -> Result<Vec<Envelope>, JournalError> {
     // One read transaction, so the predecessor's hash, the index's mark
     // and the rows come from the same snapshot.
-    exec(conn, "BEGIN", []).map_err(storage)?;
-    let result = read_snapshot(conn, layout, durable, run, from);
-    // Ending a read transaction cannot lose data, but a connection left
-    // inside one would refuse the next BEGIN: roll back instead.
-    if let Err(error) = exec(conn, "COMMIT", []) {
-        tracing::warn!(%error, "ending a read transaction failed; rolling it back");
-        conn.execute_batch("ROLLBACK").map_err(storage)?;
-    }
-    result
+    in_snapshot(conn, |conn| read_snapshot(conn, layout, durable, run, from))
 }
 
 /// A run's rows from `from` on: the indexed ones in `seq` order, then the
@@ -1437,14 +1584,65 @@ fn scan(
     Ok(())
 }
 
-fn list_runs(conn: &Connection) -> Result<Vec<RunSummary>, JournalError> {
-    summaries(
-        conn.prepare_cached(
-            "SELECT run_id, next_seq, status, title, created_ns, updated_ns FROM runs ORDER BY updated_ns DESC, run_id",
-        )
-        .map_err(storage)?,
-        [],
-    )
+fn list_runs(conn: &Connection, layout: Layout) -> Result<Vec<RunSummary>, JournalError> {
+    in_snapshot(conn, |conn| {
+        let stored = summaries(
+            conn.prepare_cached(
+                "SELECT run_id, next_seq, status, title, created_ns, updated_ns FROM runs",
+            )
+            .map_err(storage)?,
+            [],
+        )?;
+        // Newest first: sorted here, as the tail's runs join the rows.
+        let mut runs = with_tail(conn, layout, stored)?;
+        runs.sort_by(|a, b| {
+            b.updated_at
+                .cmp(&a.updated_at)
+                .then_with(|| a.run_id.as_str().cmp(b.run_id.as_str()))
+        });
+        Ok(runs)
+    })
+}
+
+/// `stored` (summaries of rows) with the runs the log's tail moved on
+/// replaced by their heads, and the runs it created added.
+fn with_tail(
+    conn: &Connection,
+    layout: Layout,
+    mut stored: Vec<RunSummary>,
+) -> Result<Vec<RunSummary>, JournalError> {
+    if layout == Layout::ByRun {
+        return Ok(stored);
+    }
+    let mut moved = HashMap::new();
+    fold_tail(conn, None, &mut moved)?;
+    if moved.is_empty() {
+        return Ok(stored);
+    }
+    stored.retain(|run| !moved.contains_key(&run.run_id));
+    stored.extend(
+        moved
+            .into_iter()
+            .map(|(run_id, head)| head.into_summary(run_id)),
+    );
+    Ok(stored)
+}
+
+/// Runs `read` in one read transaction, so everything it reads comes from
+/// one snapshot (a row and the index's mark, say).
+fn in_snapshot<T>(
+    conn: &Connection,
+    read: impl FnOnce(&Connection) -> Result<T, JournalError>,
+) -> Result<T, JournalError> {
+    exec(conn, "BEGIN", []).map_err(storage)?;
+    let result = read(conn);
+    // Ending a read transaction cannot lose data, but a connection left
+    // inside one would refuse the next BEGIN: roll back instead.
+    if let Err(error) = exec(conn, "COMMIT", []) {
+        tracing::warn!(%error, "ending a read transaction failed; rolling it back");
+        conn.execute_batch("ROLLBACK").map_err(storage)?;
+    }
+    result
 }
 
 /// The summaries `statement` selects (`run_id, next_seq, status, title,
@@ -1498,16 +1696,31 @@ fn migrate(conn: &Connection) -> Result<(), JournalError> {
                  INSERT INTO meta (key, value) VALUES ('schema_version', '{SCHEMA_VERSION}');
                  INSERT INTO meta (key, value) VALUES ('store_version', '{STORE_VERSION}');"
             ))
+            .map_err(storage)
         });
     }
     if check_schema(conn)? == Layout::ByRun {
-        tracing::info!(target: "spool::journal", "moving the journal's events into arrival order (layout version 1 to 2), once");
-        in_transaction(conn, "migrating the journal to layout version 2", |conn| {
+        tracing::info!(target: "spool::journal", "moving the journal's events into arrival order (layout version 1 to 3), once");
+        in_transaction(conn, "migrating the journal to layout version 3", |conn| {
             conn.execute_batch(&format!(
                 "ALTER TABLE events RENAME TO events_by_run; {EVENT_TABLES} {MOVE_BY_RUN} {INDEX_TAIL}
                  INSERT INTO meta (key, value) VALUES ('store_version', '{STORE_VERSION}')
                      ON CONFLICT (key) DO UPDATE SET value = excluded.value;"
             ))
+            .map_err(storage)
+        })?;
+    }
+    // A version-2 journal's rows hold every run's head, its tail's too:
+    // they are already what version 3 keeps, so only the number changes.
+    if stored_version(conn, "store_version")? == Some(2) {
+        in_transaction(conn, "migrating the journal to layout version 3", |conn| {
+            exec(
+                conn,
+                "UPDATE meta SET value = ?1 WHERE key = 'store_version'",
+                params![STORE_VERSION.to_string()],
+            )
+            .map(drop)
+            .map_err(storage)
         })?;
     }
     // Journals made before 2026-12-01 kept the runs in update order in an
@@ -1523,6 +1736,7 @@ fn migrate(conn: &Connection) -> Result<(), JournalError> {
     if by_update {
         in_transaction(conn, "dropping the index of runs by update time", |conn| {
             conn.execute_batch("DROP INDEX runs_updated")
+                .map_err(storage)
         })?;
     }
     // What a crash left unindexed; an open with nothing to index commits
@@ -1538,7 +1752,7 @@ fn migrate(conn: &Connection) -> Result<(), JournalError> {
         return Ok(());
     }
     in_transaction(conn, "indexing the journal's last events", |conn| {
-        conn.execute_batch(INDEX_TAIL)
+        catch_up(conn, None)
     })
 }
 
@@ -1546,19 +1760,27 @@ fn migrate(conn: &Connection) -> Result<(), JournalError> {
 fn in_transaction(
     conn: &Connection,
     doing: &str,
-    work: impl FnOnce(&Connection) -> rusqlite::Result<()>,
+    work: impl FnOnce(&Connection) -> Result<(), JournalError>,
 ) -> Result<(), JournalError> {
     let result = conn
         .execute_batch("BEGIN IMMEDIATE")
+        .map_err(storage)
         .and_then(|()| work(conn))
-        .and_then(|()| conn.execute_batch("COMMIT"));
+        .and_then(|()| conn.execute_batch("COMMIT").map_err(storage));
     result.map_err(|error| {
         if !conn.is_autocommit()
             && let Err(rollback) = conn.execute_batch("ROLLBACK")
         {
             tracing::debug!(error = %rollback, "rollback after a failed transaction");
         }
-        JournalError::storage(format!("{doing}: {error}"))
+        match error {
+            JournalError::Storage { message, source } => JournalError::Storage {
+                message: format!("{doing}: {message}"),
+                source,
+            },
+            // A corrupt or tampered log says so in its own terms.
+            other => other,
+        }
     })
 }
 
@@ -1577,7 +1799,7 @@ fn check_schema(conn: &Connection) -> Result<Layout, JournalError> {
     }
     match stored_version(conn, "store_version")?.unwrap_or(1) {
         1 => Ok(Layout::ByRun),
-        STORE_VERSION => Ok(Layout::InArrivalOrder),
+        2 | STORE_VERSION => Ok(Layout::InArrivalOrder),
         found => Err(JournalError::NewerSchema {
             found,
             supported: STORE_VERSION,
@@ -1856,9 +2078,9 @@ mod tests {
         let mut pool = ReadPool::new(path.clone(), true);
         pool.immutable = true;
         let conn = pool.take().unwrap();
-        check_schema(&conn).unwrap();
-        let immutable = list_runs(&conn).unwrap();
-        let plain = list_runs(&ReadPool::new(path, true).take().unwrap()).unwrap();
+        let layout = check_schema(&conn).unwrap();
+        let immutable = list_runs(&conn, layout).unwrap();
+        let plain = list_runs(&ReadPool::new(path, true).take().unwrap(), layout).unwrap();
         assert_eq!(immutable.len(), 1);
         assert_eq!(immutable, plain);
     }

@@ -275,6 +275,30 @@ async fn a_second_writer_on_the_same_file_does_not_fork_a_runs_chain() {
         5,
         "both writers' events are in one verified chain"
     );
+    // Each writer writes the heads of what it appended when it indexes;
+    // the second, stopping last, must not put back the head it knew.
+    drop(first);
+    drop(second);
+    assert_eq!(stored_next_seqs(dir.path()), vec![("r".to_owned(), 5)]);
+    let listed = SqliteJournal::open_read_only(dir.path())
+        .unwrap()
+        .runs()
+        .await
+        .unwrap();
+    assert_eq!(listed[0].next_seq, Seq(5));
+}
+
+/// Each run's `next_seq` as its row in `runs` holds it, read beside the
+/// store, by run.
+fn stored_next_seqs(dir: &std::path::Path) -> Vec<(String, u64)> {
+    Connection::open(dir.join(FILE_NAME))
+        .unwrap()
+        .prepare("SELECT run_id, next_seq FROM runs ORDER BY run_id")
+        .unwrap()
+        .query_map([], |row| Ok((row.get(0)?, row.get::<_, i64>(1)? as u64)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap()
 }
 
 #[test]
@@ -555,6 +579,157 @@ async fn an_unindexed_tail_left_by_a_crash_is_indexed_at_open() {
     reads_match(&reopened, &logs).await;
 }
 
+/// The journal's layout version, read beside the store.
+fn store_version(dir: &std::path::Path) -> String {
+    Connection::open(dir.join(FILE_NAME))
+        .unwrap()
+        .query_row(
+            "SELECT value FROM meta WHERE key = 'store_version'",
+            [],
+            |row| row.get(0),
+        )
+        .unwrap()
+}
+
+/// Appends one event to `run` where its acknowledged `log` ends, and
+/// keeps it in `log`.
+async fn append_after(journal: &SqliteJournal, run: &RunId, log: &mut Vec<Envelope>) {
+    let appended = journal
+        .append(run, Seq(log.len() as u64), vec![started("after", "x")])
+        .await
+        .unwrap();
+    log.extend(appended);
+}
+
+/// Each run's next position as the log says: `logs`' lengths, by run.
+fn log_lengths(logs: &[(RunId, Vec<Envelope>)]) -> Vec<(String, u64)> {
+    logs.iter()
+        .map(|(run, log)| (run.as_str().to_owned(), log.len() as u64))
+        .collect()
+}
+
+/// What `journal` lists and subscribes at, by run, as `(run, next_seq)`.
+async fn listed_heads(journal: &SqliteJournal) -> Vec<(String, u64)> {
+    let mut listed: Vec<(String, u64)> = journal
+        .runs()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|summary| (summary.run_id.as_str().to_owned(), summary.next_seq.0))
+        .collect();
+    listed.sort();
+    for (run_id, next) in &listed {
+        let positions = journal.subscribe(&run(run_id)).await.unwrap();
+        assert_eq!(*positions.borrow(), Seq(*next), "run {run_id} subscribed");
+    }
+    listed
+}
+
+#[tokio::test]
+async fn a_runs_head_is_written_behind_with_the_index_and_read_from_its_row_and_the_logs_tail() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = SqliteJournal::open(dir.path(), Options::default()).unwrap();
+    let logs = interleaved(&journal, 48).await;
+    let (through, last) = index_mark(dir.path());
+    assert!(0 < through && through < last, "part of the log is a tail");
+    let stored = stored_next_seqs(dir.path());
+    let expected = log_lengths(&logs);
+    assert!(
+        stored.iter().zip(&expected).all(|(row, log)| row.1 < log.1),
+        "the rows are as of the index's mark, behind the logs: {stored:?} against {expected:?}"
+    );
+    assert_eq!(
+        listed_heads(&journal).await,
+        expected,
+        "the writing process"
+    );
+    let read_only = SqliteJournal::open_read_only(dir.path()).unwrap();
+    assert_eq!(listed_heads(&read_only).await, expected, "another reader");
+    let status = read_only.runs().await.unwrap()[0].status;
+    assert_eq!(
+        read_only.runs_with_status(status).await.unwrap().len(),
+        3,
+        "a listing by status reads the tail too"
+    );
+    drop(read_only);
+    drop(journal);
+    assert_eq!(
+        stored_next_seqs(dir.path()),
+        expected,
+        "a clean stop writes the heads"
+    );
+}
+
+#[tokio::test]
+async fn heads_a_crash_left_behind_are_moved_on_from_the_log_at_open_and_appends_go_on_after_them()
+{
+    let dir = tempfile::tempdir().unwrap();
+    let live = dir.path().join("live");
+    let journal = SqliteJournal::open(&live, Options::default()).unwrap();
+    let mut logs = interleaved(&journal, 48).await;
+    // The files as a kill now would leave them: heads as of the mark.
+    let crashed = dir.path().join("crashed");
+    copy_as_crashed(&live, &crashed, &["-wal", "-shm"]);
+    drop(journal);
+    let expected = log_lengths(&logs);
+    assert_ne!(stored_next_seqs(&crashed), expected);
+
+    let reopened = SqliteJournal::open(&crashed, Options::default()).unwrap();
+    assert_eq!(
+        stored_next_seqs(&crashed),
+        expected,
+        "opening writes the tail's heads"
+    );
+    assert_eq!(listed_heads(&reopened).await, expected);
+    for (run, log) in &mut logs {
+        append_after(&reopened, run, log).await;
+    }
+    reads_match(&reopened, &logs).await;
+}
+
+/// Puts a journal of this layout back in version 2's: the same tables, but
+/// every row counting the tail too (version 2 wrote heads with each commit).
+fn to_layout_2(dir: &std::path::Path, through: i64) {
+    Connection::open(dir.join(FILE_NAME))
+        .unwrap()
+        .execute(
+            "UPDATE meta SET value = '2' WHERE key = 'store_version'",
+            [],
+        )
+        .unwrap();
+    Connection::open(dir.join(FILE_NAME))
+        .unwrap()
+        .execute_batch(&format!(
+            "DELETE FROM event_index WHERE pos > {through}; UPDATE indexed SET through = {through};"
+        ))
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_version_2_journal_whose_rows_count_its_tail_is_read_as_it_is_and_migrated_to_version_3()
+{
+    let dir = tempfile::tempdir().unwrap();
+    let mut logs = interleaved(
+        &SqliteJournal::open(dir.path(), Options::default()).unwrap(),
+        48,
+    )
+    .await;
+    to_layout_2(dir.path(), 200);
+    let expected = log_lengths(&logs);
+    assert_eq!(stored_next_seqs(dir.path()), expected);
+    let read_only = SqliteJournal::open_read_only(dir.path()).unwrap();
+    assert_eq!(listed_heads(&read_only).await, expected);
+    reads_match(&read_only, &logs).await;
+    drop(read_only);
+
+    let journal = SqliteJournal::open(dir.path(), Options::default()).unwrap();
+    assert_eq!(store_version(dir.path()), "3");
+    assert_eq!(listed_heads(&journal).await, expected);
+    let (run, log) = &mut logs[2];
+    append_after(&journal, run, log).await;
+    reads_match(&journal, &logs).await;
+}
+
 /// Puts a journal back in the layout of version 1: events in one
 /// `(run_id, seq)` B-tree, and no `store_version`.
 fn to_layout_1(dir: &std::path::Path) {
@@ -591,23 +766,11 @@ async fn a_version_1_journal_is_read_as_it_is_read_only_and_migrated_when_opened
     drop(read_only);
 
     let journal = SqliteJournal::open(dir.path(), Options::default()).unwrap();
-    let conn = Connection::open(dir.path().join(FILE_NAME)).unwrap();
-    let version: String = conn
-        .query_row(
-            "SELECT value FROM meta WHERE key = 'store_version'",
-            [],
-            |row| row.get(0),
-        )
-        .unwrap();
-    assert_eq!(version, "2");
+    assert_eq!(store_version(dir.path()), "3");
     reads_match(&journal, &logs).await;
     // The chains go on where they stopped.
     let (run, log) = &mut logs[1];
-    let appended = journal
-        .append(run, Seq(log.len() as u64), vec![started("after", "x")])
-        .await
-        .unwrap();
-    log.extend(appended);
+    append_after(&journal, run, log).await;
     reads_match(&journal, &logs).await;
 }
 
@@ -634,19 +797,20 @@ async fn subscribing_to_a_run_this_process_wrote_reads_nothing_and_another_run_r
 async fn a_journal_of_a_newer_layout_is_refused_and_left_as_it_is() {
     let dir = tempfile::tempdir().unwrap();
     drop(three_events(dir.path()).await);
-    let conn = Connection::open(dir.path().join(FILE_NAME)).unwrap();
-    conn.execute(
-        "UPDATE meta SET value = '3' WHERE key = 'store_version'",
-        [],
-    )
-    .unwrap();
+    Connection::open(dir.path().join(FILE_NAME))
+        .unwrap()
+        .execute(
+            "UPDATE meta SET value = '4' WHERE key = 'store_version'",
+            [],
+        )
+        .unwrap();
     let error = SqliteJournal::open(dir.path(), Options::default()).unwrap_err();
     assert!(
         matches!(
             error,
             JournalError::NewerSchema {
-                found: 3,
-                supported: 2
+                found: 4,
+                supported: 3
             }
         ),
         "{error}"
@@ -654,18 +818,11 @@ async fn a_journal_of_a_newer_layout_is_refused_and_left_as_it_is() {
     assert!(
         matches!(
             SqliteJournal::open_read_only(dir.path()),
-            Err(JournalError::NewerSchema { found: 3, .. })
+            Err(JournalError::NewerSchema { found: 4, .. })
         ),
         "a read-only open refuses it too"
     );
-    let version: String = conn
-        .query_row(
-            "SELECT value FROM meta WHERE key = 'store_version'",
-            [],
-            |row| row.get(0),
-        )
-        .unwrap();
-    assert_eq!(version, "3", "nothing was migrated");
+    assert_eq!(store_version(dir.path()), "4", "nothing was migrated");
 }
 
 /// The runs were once kept in update order by an index every commit

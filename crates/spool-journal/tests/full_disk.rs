@@ -58,10 +58,11 @@ async fn a_commit_that_meets_a_full_disk_records_nothing_and_the_store_writes_ag
         .await
         .expect("a store with room probes fine");
 
-    // Room for a few small commits more, not for a large one.
+    // Room for a few small commits more, not for a large one: larger than
+    // what the writer keeps written ahead of the log's frames, too.
     let _caught = catch_sigxfsz();
     limit_file_size(Some(files_size(dir.path()) + 64 * 1024));
-    let big = "x".repeat(512 * 1024);
+    let big = "x".repeat(4 * 1024 * 1024);
     let refused = journal
         .append(&r, Seq(2), vec![turn_done("t1", &big)])
         .await

@@ -42,6 +42,7 @@ use crate::event::{Envelope, Event, SCHEMA_VERSION};
 use crate::fold::Status;
 use crate::id::{Address, Principal, RunId, Seq};
 
+mod ahead;
 mod sync;
 use sync::{Committed, Durable, SyncFn, Syncing, sync_wal};
 
@@ -465,6 +466,7 @@ impl SqliteJournal {
             Arc::clone(&heads),
             Arc::clone(&watchers),
         ));
+        let wal = path.with_file_name(format!("{FILE_NAME}-wal"));
         let writer = Writer {
             heads: Arc::clone(&heads),
             counters: Arc::clone(&counters),
@@ -483,7 +485,10 @@ impl SqliteJournal {
             unsynced: HashMap::new(),
             commits: 0,
             keep_wal_below: options.keep_wal_below,
-            wal: path.with_file_name(format!("{FILE_NAME}-wal")),
+            ahead: (options.keep_wal_below == 0 && options.durability == Durability::Full)
+                .then(|| ahead::Ahead::new(&wal, WAL_SIZE_LIMIT)),
+            ahead_failing: false,
+            wal,
         };
         let writer_thread = thread::Builder::new()
             .name("spool-journal-writer".into())
@@ -789,6 +794,13 @@ struct Writer {
     behind: Option<HashMap<RunId, Head>>,
     /// See [`Options::keep_wal_below`].
     keep_wal_below: u64,
+    /// Written blocks kept ahead of the log's last frame (`ahead.rs`): for
+    /// a journal that syncs every commit and empties its log at close;
+    /// `None` for one that keeps a small log for the next process, whose
+    /// size decides that, or does not sync.
+    ahead: Option<ahead::Ahead>,
+    /// Writing the log ahead failed at the last try.
+    ahead_failing: bool,
     /// The write-ahead log's file.
     wal: PathBuf,
 }
@@ -1069,6 +1081,26 @@ impl Writer {
             // the next index, their rows are moved on from the log.
             self.behind = None;
             self.data_version = version;
+        }
+        // Under the log's write lock: nobody else appends frames now.
+        if let Some(ahead) = &mut self.ahead {
+            match ahead.keep() {
+                Ok(written) => {
+                    if written > 0 {
+                        tracing::debug!(target: "spool::journal", bytes = written, "the write-ahead log's file written ahead of its frames");
+                    }
+                    self.ahead_failing = false;
+                }
+                // Only speed is lost (SQLite grows the file itself), and
+                // the next commit tries again: a full disk may have room
+                // by then. Said once per spell of failures.
+                Err(error) => {
+                    if !self.ahead_failing {
+                        tracing::warn!(target: "spool::journal", %error, "the write-ahead log could not be written ahead of its frames");
+                    }
+                    self.ahead_failing = true;
+                }
+            }
         }
         Ok(())
     }
@@ -1940,33 +1972,16 @@ const STATEMENTS_CACHED: usize = 64;
 fn check_wal(path: &Path) -> Result<(), JournalError> {
     let index = path.with_file_name(format!("{FILE_NAME}-shm"));
     let wal = path.with_file_name(format!("{FILE_NAME}-wal"));
-    // The two header copies only: the index itself grows with the log.
-    let mut header = [0_u8; 96];
-    let read = std::fs::File::open(&index)
-        .and_then(|mut file| std::io::Read::read_exact(&mut file, &mut header));
-    if read.is_err() {
+    // The header only: the index itself grows with the log. Without one
+    // (or with one a writer left half written) nothing can be concluded.
+    let Some(expected) = std::fs::File::open(&index)
+        .ok()
+        .and_then(|file| ahead::read_header(&file))
+        .as_ref()
+        .and_then(ahead::wal_end)
+    else {
         return Ok(());
-    }
-    // Two copies of a 48-byte header; a writer between its two writes
-    // leaves them different, and then nothing can be concluded.
-    if header[..48] != header[48..96] {
-        return Ok(());
-    }
-    let u32_at = |at: usize| {
-        u32::from_ne_bytes([header[at], header[at + 1], header[at + 2], header[at + 3]])
     };
-    let version = u32_at(0);
-    let initialized = header[12] == 1;
-    let page_size = match u16::from_ne_bytes([header[14], header[15]]) {
-        1 => 65_536,
-        size => u64::from(size),
-    };
-    let frames = u64::from(u32_at(16));
-    if version != 3_007_000 || !initialized || frames == 0 || page_size < 512 {
-        return Ok(());
-    }
-    // The log's 32-byte header, then per frame a 24-byte header and a page.
-    let expected = 32 + frames * (24 + page_size);
     let found = std::fs::metadata(&wal).map_or(0, |m| m.len());
     if found < expected {
         return Err(JournalError::WalMissing {

@@ -433,23 +433,76 @@ async fn a_journal_whose_wal_went_missing_after_a_crash_is_refused_rather_than_o
         );
     }
 
-    // The log cut short: refused too.
+    // The log cut short of its committed frames (its file may run on past
+    // them, written ahead): refused too.
     let cut = dir.path().join("cut");
     copy_as_crashed(&live, &cut, &["-wal", "-shm"]);
     let wal = cut.join(format!("{FILE_NAME}-wal"));
-    let len = std::fs::metadata(&wal).unwrap().len();
+    let short = committed_wal_end(&cut) / 2;
     std::fs::OpenOptions::new()
         .write(true)
         .open(&wal)
         .unwrap()
-        .set_len(len / 2)
+        .set_len(short)
         .unwrap();
     let error = SqliteJournal::open(&cut, Options::default()).unwrap_err();
     assert!(
-        matches!(error, JournalError::WalMissing { found, .. } if found == len / 2),
+        matches!(error, JournalError::WalMissing { found, .. } if found == short),
         "{error:?}"
     );
     drop(journal);
+}
+
+/// Where the log's committed frames end, by its index's header (the
+/// layout SQLite documents: frames at byte 16, page size at 14).
+fn committed_wal_end(dir: &std::path::Path) -> u64 {
+    let header = std::fs::read(dir.join(format!("{FILE_NAME}-shm"))).unwrap();
+    let frames = u64::from(u32::from_ne_bytes(header[16..20].try_into().unwrap()));
+    let page = u64::from(u16::from_ne_bytes(header[14..16].try_into().unwrap()));
+    32 + frames * (24 + page)
+}
+
+#[tokio::test]
+async fn a_servers_log_file_is_written_ahead_of_its_frames_and_a_crash_there_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let live = dir.path().join("live");
+    let journal = SqliteJournal::open(&live, Options::default()).unwrap();
+    let logs = interleaved(&journal, 48).await;
+    let wal = live.join(format!("{FILE_NAME}-wal"));
+    let (len, end) = (
+        std::fs::metadata(&wal).unwrap().len(),
+        committed_wal_end(&live),
+    );
+    assert!(
+        len >= end + 512 * 1024,
+        "the file runs {len} bytes, its frames {end}: written ahead"
+    );
+    // A kill now leaves zeros past the last frame: no frame to SQLite.
+    let crashed = dir.path().join("crashed");
+    copy_as_crashed(&live, &crashed, &["-wal", "-shm"]);
+    drop(journal);
+    std::fs::remove_file(crashed.join(format!("{FILE_NAME}-shm"))).unwrap();
+    let read_only = SqliteJournal::open_read_only(&crashed).unwrap();
+    reads_match(&read_only, &logs).await;
+    drop(read_only);
+    let reopened = SqliteJournal::open(&crashed, Options::default()).unwrap();
+    reads_match(&reopened, &logs).await;
+    assert_eq!(listed_heads(&reopened).await, log_lengths(&logs));
+}
+
+#[tokio::test]
+async fn a_journal_that_keeps_small_logs_writes_no_log_ahead() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = SqliteJournal::open(dir.path(), keeping_small_logs()).unwrap();
+    interleaved(&journal, 4).await;
+    let len = std::fs::metadata(dir.path().join(format!("{FILE_NAME}-wal")))
+        .unwrap()
+        .len();
+    assert_eq!(
+        len,
+        committed_wal_end(dir.path()),
+        "its size says whether the next process empties it"
+    );
 }
 
 #[test]

@@ -56,10 +56,20 @@ pub(crate) fn dead_collector(scale: Scale) -> anyhow::Result<Vec<Row>> {
                 plain_run.next().await?;
             }
         }
-        let dropped = telemetry
-            .spans
-            .as_ref()
-            .map_or(0, |c| c.dropped.load(std::sync::atomic::Ordering::Relaxed));
+        // A batch is dropped once its last attempt fails, about 1.5 s after
+        // its first (`spool-otel`'s backoff): turns may end sooner than
+        // that, so the proof waits for it, up to a deadline.
+        let dropped = || {
+            telemetry
+                .spans
+                .as_ref()
+                .map_or(0, |c| c.dropped.load(std::sync::atomic::Ordering::Relaxed))
+        };
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        while dropped() == 0 && !scale.quick && Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        let dropped = dropped();
         drop(telemetry);
         anyhow::Ok((plain_run.latencies, observed_run.latencies, dropped))
     })?;

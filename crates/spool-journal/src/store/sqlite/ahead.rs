@@ -29,6 +29,9 @@ const AHEAD: u64 = 512 * 1024;
 /// How much the file grows at a time when it falls short.
 const CHUNK: u64 = 2 * 1024 * 1024;
 
+/// What the file is extended with.
+static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
+
 /// SQLite's WAL index header, both copies: where the log's committed
 /// frames end.
 const HEADER: usize = 96;
@@ -124,9 +127,16 @@ impl Ahead {
         if end + AHEAD <= self.len || self.len + CHUNK > self.limit {
             return Ok(0);
         }
-        let zeros = vec![0_u8; usize::try_from(CHUNK).unwrap_or(usize::MAX)];
-        wal.write_all_at(&zeros, self.len)?;
-        self.len += CHUNK;
+        // From one small static buffer, a piece at a time: freeing a
+        // 2 MiB allocation raises glibc's threshold for mapping large
+        // blocks to that size, so later blocks up to it stay in the
+        // arenas (a server held about 1.3 MB more after 1 000 runs).
+        let mut at = self.len;
+        while at < self.len + CHUNK {
+            wal.write_all_at(&ZEROS, at)?;
+            at += ZEROS.len() as u64;
+        }
+        self.len = at;
         Ok(CHUNK)
     }
 }

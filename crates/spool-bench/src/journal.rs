@@ -207,8 +207,6 @@ fn plain_sqlite_appends(
     Ok(n as f64 / start.elapsed().as_secs_f64())
 }
 
-/// A raw append-only file, `fdatasync` after every batch of `batch`
-/// records: the disk's limit at that batch size.
 /// How large a file the raw floor writes over when its blocks are written
 /// beforehand, as a log is that starts over at its beginning.
 const RAW_RING: usize = 16 * 1024 * 1024;

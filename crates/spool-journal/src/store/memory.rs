@@ -237,20 +237,9 @@ impl Journal for MemoryJournal {
             let mut runs: Vec<RunSummary> = inner
                 .runs
                 .iter()
-                .map(|(run, (head, _))| RunSummary {
-                    run_id: run.clone(),
-                    status: head.status,
-                    title: head.title.clone(),
-                    created_at: head.created_at,
-                    updated_at: head.updated_at,
-                    next_seq: head.next_seq,
-                })
+                .map(|(run, (head, _))| head.clone().into_summary(run.clone()))
                 .collect();
-            runs.sort_by(|a, b| {
-                b.updated_at
-                    .cmp(&a.updated_at)
-                    .then_with(|| a.run_id.cmp(&b.run_id))
-            });
+            super::newest_first(&mut runs);
             Ok(runs)
         })
     }

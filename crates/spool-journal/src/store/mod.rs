@@ -449,6 +449,16 @@ pub struct Head {
     pub updated_at: OffsetDateTime,
 }
 
+/// Orders a listing as every store lists runs: the most recently updated
+/// first, then by run id.
+pub(crate) fn newest_first(runs: &mut [RunSummary]) {
+    runs.sort_by(|a, b| {
+        b.updated_at
+            .cmp(&a.updated_at)
+            .then_with(|| a.run_id.cmp(&b.run_id))
+    });
+}
+
 impl Head {
     /// A run's head before its first event, created at `at`.
     #[must_use]

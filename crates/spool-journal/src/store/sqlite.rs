@@ -1428,13 +1428,11 @@ fn fold_tail(
 /// heads: `known` when the writer holds the head of every run in the tail
 /// (it appended them all), else each moved on from its row by the log.
 fn catch_up(conn: &Connection, known: Option<&HashMap<RunId, Head>>) -> Result<(), JournalError> {
-    let folded;
+    let mut folded = HashMap::new();
     let heads = match known {
         Some(heads) => heads,
         None => {
-            let mut heads = HashMap::new();
-            fold_tail(conn, None, &mut heads)?;
-            folded = heads;
+            fold_tail(conn, None, &mut folded)?;
             &folded
         }
     };
@@ -1627,11 +1625,7 @@ fn list_runs(conn: &Connection, layout: Layout) -> Result<Vec<RunSummary>, Journ
         )?;
         // Newest first: sorted here, as the tail's runs join the rows.
         let mut runs = with_tail(conn, layout, stored)?;
-        runs.sort_by(|a, b| {
-            b.updated_at
-                .cmp(&a.updated_at)
-                .then_with(|| a.run_id.as_str().cmp(b.run_id.as_str()))
-        });
+        super::newest_first(&mut runs);
         Ok(runs)
     })
 }

@@ -740,6 +740,68 @@ async fn heads_a_crash_left_behind_are_moved_on_from_the_log_at_open_and_appends
     reads_match(&reopened, &logs).await;
 }
 
+/// The first event after the index's mark that has a later one of its run
+/// after it too: `(run_id, seq)`.
+fn a_tail_event_with_a_successor(dir: &std::path::Path) -> (String, i64) {
+    Connection::open(dir.join(FILE_NAME))
+        .unwrap()
+        .query_row(
+            "SELECT run_id, seq FROM events e WHERE pos > (SELECT through FROM indexed)
+                 AND EXISTS (SELECT 1 FROM events l WHERE l.run_id = e.run_id AND l.pos > e.pos)
+             ORDER BY pos LIMIT 1",
+            [],
+            |row| Ok((row.get(0)?, row.get(1)?)),
+        )
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_changed_or_missing_event_in_the_tail_a_crash_left_is_refused_at_open_not_folded_into_a_head()
+ {
+    let dir = tempfile::tempdir().unwrap();
+    let live = dir.path().join("live");
+    let journal = SqliteJournal::open(&live, Options::default()).unwrap();
+    interleaved(&journal, 48).await;
+    let changed = dir.path().join("changed");
+    let missing = dir.path().join("missing");
+    copy_as_crashed(&live, &changed, &["-wal", "-shm"]);
+    copy_as_crashed(&live, &missing, &["-wal", "-shm"]);
+    drop(journal);
+
+    let (run_id, seq) = a_tail_event_with_a_successor(&changed);
+    Connection::open(changed.join(FILE_NAME))
+        .unwrap()
+        .execute(
+            "UPDATE events SET body = replace(body, '\"x\"', '\"y\"') WHERE run_id = ?1 AND seq = ?2",
+            rusqlite::params![run_id, seq],
+        )
+        .unwrap();
+    match SqliteJournal::open(&changed, Options::default()) {
+        Err(JournalError::TamperEvident(e)) => {
+            assert_eq!((e.run.as_str(), e.seq), (run_id.as_str(), Seq(seq as u64)));
+        }
+        other => panic!(
+            "a changed tail event must be refused, got {:?}",
+            other.err()
+        ),
+    }
+
+    let (run_id, seq) = a_tail_event_with_a_successor(&missing);
+    Connection::open(missing.join(FILE_NAME))
+        .unwrap()
+        .execute(
+            "DELETE FROM events WHERE run_id = ?1 AND seq = ?2",
+            rusqlite::params![run_id, seq],
+        )
+        .unwrap();
+    match SqliteJournal::open(&missing, Options::default()) {
+        Err(JournalError::Corrupt { run, seq: at, .. }) => {
+            assert_eq!((run.as_str(), at), (run_id.as_str(), Seq(seq as u64 + 1)));
+        }
+        other => panic!("a gap in the tail must be refused, got {:?}", other.err()),
+    }
+}
+
 /// Puts a journal of this layout back in version 2's: the same tables, but
 /// every row counting the tail too (version 2 wrote heads with each commit).
 fn to_layout_2(dir: &std::path::Path, through: i64) {

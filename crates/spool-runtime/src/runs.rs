@@ -157,7 +157,11 @@ pub(crate) struct Cached {
     loaded: bool,
     /// The run's next position.
     next: Seq,
-    /// The folded state.
+    /// The folded state, without its conversation: the model's view of it
+    /// is [`Cached::history`], and the one command that needs its entries'
+    /// positions (compaction) reads the log for them. Kept, it would hold
+    /// every answer a second time, as a JSON tree (about 1.4 KB for a
+    /// one-line answer), in every cached run.
     pub(crate) state: State,
     /// The model's conversation before the current turn's `turn_started`.
     pub(crate) history: History,
@@ -209,6 +213,9 @@ impl Cached {
     /// Folds one appended (or read) event.
     fn apply(&mut self, envelope: Envelope) {
         self.state.apply(&envelope);
+        if !self.state.conversation.is_empty() {
+            self.state.conversation = Vec::new();
+        }
         self.next = envelope.seq.next();
         match &envelope.event {
             Event::TurnStarted(_) => {
@@ -427,6 +434,50 @@ mod tests {
             "{sweeps} sweeps for 936 inserts over the bound"
         );
         drop(held);
+    }
+
+    #[test]
+    fn a_cached_run_keeps_no_copy_of_its_answers_json_once_its_turn_is_over() {
+        let answer = Arc::new(
+            serde_json::json!({"text": "done", "usage": {"input_tokens": 1, "output_tokens": 2}}),
+        );
+        let events = [
+            serde_json::json!({"kind": "run_created", "payload": {}}),
+            serde_json::json!({"kind": "turn_started", "payload": {"turn_id": "turn_1", "input": "go", "policy": "steer"}}),
+            serde_json::json!({"kind": "model_call_requested", "payload": {"request_hash": "h", "new_messages": [{"role": "user", "content": "go"}]}}),
+        ]
+        .into_iter()
+        .map(|event| serde_json::from_value::<Event>(event).expect("an event"))
+        .chain([
+            Event::ModelCallCompleted(spool_journal::event::ModelCallCompleted {
+                message: Arc::clone(&answer),
+                usage: None,
+                finish_reason: None,
+            }),
+            serde_json::from_value(serde_json::json!({"kind": "turn_completed", "payload": {"turn_id": "turn_1", "response": "done"}}))
+                .expect("an event"),
+        ]);
+        let mut cached = Cached::new(None);
+        for (seq, event) in events.enumerate() {
+            cached.apply(Envelope {
+                run_id: run(0),
+                seq: Seq(seq as u64),
+                recorded_at: time::OffsetDateTime::UNIX_EPOCH,
+                event,
+            });
+        }
+        assert_eq!(cached.state.status, Status::Completed);
+        assert_eq!(
+            cached.history.messages().len(),
+            2,
+            "the model still sees both"
+        );
+        assert!(cached.state.conversation.is_empty());
+        assert_eq!(
+            Arc::strong_count(&answer),
+            1,
+            "only the caller holds the answer's JSON tree"
+        );
     }
 
     #[test]

@@ -7,7 +7,7 @@ use spool_journal::event::{
     Resumed, RunCreated, RunRetired, ToolCallAbandoned, ToolCallResolved, TurnStarted,
 };
 use spool_journal::fold::Status;
-use spool_journal::{Event, JournalError, RunId, TurnId};
+use spool_journal::{Event, JournalError, RunId, Seq, TurnId};
 use spool_wire::run::{SuspendKind, TurnPolicy};
 
 use super::{Accepted, CancelOutcome, MessageRequest, Runtime, StartRequest};
@@ -411,7 +411,10 @@ impl Runtime {
                 other => RuntimeError::Engine(other),
             })?;
         drop(messages);
-        let conversation = &locked.state().conversation;
+        // The cache keeps no conversation entries (see `Cached::state`):
+        // their positions come from the log, read while the run is locked.
+        let log = self.inner.journal.read(run, Seq(0)).await?;
+        let conversation = spool_journal::fold::fold(&log).conversation;
         let (Some(first), Some(last)) = (conversation.first(), conversation.last()) else {
             return Ok(());
         };

@@ -912,6 +912,84 @@ async fn compaction_replaces_older_context_with_the_engines_summary_for_the_mode
     assert_eq!(recorded, Some(model_saw.hash()));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_compaction_covers_the_first_summary_and_the_turns_after_it() {
+    let journal: Arc<dyn Journal> = Arc::new(MemoryJournal::new());
+    let runtime = Runtime::builder(Arc::clone(&journal))
+        .engine(Arc::new(Compacting))
+        .build();
+    let (run, turn) = started(runtime.start(start("one")).await.unwrap());
+    settle(&runtime, &run, &turn).await;
+    runtime.compact(&run).await.unwrap();
+    let (_, two) = started(
+        runtime
+            .send(&run, message("two", TurnPolicy::Steer))
+            .await
+            .unwrap(),
+    );
+    settle(&runtime, &run, &two).await;
+    runtime.compact(&run).await.unwrap();
+    let log = journal.read(&run, Seq(0)).await.unwrap();
+    let compactions: Vec<_> = log
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::Compacted(c) => Some((e.seq, c.from, c.to, c.summary.clone())),
+            _ => None,
+        })
+        .collect();
+    let answered: Vec<Seq> = log
+        .iter()
+        .filter(|e| matches!(e.event, Event::ModelCallCompleted(_)))
+        .map(|e| e.seq)
+        .collect();
+    let [
+        (first_at, from, to, first),
+        (_, second_from, second_to, second),
+    ] = compactions.as_slice()
+    else {
+        panic!("two compactions, got {compactions:?}");
+    };
+    // The first covers turn one, from its input to its answer.
+    assert_eq!((*from, *to), (Seq(1), answered[0]));
+    assert_eq!(first, "2 messages so far");
+    // The second starts at the first's summary and ends at turn two's
+    // answer: the positions come from the log, not from the cache.
+    assert_eq!((*second_from, *second_to), (*first_at, answered[1]));
+    assert_eq!(
+        second, "3 messages so far",
+        "the summary, `two` and its answer"
+    );
+    let (_, three) = started(
+        runtime
+            .send(&run, message("three", TurnPolicy::Steer))
+            .await
+            .unwrap(),
+    );
+    settle(&runtime, &run, &three).await;
+    let model_saw = spool_runtime::engine::ModelRequest::new(
+        vec![
+            spool_runtime::Message::User {
+                content: "Summary of the conversation so far: 3 messages so far".into(),
+            },
+            spool_runtime::Message::User {
+                content: "three".into(),
+            },
+        ],
+        spool_runtime::Tools::builtin().specs(),
+    );
+    let recorded = journal
+        .read(&run, Seq(0))
+        .await
+        .unwrap()
+        .into_iter()
+        .rev()
+        .find_map(|e| match e.event {
+            Event::ModelCallRequested(r) => Some(r.request_hash),
+            _ => None,
+        });
+    assert_eq!(recorded, Some(model_saw.hash()));
+}
+
 fn budgeted(journal: &Arc<dyn Journal>, budgets: spool_runtime::agent::Budgets) -> Runtime {
     let (tool, _) = Counting::new("count", Effect::Read);
     let script = r#"{"tool_calls": [{"id": "c1", "name": "count", "arguments": {}}], "usage": {"input_tokens": 10, "output_tokens": 5}}

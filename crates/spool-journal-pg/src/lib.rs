@@ -230,6 +230,9 @@ pub struct PgJournal {
     /// Whether the connections are encrypted (TLS), as the server saw the
     /// first.
     encrypted: bool,
+    /// When callers' appends are recorded: they encode their events
+    /// themselves, off the writers' tasks.
+    clock: Clock,
 }
 
 impl std::fmt::Debug for PgJournal {
@@ -349,6 +352,7 @@ impl PgJournal {
             listener,
             schema,
             encrypted,
+            clock: options.clock,
         })
     }
 
@@ -848,10 +852,10 @@ impl Journal for PgJournal {
         expected: Seq,
         events: Vec<Event>,
     ) -> BoxFuture<'a, Result<Vec<Envelope>, JournalError>> {
+        let append = spool_journal::store::encode(run, expected, events, (self.clock)());
         Box::pin(self.send(Some(run), move |reply| Op::Append {
             run: run.clone(),
-            expected,
-            events,
+            append,
             reply,
         }))
     }

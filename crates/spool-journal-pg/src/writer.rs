@@ -31,7 +31,7 @@ use serde_json::Value;
 use spool_journal::store::queue::{Done, Op};
 use spool_journal::store::{
     CallRef, Claim, ClaimDecision, ClaimKey, ClaimRow, Clock, Head, IndexChange, JournalError,
-    Plan, Watchers, changes_indexes, decide_claim, plan,
+    Plan, Watchers, changes_indexes, decide_claim, link,
 };
 use spool_journal::{Envelope, RunId, Seq};
 use tokio::sync::mpsc;
@@ -401,7 +401,7 @@ impl Writer {
         let operations = batch.len();
         let now = (self.clock)();
         let fence = self.fence.as_ref().map(Fence::node);
-        let batch = match plan_known(&self.known, batch, now) {
+        let batch = match plan_known(&self.known, batch) {
             Err(batch) => batch,
             Ok(planned) => {
                 let runs: Vec<RunId> = planned.changed.keys().cloned().collect();
@@ -500,7 +500,7 @@ impl Writer {
 struct Planned {
     /// The appends planned, in order: the caller, the run, the position
     /// it expected, and its plan.
-    appends: Vec<(AppendReply, RunId, Seq, Plan)>,
+    appends: Vec<(AppendReply, RunId, Plan)>,
     /// Appends their plan refused (an invalid append): so answered
     /// whatever becomes of the rest.
     refused: Vec<Done>,
@@ -520,39 +520,33 @@ type AppendReply = tokio::sync::oneshot::Sender<Result<Vec<Envelope>, JournalErr
 /// run this writer does not know) is planned from no head: if the run
 /// exists after all, its first row is there and the statement fails on
 /// it.
-fn plan_known(
-    known: &HashMap<RunId, Head>,
-    batch: Vec<Op>,
-    now: time::OffsetDateTime,
-) -> Result<Planned, Vec<Op>> {
+fn plan_known(known: &HashMap<RunId, Head>, batch: Vec<Op>) -> Result<Planned, Vec<Op>> {
     let plain = {
         let mut next: HashMap<&RunId, Seq> = HashMap::new();
         batch.iter().all(|op| {
-            let Op::Append {
-                run,
-                expected,
-                events,
-                ..
-            } = op
-            else {
+            let Op::Append { run, append, .. } = op else {
                 return false;
             };
+            let expected = append.expected();
             let Some(at) = next
                 .get(run)
                 .copied()
                 .or_else(|| known.get(run).map(|head| head.next_seq))
                 .or_else(|| {
-                    let creates = *expected == Seq(0)
-                        && matches!(events.first(), Some(spool_journal::Event::RunCreated(_)));
+                    let creates = expected == Seq(0)
+                        && matches!(
+                            append.events().next(),
+                            Some(spool_journal::Event::RunCreated(_))
+                        );
                     creates.then_some(Seq(0))
                 })
             else {
                 return false;
             };
-            if *expected != at || events.iter().any(changes_indexes) {
+            if expected != at || append.events().any(changes_indexes) {
                 return false;
             }
-            next.insert(run, Seq(at.0 + events.len() as u64));
+            next.insert(run, Seq(at.0 + append.len() as u64));
             true
         })
     };
@@ -566,25 +560,19 @@ fn plan_known(
         created: Vec::new(),
     };
     for op in batch {
-        let Op::Append {
-            run,
-            expected,
-            events,
-            reply,
-        } = op
-        else {
+        let Op::Append { run, append, reply } = op else {
             unreachable!("only appends were let through");
         };
         let head = planned.changed.get(&run).or_else(|| known.get(&run));
         let creates = head.is_none();
-        match plan(&run, head, expected, events, now) {
+        match link(&run, head, append) {
             Err(refused) => planned.refused.push(Done::Append(reply, Err(refused))),
             Ok(plan) => {
                 if creates {
                     planned.created.push(run.as_str().to_owned());
                 }
                 planned.changed.insert(run.clone(), plan.head.clone());
-                planned.appends.push((reply, run, expected, plan));
+                planned.appends.push((reply, run, plan));
             }
         }
     }
@@ -621,7 +609,7 @@ async fn write_known(
         created,
     } = planned;
     let mut columns = Columns::default();
-    for (_, run, _, plan) in &mut appends {
+    for (_, run, plan) in &mut appends {
         columns.push(run, std::mem::take(&mut plan.rows));
     }
     let heads = HeadColumns::of(&changed);
@@ -659,15 +647,14 @@ async fn write_known(
         .and(locked.map(drop))
         .and(written)
         .and_then(|row| committed.map(|()| row));
-    let again = |appends: Vec<(AppendReply, RunId, Seq, Plan)>, refused: Vec<Done>| {
+    let again = |appends: Vec<(AppendReply, RunId, Plan)>, refused: Vec<Done>| {
         Known::Again(
             refused,
             appends
                 .into_iter()
-                .map(|(reply, run, expected, plan)| Op::Append {
+                .map(|(reply, run, plan)| Op::Append {
                     run,
-                    expected,
-                    events: plan.envelopes.into_iter().map(|e| e.event).collect(),
+                    append: plan.into_encoded(),
                     reply,
                 })
                 .collect(),
@@ -676,7 +663,7 @@ async fn write_known(
     match outcome {
         Ok(row) if row.get::<_, i64>(0) == columns.seqs.len() as i64 => {
             let mut done = refused;
-            done.extend(appends.into_iter().map(|(reply, run, _, plan)| {
+            done.extend(appends.into_iter().map(|(reply, run, plan)| {
                 Done::Append(reply, Ok((run, plan.envelopes, plan.head.next_seq)))
             }));
             Known::Committed(done, changed)
@@ -850,12 +837,7 @@ async fn transact(
             continue;
         }
         let entry = match op {
-            Op::Append {
-                run,
-                expected,
-                events,
-                reply,
-            } => {
+            Op::Append { run, append, reply } => {
                 let head = changed.get(&run).or_else(|| heads.get(&run));
                 // Whether the append takes the run's lease (nobody holds it).
                 let mut takes_lease = false;
@@ -868,7 +850,7 @@ async fn transact(
                         }
                     }
                 }
-                match plan(&run, head, expected, events, now) {
+                match link(&run, head, append) {
                     Err(refused) => Done::Append(reply, Err(refused)),
                     Ok(plan) => match write_changes(client, st, &run, &plan.changes).await {
                         Err(error) => {

@@ -38,9 +38,12 @@ fn check_id(what: &'static str, value: &str) -> Result<(), InvalidId> {
 macro_rules! id_type {
     ($(#[$meta:meta])* $name:ident, $what:literal) => {
         $(#[$meta])*
-        #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-        #[serde(transparent)]
-        pub struct $name(String);
+        ///
+        /// Shared text: a clone is a count, not a copy. Ids are copied into
+        /// every envelope, head, cache key and stream line of their run,
+        /// many times per event.
+        #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub struct $name(std::sync::Arc<str>);
 
         impl $name {
             /// Checks and wraps an id.
@@ -50,9 +53,12 @@ macro_rules! id_type {
             /// [`InvalidId`] when it is empty, over 128 bytes, or holds a
             /// character other than ASCII letters, digits, `.`, `_`, `:`, `-`.
             pub fn new(value: impl Into<String>) -> Result<Self, InvalidId> {
-                let value = value.into();
-                check_id($what, &value)?;
-                Ok(Self(value))
+                Self::checked(&value.into())
+            }
+
+            fn checked(value: &str) -> Result<Self, InvalidId> {
+                check_id($what, value)?;
+                Ok(Self(value.into()))
             }
 
             /// The id as text.
@@ -68,16 +74,34 @@ macro_rules! id_type {
             }
         }
 
+        impl Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.serialize_str(&self.0)
+            }
+        }
+
         impl<'de> Deserialize<'de> for $name {
             fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-                Self::new(String::deserialize(deserializer)?).map_err(serde::de::Error::custom)
+                // Read from the input's own text where it can be: one
+                // copy, into the shared text.
+                struct Text;
+                impl serde::de::Visitor<'_> for Text {
+                    type Value = $name;
+                    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                        f.write_str(concat!("a ", $what))
+                    }
+                    fn visit_str<E: serde::de::Error>(self, value: &str) -> Result<$name, E> {
+                        $name::checked(value).map_err(E::custom)
+                    }
+                }
+                deserializer.deserialize_str(Text)
             }
         }
 
         impl std::str::FromStr for $name {
             type Err = InvalidId;
             fn from_str(value: &str) -> Result<Self, InvalidId> {
-                Self::new(value)
+                Self::checked(value)
             }
         }
     };
@@ -185,6 +209,21 @@ mod tests {
             assert!(RunId::new(bad).is_err(), "{bad:?}");
         }
         assert!(serde_json::from_str::<TurnId>("\"a b\"").is_err());
+    }
+
+    #[test]
+    fn an_id_reads_the_same_from_escaped_or_owned_json_and_writes_as_a_plain_string() {
+        let plain: RunId = serde_json::from_str("\"run-1\"").unwrap();
+        // An escape makes the parser hand over owned text, not a slice.
+        let escaped: RunId = serde_json::from_str("\"run\\u002d1\"").unwrap();
+        let from_value: RunId = serde_json::from_value(serde_json::json!("run-1")).unwrap();
+        assert_eq!(plain, escaped);
+        assert_eq!(plain, from_value);
+        assert_eq!(serde_json::to_string(&plain).unwrap(), "\"run-1\"");
+        assert!(serde_json::from_str::<RunId>("\"run\\u0020 1\"").is_err());
+        assert!(serde_json::from_str::<RunId>("17").is_err());
+        // A clone shares the text.
+        assert!(std::ptr::eq(plain.as_str(), plain.clone().as_str()));
     }
 
     #[test]

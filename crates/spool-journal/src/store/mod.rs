@@ -561,14 +561,163 @@ pub struct Plan {
     pub head: Head,
 }
 
-/// Checks an append against the run's head and lays out its rows, index
-/// changes and new head. Pure: every store persists exactly this.
+/// An append encoded before its run's head is known: each event as the
+/// envelope it becomes at its expected position and time, and that
+/// envelope's bytes as they will be stored and hashed. The caller encodes
+/// ([`encode`]), so a store's one writer only links the append to the
+/// run's head ([`link`]): encoding is most of what planning costs, and
+/// callers are many where the writer is one.
+#[derive(Debug)]
+pub struct Encoded {
+    expected: Seq,
+    now: OffsetDateTime,
+    envelopes: Vec<Envelope>,
+    /// One per envelope; empty when the append is `invalid`.
+    bytes: Vec<Vec<u8>>,
+    /// Why the append breaks the log's shape: refused by [`link`], after
+    /// a conflict (which a caller resolves first) would have been.
+    invalid: Option<&'static str>,
+}
+
+impl Encoded {
+    /// The run's next position the caller expects.
+    #[must_use]
+    pub fn expected(&self) -> Seq {
+        self.expected
+    }
+
+    /// The events, in order.
+    pub fn events(&self) -> impl Iterator<Item = &Event> {
+        self.envelopes.iter().map(|envelope| &envelope.event)
+    }
+
+    /// How many events.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.envelopes.len()
+    }
+
+    /// Whether it holds no event (an append [`link`] refuses).
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.envelopes.is_empty()
+    }
+}
+
+impl Plan {
+    /// The append this plan was linked from, to link again to another
+    /// head (a store whose head turned out stale).
+    #[must_use]
+    pub fn into_encoded(self) -> Encoded {
+        let expected = self.envelopes.first().map_or(self.head.next_seq, |e| e.seq);
+        Encoded {
+            expected,
+            now: self.head.updated_at,
+            envelopes: self.envelopes,
+            bytes: self.rows.into_iter().map(|row| row.bytes).collect(),
+            invalid: None,
+        }
+    }
+}
+
+/// Encodes an append of `events` to `run` at `expected`, recorded at
+/// `now`, for [`link`] to check against the run's head.
+#[must_use]
+pub fn encode(run: &RunId, expected: Seq, events: Vec<Event>, now: OffsetDateTime) -> Encoded {
+    let mut invalid = events
+        .is_empty()
+        .then_some("an append holds at least one event");
+    let mut seq = expected;
+    let envelopes: Vec<Envelope> = events
+        .into_iter()
+        .map(|event| {
+            let shape = match (&event, seq) {
+                (Event::RunCreated(_), Seq(0)) => None,
+                (Event::RunCreated(_), _) => Some("`run_created` may only be a run's first event"),
+                (_, Seq(0)) => Some("a run's first event must be `run_created`"),
+                _ => None,
+            };
+            invalid = invalid.or(shape);
+            let envelope = Envelope {
+                run_id: run.clone(),
+                seq,
+                recorded_at: now,
+                event,
+            };
+            seq = seq.next();
+            envelope
+        })
+        .collect();
+    let bytes = if invalid.is_some() {
+        Vec::new()
+    } else {
+        envelopes
+            .iter()
+            .map(|envelope| {
+                serde_json::to_vec(envelope)
+                    .expect("envelopes are plain JSON values and always serialize")
+            })
+            .collect()
+    };
+    Encoded {
+        expected,
+        now,
+        envelopes,
+        bytes,
+        invalid,
+    }
+}
+
+/// Checks an encoded append against the run's head and lays out its rows
+/// (chaining each to the one before), index changes and new head. Pure:
+/// every store persists exactly this.
 ///
 /// # Errors
 ///
-/// [`JournalError::Conflict`] when `expected` is not the run's next
-/// position; [`JournalError::InvalidAppend`] for an append that breaks the
-/// log's shape.
+/// [`JournalError::Conflict`] when the append's expected position is not
+/// the run's next; [`JournalError::InvalidAppend`] for an append that
+/// breaks the log's shape.
+pub fn link(run: &RunId, head: Option<&Head>, encoded: Encoded) -> Result<Plan, JournalError> {
+    let actual = head.map_or(Seq(0), |h| h.next_seq);
+    if encoded.expected != actual {
+        return Err(JournalError::Conflict {
+            run: run.clone(),
+            expected: encoded.expected,
+            actual,
+        });
+    }
+    if let Some(reason) = encoded.invalid {
+        return Err(JournalError::InvalidAppend {
+            run: run.clone(),
+            reason: reason.to_owned(),
+        });
+    }
+    let now = encoded.now;
+    let mut head = head.cloned().unwrap_or_else(|| Head::genesis(now));
+    let mut rows = Vec::with_capacity(encoded.envelopes.len());
+    let mut changes = Vec::new();
+    for (envelope, bytes) in encoded.envelopes.iter().zip(encoded.bytes) {
+        let seq = envelope.seq;
+        changes.extend(index_changes(&envelope.event, seq));
+        let hash = chain::link(&head.last_hash, run, seq, &bytes);
+        head.advance(&envelope.event, hash, now);
+        rows.push(Row { seq, bytes, hash });
+    }
+    Ok(Plan {
+        envelopes: encoded.envelopes,
+        rows,
+        changes,
+        head,
+    })
+}
+
+/// Checks an append against the run's head and lays out its rows, index
+/// changes and new head: [`encode`] then [`link`], for a store that does
+/// both in one place.
+///
+/// # Errors
+///
+/// As [`link`].
 pub fn plan(
     run: &RunId,
     head: Option<&Head>,
@@ -576,54 +725,7 @@ pub fn plan(
     events: Vec<Event>,
     now: OffsetDateTime,
 ) -> Result<Plan, JournalError> {
-    let actual = head.map_or(Seq(0), |h| h.next_seq);
-    if expected != actual {
-        return Err(JournalError::Conflict {
-            run: run.clone(),
-            expected,
-            actual,
-        });
-    }
-    let invalid = |reason: &str| JournalError::InvalidAppend {
-        run: run.clone(),
-        reason: reason.to_owned(),
-    };
-    if events.is_empty() {
-        return Err(invalid("an append holds at least one event"));
-    }
-    let mut head = head.cloned().unwrap_or_else(|| Head::genesis(now));
-    let mut plan = Plan {
-        envelopes: Vec::with_capacity(events.len()),
-        rows: Vec::with_capacity(events.len()),
-        changes: Vec::new(),
-        head: head.clone(),
-    };
-    for event in events {
-        let seq = head.next_seq;
-        match (&event, seq) {
-            (Event::RunCreated(_), Seq(0)) => {}
-            (Event::RunCreated(_), _) => {
-                return Err(invalid("`run_created` may only be a run's first event"));
-            }
-            (_, Seq(0)) => return Err(invalid("a run's first event must be `run_created`")),
-            _ => {}
-        }
-        plan.changes.extend(index_changes(&event, seq));
-        let envelope = Envelope {
-            run_id: run.clone(),
-            seq,
-            recorded_at: now,
-            event,
-        };
-        let bytes = serde_json::to_vec(&envelope)
-            .expect("envelopes are plain JSON values and always serialize");
-        let hash = chain::link(&head.last_hash, run, seq, &bytes);
-        head.advance(&envelope.event, hash, now);
-        plan.rows.push(Row { seq, bytes, hash });
-        plan.envelopes.push(envelope);
-    }
-    plan.head = head;
-    Ok(plan)
+    link(run, head, encode(run, expected, events, now))
 }
 
 /// Whether appending `event` changes an index (an address, an operation
@@ -948,6 +1050,101 @@ mod tests {
         }
         watchers.notify(&watched, Seq(5));
         assert_eq!(*receiver.borrow(), Seq(5));
+    }
+
+    fn at(n: u64) -> OffsetDateTime {
+        OffsetDateTime::UNIX_EPOCH + time::Duration::seconds(n as i64)
+    }
+
+    fn started(n: u64) -> Event {
+        Event::TurnStarted(crate::event::TurnStarted {
+            turn_id: crate::TurnId::new(format!("turn-{n}")).unwrap(),
+            input: "go".into(),
+            context: Vec::new(),
+            policy: spool_wire::run::TurnPolicy::Steer,
+            from_queue: None,
+        })
+    }
+
+    #[test]
+    fn an_append_encoded_before_its_head_is_known_links_as_a_plan_made_with_it_would() {
+        let run = RunId::new("run-1").unwrap();
+        let created = plan(
+            &run,
+            None,
+            Seq(0),
+            vec![Event::RunCreated(crate::event::RunCreated::default())],
+            at(1),
+        )
+        .unwrap();
+        let encoded = encode(&run, Seq(1), vec![started(1), started(2)], at(2));
+        let linked = link(&run, Some(&created.head), encoded).unwrap();
+        let planned = plan(
+            &run,
+            Some(&created.head),
+            Seq(1),
+            vec![started(1), started(2)],
+            at(2),
+        )
+        .unwrap();
+        assert_eq!(linked.envelopes, planned.envelopes);
+        let hashes = |p: &Plan| {
+            p.rows
+                .iter()
+                .map(|r| (r.seq, r.bytes.clone(), r.hash))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(hashes(&linked), hashes(&planned));
+        assert_eq!(linked.head, planned.head);
+        // Turned back (a store whose head was stale), it links again to
+        // the same rows.
+        let again = link(&run, Some(&created.head), linked.into_encoded()).unwrap();
+        assert_eq!(hashes(&again), hashes(&planned));
+        assert_eq!(again.head, planned.head);
+    }
+
+    #[test]
+    fn a_stale_expected_position_is_a_conflict_before_the_appends_shape_is_judged() {
+        let run = RunId::new("run-1").unwrap();
+        let created = plan(
+            &run,
+            None,
+            Seq(0),
+            vec![Event::RunCreated(crate::event::RunCreated::default())],
+            at(1),
+        )
+        .unwrap();
+        // A second `run_created`, expected at a position the run is not at.
+        let misplaced = || {
+            encode(
+                &run,
+                Seq(4),
+                vec![Event::RunCreated(crate::event::RunCreated::default())],
+                at(2),
+            )
+        };
+        assert!(matches!(
+            link(&run, Some(&created.head), misplaced()),
+            Err(JournalError::Conflict {
+                expected: Seq(4),
+                actual: Seq(1),
+                ..
+            })
+        ));
+        let mut head = created.head.clone();
+        head.next_seq = Seq(4);
+        assert!(matches!(
+            link(&run, Some(&head), misplaced()),
+            Err(JournalError::InvalidAppend { .. })
+        ));
+        assert!(matches!(
+            link(
+                &run,
+                Some(&created.head),
+                encode(&run, Seq(1), Vec::new(), at(2))
+            ),
+            Err(JournalError::InvalidAppend { .. })
+        ));
     }
 
     #[test]

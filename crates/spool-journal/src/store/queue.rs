@@ -4,8 +4,8 @@
 
 use tokio::sync::oneshot;
 
-use super::{CallRef, Claim, ClaimKey, JournalError, Watchers};
-use crate::event::{Envelope, Event};
+use super::{CallRef, Claim, ClaimKey, Encoded, JournalError, Watchers};
+use crate::event::Envelope;
 use crate::id::{RunId, Seq};
 
 /// An operation for the writer, with where its answer goes.
@@ -15,10 +15,8 @@ pub enum Op {
     Append {
         /// The run.
         run: RunId,
-        /// Its expected next position.
-        expected: Seq,
-        /// The events.
-        events: Vec<Event>,
+        /// The events, encoded by the caller at their expected positions.
+        append: Encoded,
         /// The caller.
         reply: oneshot::Sender<Result<Vec<Envelope>, JournalError>>,
     },

@@ -34,8 +34,9 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use super::queue::{Done, Op};
 use super::{
-    BoxFuture, CallRef, Claim, ClaimDecision, ClaimKey, ClaimRow, Clock, Head, IndexChange,
-    Journal, JournalError, RunSummary, Watchers, decide_claim, decode_row, plan, system_clock,
+    BoxFuture, CallRef, Claim, ClaimDecision, ClaimKey, ClaimRow, Clock, Encoded, Head,
+    IndexChange, Journal, JournalError, RunSummary, Watchers, decide_claim, decode_row, encode,
+    link, system_clock,
 };
 use crate::chain::{GENESIS, Hash, Verifier};
 use crate::event::{Envelope, Event, SCHEMA_VERSION};
@@ -154,6 +155,9 @@ pub struct SqliteJournal {
     watchers: Arc<Watchers>,
     heads: Arc<Heads>,
     path: PathBuf,
+    /// When callers' appends are recorded: they encode their events
+    /// themselves, off the writer's thread.
+    clock: Clock,
 }
 
 /// Run heads as this process's writer last committed them. The writer
@@ -292,6 +296,9 @@ const STORE_VERSION: u32 = 3;
 /// batch, not once per commit); the smaller, the shorter the tail a read
 /// scans (about 100 µs for a full one).
 const INDEX_BATCH: usize = 1_024;
+
+/// A commit's one statement per event.
+const INSERT_EVENT: &str = "INSERT INTO events (run_id, seq, body, hash) VALUES (?1, ?2, ?3, ?4)";
 
 /// Takes the unindexed tail into `event_index` and moves the mark; the
 /// same statement serves the writer's batches, an open after a crash and
@@ -476,7 +483,7 @@ impl SqliteJournal {
             behind: Some(HashMap::new()),
             conn,
             receiver,
-            clock: options.clock,
+            clock: Arc::clone(&options.clock),
             max_batch: options.max_batch.max(1),
             syncing: Arc::clone(&syncing),
             syncer_thread: None,
@@ -504,6 +511,7 @@ impl SqliteJournal {
             watchers,
             heads,
             path: path.to_owned(),
+            clock: options.clock,
         })
     }
 
@@ -568,6 +576,7 @@ impl SqliteJournal {
             watchers: Arc::new(Watchers::default()),
             heads: Arc::default(),
             path,
+            clock: system_clock(),
         })
     }
 
@@ -626,10 +635,10 @@ impl Journal for SqliteJournal {
         expected: Seq,
         events: Vec<Event>,
     ) -> BoxFuture<'a, Result<Vec<Envelope>, JournalError>> {
+        let append = encode(run, expected, events, (self.clock)());
         Box::pin(self.send(move |reply| Op::Append {
             run: run.clone(),
-            expected,
-            events,
+            append,
             reply,
         }))
     }
@@ -892,6 +901,18 @@ impl Writer {
         let mut pending: HashMap<RunId, Head> = HashMap::new();
         let mut done = Vec::with_capacity(batch.len());
         let mut appended = 0;
+        // Taken from the statement cache once per commit, not per append.
+        let mut insert = match self.conn.prepare_cached(INSERT_EVENT) {
+            Ok(insert) => insert,
+            Err(error) => {
+                // Nothing was written: the transaction is let go.
+                let _ = self.conn.execute_batch("ROLLBACK");
+                return fail_all(
+                    batch,
+                    &format!("could not prepare the events' insert: {error}"),
+                );
+            }
+        };
         let mut broken: Option<String> = None;
         for op in batch {
             if broken.is_some() {
@@ -902,22 +923,19 @@ impl Writer {
                 continue;
             }
             let entry = match op {
-                Op::Append {
-                    run,
-                    expected,
-                    events,
-                    reply,
-                } => match self.append(&mut pending, &run, expected, events) {
-                    Ok((envelopes, next)) => {
-                        appended += envelopes.len();
-                        Done::Append(reply, Ok((run, envelopes, next)))
+                Op::Append { run, append, reply } => {
+                    match self.append(&mut insert, &mut pending, &run, append) {
+                        Ok((envelopes, next)) => {
+                            appended += envelopes.len();
+                            Done::Append(reply, Ok((run, envelopes, next)))
+                        }
+                        Err(Failed::Refused(error)) => Done::Append(reply, Err(error)),
+                        Err(Failed::Broken(error)) => {
+                            broken = Some(error.to_string());
+                            Done::Append(reply, Err(error))
+                        }
                     }
-                    Err(Failed::Refused(error)) => Done::Append(reply, Err(error)),
-                    Err(Failed::Broken(error)) => {
-                        broken = Some(error.to_string());
-                        Done::Append(reply, Err(error))
-                    }
-                },
+                }
                 Op::Claim { key, holder, reply } => match claim(&self.conn, &key, &holder) {
                     Ok(claim) => Done::Claim(reply, Ok(claim)),
                     Err(error @ JournalError::CallInFlight { .. }) => {
@@ -944,6 +962,8 @@ impl Writer {
             };
             done.push(entry);
         }
+        // Back to the cache before the commit.
+        drop(insert);
         let committing = std::time::Instant::now();
         let last_pos = if appended > 0 {
             self.conn.last_insert_rowid()
@@ -1106,7 +1126,7 @@ impl Writer {
     }
 
     fn head(
-        &mut self,
+        &self,
         pending: &HashMap<RunId, Head>,
         run: &RunId,
     ) -> Result<Option<Head>, JournalError> {
@@ -1126,21 +1146,20 @@ impl Writer {
     }
 
     fn append(
-        &mut self,
+        &self,
+        insert: &mut rusqlite::CachedStatement<'_>,
         pending: &mut HashMap<RunId, Head>,
         run: &RunId,
-        expected: Seq,
-        events: Vec<Event>,
+        append: Encoded,
     ) -> Result<(Vec<Envelope>, Seq), Failed> {
         let head = self.head(pending, run).map_err(Failed::Broken)?;
-        let plan =
-            plan(run, head.as_ref(), expected, events, (self.clock)()).map_err(Failed::Refused)?;
+        let plan = link(run, head.as_ref(), append).map_err(Failed::Refused)?;
         // Every refusal is decided before anything is written: an unbind only
         // releases this run's own names, so the checks do not depend on
         // their order, and earlier operations of this transaction are
         // visible to them.
         check_indexes(&self.conn, run, &plan.changes)?;
-        write_plan(&self.conn, run, &plan).map_err(Failed::Broken)?;
+        write_plan(&self.conn, insert, run, &plan).map_err(Failed::Broken)?;
         let next = plan.head.next_seq;
         pending.insert(run.clone(), plan.head);
         Ok((plan.envelopes, next))
@@ -1209,7 +1228,12 @@ fn check_indexes(conn: &Connection, run: &RunId, changes: &[IndexChange]) -> Res
 
 /// Writes a checked plan's index changes and rows (not its head: heads are
 /// written once per run per transaction, by `write_heads`).
-fn write_plan(conn: &Connection, run: &RunId, plan: &super::Plan) -> Result<(), JournalError> {
+fn write_plan(
+    conn: &Connection,
+    insert: &mut rusqlite::CachedStatement<'_>,
+    run: &RunId,
+    plan: &super::Plan,
+) -> Result<(), JournalError> {
     for change in &plan.changes {
         match change {
             IndexChange::Bind(address) => exec(
@@ -1247,9 +1271,6 @@ fn write_plan(conn: &Connection, run: &RunId, plan: &super::Plan) -> Result<(), 
         }
         .map_err(storage)?;
     }
-    let mut insert = conn
-        .prepare_cached("INSERT INTO events (run_id, seq, body, hash) VALUES (?1, ?2, ?3, ?4)")
-        .map_err(storage)?;
     for row in &plan.rows {
         insert
             .execute(params![

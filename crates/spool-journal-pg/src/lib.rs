@@ -852,7 +852,7 @@ impl Journal for PgJournal {
         expected: Seq,
         events: Vec<Event>,
     ) -> BoxFuture<'a, Result<Vec<Envelope>, JournalError>> {
-        let append = spool_journal::store::encode(run, expected, events, (self.clock)());
+        let append = spool_journal::store::Encoded::deferred(run, expected, events, (self.clock)());
         Box::pin(self.send(Some(run), move |reply| Op::Append {
             run: run.clone(),
             append,

@@ -898,7 +898,9 @@ impl Writer {
         }
         // Heads this transaction changes; they join the cache only once it
         // commits.
-        let mut pending: HashMap<RunId, Head> = HashMap::new();
+        // Sized once: grown append by append, it was rehashed a handful
+        // of times in every commit.
+        let mut pending: HashMap<RunId, Head> = HashMap::with_capacity(batch.len());
         let mut done = Vec::with_capacity(batch.len());
         let mut appended = 0;
         // Taken from the statement cache once per commit, not per append.

@@ -1082,17 +1082,22 @@ mod tests {
         })
     }
 
-    #[test]
-    fn an_append_encoded_before_its_head_is_known_links_as_a_plan_made_with_it_would() {
-        let run = RunId::new("run-1").unwrap();
-        let created = plan(
-            &run,
+    /// The plan that creates `run`, at time 1.
+    fn created(run: &RunId) -> Plan {
+        plan(
+            run,
             None,
             Seq(0),
             vec![Event::RunCreated(crate::event::RunCreated::default())],
             at(1),
         )
-        .unwrap();
+        .unwrap()
+    }
+
+    #[test]
+    fn an_append_encoded_before_its_head_is_known_links_as_a_plan_made_with_it_would() {
+        let run = RunId::new("run-1").unwrap();
+        let created = created(&run);
         let encoded = encode(&run, Seq(1), vec![started(1), started(2)], at(2));
         let linked = link(&run, Some(&created.head), encoded).unwrap();
         let planned = plan(
@@ -1126,14 +1131,7 @@ mod tests {
     #[test]
     fn a_stale_expected_position_is_a_conflict_before_the_appends_shape_is_judged() {
         let run = RunId::new("run-1").unwrap();
-        let created = plan(
-            &run,
-            None,
-            Seq(0),
-            vec![Event::RunCreated(crate::event::RunCreated::default())],
-            at(1),
-        )
-        .unwrap();
+        let created = created(&run);
         // A second `run_created`, expected at a position the run is not at.
         let misplaced = || {
             encode(

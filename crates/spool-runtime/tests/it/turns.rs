@@ -862,12 +862,7 @@ impl spool_runtime::Engine for Compacting {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compaction_replaces_older_context_with_the_engines_summary_for_the_model_not_the_display_history()
  {
-    let journal: Arc<dyn Journal> = Arc::new(MemoryJournal::new());
-    let runtime = Runtime::builder(Arc::clone(&journal))
-        .engine(Arc::new(Compacting))
-        .build();
-    let (run, turn) = started(runtime.start(start("one")).await.unwrap());
-    settle(&runtime, &run, &turn).await;
+    let (journal, runtime, run) = compacting_after_one().await;
     let before = runtime.snapshot(&run).await.unwrap().messages;
     runtime.compact(&run).await.unwrap();
     // The seed: compaction does not remove older messages from display
@@ -880,54 +875,19 @@ async fn compaction_replaces_older_context_with_the_engines_summary_for_the_mode
             json!({"role": "assistant", "content": [{"type": "text", "text": "echo: one"}]}),
         ]
     );
-    let (_, next) = started(
-        runtime
-            .send(&run, message("two", TurnPolicy::Steer))
-            .await
-            .unwrap(),
-    );
-    settle(&runtime, &run, &next).await;
+    next_turn(&runtime, &run, "two").await;
     // The model saw the summary in place of the first turn.
-    let model_saw = spool_runtime::engine::ModelRequest::new(
-        vec![
-            spool_runtime::Message::User {
-                content: "Summary of the conversation so far: 2 messages so far".into(),
-            },
-            spool_runtime::Message::User {
-                content: "two".into(),
-            },
-        ],
-        spool_runtime::Tools::builtin().specs(),
+    assert_eq!(
+        last_request(&journal, &run).await,
+        after_summary("2 messages so far", "two").hash()
     );
-    let recorded = journal
-        .read(&run, Seq(0))
-        .await
-        .unwrap()
-        .into_iter()
-        .rev()
-        .find_map(|e| match e.event {
-            Event::ModelCallRequested(r) => Some(r.request_hash),
-            _ => None,
-        });
-    assert_eq!(recorded, Some(model_saw.hash()));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_compaction_covers_the_first_summary_and_the_turns_after_it() {
-    let journal: Arc<dyn Journal> = Arc::new(MemoryJournal::new());
-    let runtime = Runtime::builder(Arc::clone(&journal))
-        .engine(Arc::new(Compacting))
-        .build();
-    let (run, turn) = started(runtime.start(start("one")).await.unwrap());
-    settle(&runtime, &run, &turn).await;
+    let (journal, runtime, run) = compacting_after_one().await;
     runtime.compact(&run).await.unwrap();
-    let (_, two) = started(
-        runtime
-            .send(&run, message("two", TurnPolicy::Steer))
-            .await
-            .unwrap(),
-    );
-    settle(&runtime, &run, &two).await;
+    next_turn(&runtime, &run, "two").await;
     runtime.compact(&run).await.unwrap();
     let log = journal.read(&run, Seq(0)).await.unwrap();
     let compactions: Vec<_> = log
@@ -959,26 +919,54 @@ async fn a_second_compaction_covers_the_first_summary_and_the_turns_after_it() {
         second, "3 messages so far",
         "the summary, `two` and its answer"
     );
-    let (_, three) = started(
+    next_turn(&runtime, &run, "three").await;
+    assert_eq!(
+        last_request(&journal, &run).await,
+        after_summary("3 messages so far", "three").hash()
+    );
+}
+
+/// A run on the `Compacting` engine whose first turn (`one`) has settled.
+async fn compacting_after_one() -> (Arc<dyn Journal>, Runtime, RunId) {
+    let journal: Arc<dyn Journal> = Arc::new(MemoryJournal::new());
+    let runtime = Runtime::builder(Arc::clone(&journal))
+        .engine(Arc::new(Compacting))
+        .build();
+    let (run, turn) = started(runtime.start(start("one")).await.unwrap());
+    settle(&runtime, &run, &turn).await;
+    (journal, runtime, run)
+}
+
+/// Sends `text` to the idle `run` and waits for its turn to settle.
+async fn next_turn(runtime: &Runtime, run: &RunId, text: &str) {
+    let (_, turn) = started(
         runtime
-            .send(&run, message("three", TurnPolicy::Steer))
+            .send(run, message(text, TurnPolicy::Steer))
             .await
             .unwrap(),
     );
-    settle(&runtime, &run, &three).await;
-    let model_saw = spool_runtime::engine::ModelRequest::new(
+    settle(runtime, run, &turn).await;
+}
+
+/// What the model is asked after a compaction: the summary, then `text`.
+fn after_summary(summary: &str, text: &str) -> spool_runtime::engine::ModelRequest {
+    spool_runtime::engine::ModelRequest::new(
         vec![
             spool_runtime::Message::User {
-                content: "Summary of the conversation so far: 3 messages so far".into(),
+                content: format!("Summary of the conversation so far: {summary}"),
             },
             spool_runtime::Message::User {
-                content: "three".into(),
+                content: text.into(),
             },
         ],
         spool_runtime::Tools::builtin().specs(),
-    );
-    let recorded = journal
-        .read(&run, Seq(0))
+    )
+}
+
+/// The hash of the last model request `run` recorded.
+async fn last_request(journal: &Arc<dyn Journal>, run: &RunId) -> String {
+    journal
+        .read(run, Seq(0))
         .await
         .unwrap()
         .into_iter()
@@ -986,8 +974,8 @@ async fn a_second_compaction_covers_the_first_summary_and_the_turns_after_it() {
         .find_map(|e| match e.event {
             Event::ModelCallRequested(r) => Some(r.request_hash),
             _ => None,
-        });
-    assert_eq!(recorded, Some(model_saw.hash()));
+        })
+        .expect("a model request was recorded")
 }
 
 fn budgeted(journal: &Arc<dyn Journal>, budgets: spool_runtime::agent::Budgets) -> Runtime {

@@ -125,6 +125,56 @@ async fn a_head_another_store_moved_is_caught_and_the_append_answered_from_the_s
     assert_eq!(a.read(&r, Seq(0)).await.unwrap(), log);
 }
 
+/// One thread: the test's two appends are queued before the writer runs,
+/// so they share one batch.
+#[tokio::test(flavor = "current_thread")]
+async fn an_append_batched_with_one_from_a_stale_head_is_written_whole_the_usual_way() {
+    let Some(url) = crate::server() else { return };
+    let schema = crate::fresh_schema();
+    // One writer, so both runs' appends meet in its batch.
+    let a = Arc::new(
+        PgJournal::connect(
+            &url,
+            spool_journal_pg::Options {
+                schema: Some(schema.clone()),
+                writers: 1,
+                ..spool_journal_pg::Options::default()
+            },
+        )
+        .await
+        .unwrap(),
+    );
+    let b = crate::journal(&url, &schema).await;
+    let (stale, fresh) = (run("stale"), run("fresh"));
+    a.append(&stale, Seq(0), vec![created()]).await.unwrap();
+    a.append(&fresh, Seq(0), vec![created()]).await.unwrap();
+    // B moves one head A knows.
+    b.append(&stale, Seq(1), vec![started("b1", "x")])
+        .await
+        .unwrap();
+    let known_before = a.commits_from_known_heads();
+    let (from_stale, from_fresh) = tokio::join!(
+        a.append(&stale, Seq(1), vec![started("a1", "x")]),
+        a.append(&fresh, Seq(1), vec![started("f1", "x"), started("f2", "x")]),
+    );
+    assert!(
+        matches!(from_stale, Err(JournalError::Conflict { .. })),
+        "{from_stale:?}"
+    );
+    let written = from_fresh.expect("the other append is written");
+    assert_eq!(written.len(), 2);
+    assert_eq!(
+        a.commits_from_known_heads(),
+        known_before,
+        "the batch failed from known heads and was written the usual way"
+    );
+    // Every event acknowledged is stored, read back (and verified)
+    // through the other store.
+    let log = b.read(&fresh, Seq(0)).await.unwrap();
+    assert_eq!(log.len(), 3);
+    assert_eq!(&log[1..], written.as_slice());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_created_by_two_stores_at_once_is_created_once() {
     let Some((_, _, a, b)) = two_stores().await else {

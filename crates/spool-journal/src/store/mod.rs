@@ -575,65 +575,9 @@ pub struct Encoded {
     /// One per envelope, once encoded ([`Encoded::deferred`] leaves them
     /// to [`link`]); empty when the append is `invalid`.
     bytes: Option<Vec<Vec<u8>>>,
-    /// Why the append breaks the log's shape: refused by [`link`], after
-    /// a conflict (which a caller resolves first) would have been.
+    /// Why the append breaks the log's shape: what [`link`] refuses it
+    /// with, once it is known not to conflict with the run's head.
     invalid: Option<&'static str>,
-}
-
-impl Encoded {
-    /// The run's next position the caller expects.
-    #[must_use]
-    pub fn expected(&self) -> Seq {
-        self.expected
-    }
-
-    /// The events, in order.
-    pub fn events(&self) -> impl Iterator<Item = &Event> {
-        self.envelopes.iter().map(|envelope| &envelope.event)
-    }
-
-    /// How many events.
-    #[must_use]
-    pub fn len(&self) -> usize {
-        self.envelopes.len()
-    }
-
-    /// Whether it holds no event (an append [`link`] refuses).
-    #[must_use]
-    pub fn is_empty(&self) -> bool {
-        self.envelopes.is_empty()
-    }
-}
-
-impl Plan {
-    /// The append this plan was linked from, to link again to another
-    /// head (a store whose head turned out stale).
-    #[must_use]
-    pub fn into_encoded(self) -> Encoded {
-        let expected = self.envelopes.first().map_or(self.head.next_seq, |e| e.seq);
-        Encoded {
-            expected,
-            now: self.head.updated_at,
-            envelopes: self.envelopes,
-            bytes: Some(self.rows.into_iter().map(|row| row.bytes).collect()),
-            invalid: None,
-        }
-    }
-}
-
-/// Encodes an append of `events` to `run` at `expected`, recorded at
-/// `now`, for [`link`] to check against the run's head.
-#[must_use]
-pub fn encode(run: &RunId, expected: Seq, events: Vec<Event>, now: OffsetDateTime) -> Encoded {
-    let mut append = Encoded::deferred(run, expected, events, now);
-    if append.invalid.is_none() {
-        append.bytes = Some(append.envelopes.iter().map(envelope_bytes).collect());
-    }
-    append
-}
-
-fn envelope_bytes(envelope: &Envelope) -> Vec<u8> {
-    serde_json::to_vec(envelope).expect("envelopes are plain JSON values and always serialize")
 }
 
 impl Encoded {
@@ -678,6 +622,62 @@ impl Encoded {
             invalid,
         }
     }
+
+    /// The run's next position the caller expects.
+    #[must_use]
+    pub fn expected(&self) -> Seq {
+        self.expected
+    }
+
+    /// The events, in order.
+    pub fn events(&self) -> impl Iterator<Item = &Event> {
+        self.envelopes.iter().map(|envelope| &envelope.event)
+    }
+
+    /// How many events.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.envelopes.len()
+    }
+
+    /// Whether it holds no event (an append [`link`] refuses).
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.envelopes.is_empty()
+    }
+}
+
+impl Plan {
+    /// The append this plan was linked from, to link again to another
+    /// head (a store whose head turned out stale). Its bytes are made
+    /// again from the envelopes, not taken from the rows: a store may have
+    /// moved the rows out to write them.
+    #[must_use]
+    pub fn into_encoded(self) -> Encoded {
+        let expected = self.envelopes.first().map_or(self.head.next_seq, |e| e.seq);
+        Encoded {
+            expected,
+            now: self.head.updated_at,
+            envelopes: self.envelopes,
+            bytes: None,
+            invalid: None,
+        }
+    }
+}
+
+/// Encodes an append of `events` to `run` at `expected`, recorded at
+/// `now`, for [`link`] to check against the run's head.
+#[must_use]
+pub fn encode(run: &RunId, expected: Seq, events: Vec<Event>, now: OffsetDateTime) -> Encoded {
+    let mut append = Encoded::deferred(run, expected, events, now);
+    if append.invalid.is_none() {
+        append.bytes = Some(append.envelopes.iter().map(envelope_bytes).collect());
+    }
+    append
+}
+
+fn envelope_bytes(envelope: &Envelope) -> Vec<u8> {
+    serde_json::to_vec(envelope).expect("envelopes are plain JSON values and always serialize")
 }
 
 /// Checks an encoded append against the run's head and lays out its rows
@@ -708,9 +708,11 @@ pub fn link(run: &RunId, head: Option<&Head>, encoded: Encoded) -> Result<Plan, 
     let mut head = head.cloned().unwrap_or_else(|| Head::genesis(now));
     let mut rows = Vec::with_capacity(encoded.envelopes.len());
     let mut changes = Vec::new();
+    // One row per envelope, whatever the caller passed: bytes that do
+    // not match the envelopes one for one are made again.
     let bytes = match encoded.bytes {
-        Some(bytes) => bytes,
-        None => encoded.envelopes.iter().map(envelope_bytes).collect(),
+        Some(bytes) if bytes.len() == encoded.envelopes.len() => bytes,
+        _ => encoded.envelopes.iter().map(envelope_bytes).collect(),
     };
     for (envelope, bytes) in encoded.envelopes.iter().zip(bytes) {
         let seq = envelope.seq;
@@ -1109,6 +1111,13 @@ mod tests {
         )
         .unwrap();
         assert_eq!(linked.envelopes, planned.envelopes);
+        // Each row is its envelope's JSON, chained to the row before.
+        let mut last = created.head.last_hash;
+        for (row, envelope) in planned.rows.iter().zip(&planned.envelopes) {
+            assert_eq!(row.bytes, serde_json::to_vec(envelope).unwrap());
+            assert_eq!(row.hash, chain::link(&last, &run, row.seq, &row.bytes));
+            last = row.hash;
+        }
         let hashes = |p: &Plan| {
             p.rows
                 .iter()
@@ -1121,8 +1130,11 @@ mod tests {
         let deferred = Encoded::deferred(&run, Seq(1), vec![started(1), started(2)], at(2));
         let linked_later = link(&run, Some(&created.head), deferred).unwrap();
         assert_eq!(hashes(&linked_later), hashes(&planned));
-        // Turned back (a store whose head was stale), it links again to
-        // the same rows.
+        // Turned back (a store whose head was stale) after its rows were
+        // moved out to be written, as PostgreSQL's writer does, it links
+        // again to the same rows.
+        let mut linked = linked;
+        drop(std::mem::take(&mut linked.rows));
         let again = link(&run, Some(&created.head), linked.into_encoded()).unwrap();
         assert_eq!(hashes(&again), hashes(&planned));
         assert_eq!(again.head, planned.head);

@@ -214,7 +214,8 @@ mod tests {
     #[test]
     fn an_id_reads_the_same_from_escaped_or_owned_json_and_writes_as_a_plain_string() {
         let plain: RunId = serde_json::from_str("\"run-1\"").unwrap();
-        // An escape makes the parser hand over owned text, not a slice.
+        // An escape makes the parser hand over its own copy of the text,
+        // not a slice of the input.
         let escaped: RunId = serde_json::from_str("\"run\\u002d1\"").unwrap();
         let from_value: RunId = serde_json::from_value(serde_json::json!("run-1")).unwrap();
         assert_eq!(plain, escaped);

@@ -230,8 +230,9 @@ pub struct PgJournal {
     /// Whether the connections are encrypted (TLS), as the server saw the
     /// first.
     encrypted: bool,
-    /// When callers' appends are recorded: they encode their events
-    /// themselves, off the writers' tasks.
+    /// When callers' appends are recorded: the time is taken by the
+    /// caller, the bytes are encoded by the writer
+    /// ([`Encoded::deferred`](spool_journal::store::Encoded::deferred)).
     clock: Clock,
 }
 

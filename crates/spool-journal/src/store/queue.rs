@@ -15,7 +15,9 @@ pub enum Op {
     Append {
         /// The run.
         run: RunId,
-        /// The events, encoded by the caller at their expected positions.
+        /// The events, laid out by the caller at their expected positions
+        /// and encoded (but for [`Encoded::deferred`], which leaves the
+        /// encoding to the writer).
         append: Encoded,
         /// The caller.
         reply: oneshot::Sender<Result<Vec<Envelope>, JournalError>>,

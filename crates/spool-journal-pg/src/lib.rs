@@ -1,7 +1,7 @@
 //! Spool's PostgreSQL store: the [`Journal`] the SQLite store is, kept in
 //! a database that several processes share.
 //!
-//! It persists exactly what SQLite does (`spool_journal::store::plan` lays
+//! It persists exactly what SQLite does (`spool_journal::store::link` lays
 //! out every append; both stores only write it down), passes the same
 //! conformance suite, and adds what sharing needs:
 //!

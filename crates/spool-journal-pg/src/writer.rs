@@ -498,8 +498,7 @@ impl Writer {
 
 /// A batch of plain appends planned from the heads the writer knows.
 struct Planned {
-    /// The appends planned, in order: the caller, the run, the position
-    /// it expected, and its plan.
+    /// The appends planned, in order: the caller, the run and its plan.
     appends: Vec<(AppendReply, RunId, Plan)>,
     /// Appends their plan refused (an invalid append): so answered
     /// whatever becomes of the rest.

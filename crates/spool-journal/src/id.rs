@@ -6,6 +6,11 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+/// A map keyed by run id, hashed with foldhash (seeded per process) rather
+/// than SipHash: the SQLite writer looks a run up in several such maps per
+/// append, and SipHash was 4 % of its thread's time.
+pub(crate) type RunMap<V> = std::collections::HashMap<RunId, V, foldhash::fast::RandomState>;
+
 /// The longest id accepted, in bytes.
 pub const MAX_ID_BYTES: usize = 128;
 

@@ -20,7 +20,6 @@
 //!
 //! Methods must be called from within a Tokio runtime.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -41,10 +40,11 @@ use super::{
 use crate::chain::{GENESIS, Hash, Verifier};
 use crate::event::{Envelope, Event, SCHEMA_VERSION};
 use crate::fold::Status;
-use crate::id::{Address, Principal, RunId, Seq};
+use crate::id::{Address, Principal, RunId, RunMap, Seq};
 
 mod ahead;
 mod sync;
+mod tail;
 use sync::{Committed, Durable, SyncFn, Syncing, sync_wal};
 
 /// The journal file inside the journal directory.
@@ -172,11 +172,11 @@ pub struct SqliteJournal {
 /// another's commits in any case.
 #[derive(Debug, Default)]
 struct Heads {
-    map: Mutex<HashMap<RunId, Head>>,
+    map: Mutex<RunMap<Head>>,
 }
 
 impl Heads {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<RunId, Head>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, RunMap<Head>> {
         self.map.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -293,8 +293,13 @@ const STORE_VERSION: u32 = 3;
 /// How many events the writer lets go unindexed before it indexes them in
 /// a transaction of their own. The larger, the fewer index pages each
 /// event costs (64 runs appending: each run's leaf page written once per
-/// batch, not once per commit); the smaller, the shorter the tail a read
-/// scans (about 100 µs for a full one).
+/// batch, not once per commit); the smaller, the shorter the tail a
+/// listing of runs, or a read from another process, scans and decodes
+/// (about 100 µs for a full one). A read in this process scans only from
+/// its run's first event in the tail (`tail.rs`), and the writer reads no
+/// tail at all. 4 096 was tried: no more appends per second on this
+/// project's disk (three interleaved runs), and a listing four times the
+/// work.
 const INDEX_BATCH: usize = 1_024;
 
 /// A commit's one statement per event.
@@ -462,6 +467,13 @@ impl SqliteJournal {
                 row.get(0)
             })
             .map_err(storage)?;
+        // The migration indexed any tail a crash left: the writer has
+        // seen every event up to the mark.
+        let through: i64 = conn
+            .query_row("SELECT through FROM indexed", [], |row| row.get(0))
+            .map_err(storage)?;
+        let tail = Arc::new(tail::Tail::default());
+        tail.start(through);
         let (sender, receiver) = mpsc::channel(options.queue.max(1));
         let watchers = Arc::new(Watchers::default());
         let heads = Arc::new(Heads::default());
@@ -480,7 +492,7 @@ impl SqliteJournal {
             data_version: version,
             unindexed: 0,
             // Opening wrote the heads of any tail a crash left.
-            behind: Some(HashMap::new()),
+            behind: Some(RunMap::default()),
             conn,
             receiver,
             clock: Arc::clone(&options.clock),
@@ -489,13 +501,14 @@ impl SqliteJournal {
             syncer_thread: None,
             syncer_failed: false,
             durable: Arc::clone(&durable),
-            unsynced: HashMap::new(),
+            unsynced: RunMap::default(),
             commits: 0,
             keep_wal_below: options.keep_wal_below,
             ahead: (options.keep_wal_below == 0 && options.durability == Durability::Full)
                 .then(|| ahead::Ahead::new(&wal, WAL_SIZE_LIMIT)),
             ahead_failing: false,
             wal,
+            tail: Arc::clone(&tail),
         };
         let writer_thread = thread::Builder::new()
             .name("spool-journal-writer".into())
@@ -503,6 +516,7 @@ impl SqliteJournal {
             .map_err(|e| JournalError::storage(format!("starting the writer thread: {e}")))?;
         let mut readers = ReadPool::new(path.to_owned(), false);
         readers.durable = durable;
+        readers.tail = tail;
         Ok(Self {
             counters,
             writer: Some(sender),
@@ -635,7 +649,23 @@ impl Journal for SqliteJournal {
         expected: Seq,
         events: Vec<Event>,
     ) -> BoxFuture<'a, Result<Vec<Envelope>, JournalError>> {
-        let append = encode(run, expected, events, (self.clock)());
+        let mut append = encode(run, expected, events, (self.clock)());
+        // Hashed here, on the caller's thread, after the head this process
+        // last synced for the run: a run's appends come one after another,
+        // so the head is nearly always the one the writer links to (and
+        // when it is not, the writer hashes again).
+        let prev = if expected == Seq(0) {
+            Some(GENESIS)
+        } else {
+            self.heads
+                .lock()
+                .get(run)
+                .filter(|head| head.next_seq == expected)
+                .map(|head| head.last_hash)
+        };
+        if let Some(prev) = prev {
+            append.chain_after(run, prev);
+        }
         Box::pin(self.send(move |reply| Op::Append {
             run: run.clone(),
             append,
@@ -650,8 +680,10 @@ impl Journal for SqliteJournal {
     ) -> BoxFuture<'a, Result<Vec<Envelope>, JournalError>> {
         let run = run.clone();
         let layout = self.readers.layout;
-        let durable = Arc::clone(&self.readers.durable);
-        Box::pin(self.with_reader(move |conn| read_events(conn, layout, &durable, &run, from)))
+        let readers = Arc::clone(&self.readers);
+        Box::pin(self.with_reader(move |conn| {
+            read_events(conn, layout, &readers.durable, &readers.tail, &run, from)
+        }))
     }
 
     fn runs(&self) -> BoxFuture<'_, Result<Vec<RunSummary>, JournalError>> {
@@ -776,7 +808,7 @@ struct Writer {
     /// Heads committed but not yet synced, with the commit that wrote
     /// them: the syncer makes them the journal's once their commit is
     /// synced, and the writer forgets them then.
-    unsynced: HashMap<RunId, (u64, Head)>,
+    unsynced: RunMap<(u64, Head)>,
     /// Commits so far, counted to match heads with their sync.
     commits: u64,
     /// Where commits are made durable.
@@ -800,7 +832,7 @@ struct Writer {
     /// took the tail, which the index writes to their rows; `None` when
     /// another connection may have appended too (see `data_version`), and
     /// the index reads the tail's heads from the log instead.
-    behind: Option<HashMap<RunId, Head>>,
+    behind: Option<RunMap<Head>>,
     /// See [`Options::keep_wal_below`].
     keep_wal_below: u64,
     /// Written blocks kept ahead of the log's last frame (`ahead.rs`): for
@@ -812,6 +844,8 @@ struct Writer {
     ahead_failing: bool,
     /// The write-ahead log's file.
     wal: PathBuf,
+    /// Where each run's events after the index's mark begin, for reads.
+    tail: Arc<tail::Tail>,
 }
 
 /// The most heads kept; past it the cache starts over, so memory stays
@@ -900,8 +934,10 @@ impl Writer {
         // commits.
         // Sized once: grown append by append, it was rehashed a handful
         // of times in every commit.
-        let mut pending: HashMap<RunId, Head> = HashMap::with_capacity(batch.len());
+        let mut pending: RunMap<Head> =
+            RunMap::with_capacity_and_hasher(batch.len(), Default::default());
         let mut done = Vec::with_capacity(batch.len());
+        let mut firsts = Vec::new();
         let mut appended = 0;
         // Taken from the statement cache once per commit, not per append.
         let mut insert = match self.conn.prepare_cached(INSERT_EVENT) {
@@ -926,7 +962,7 @@ impl Writer {
             }
             let entry = match op {
                 Op::Append { run, append, reply } => {
-                    match self.append(&mut insert, &mut pending, &run, append) {
+                    match self.append(&mut insert, &mut pending, &mut firsts, &run, append) {
                         Ok((envelopes, next)) => {
                             appended += envelopes.len();
                             Done::Append(reply, Ok((run, envelopes, next)))
@@ -978,6 +1014,7 @@ impl Writer {
                 // Before the commit shows its events to readers: they skip
                 // them until the syncer has synced them.
                 self.durable.written.fetch_max(last_pos, Ordering::AcqRel);
+                self.tail.commit(firsts, last_pos);
                 exec(&self.conn, "COMMIT", [])
                     .err()
                     .map(|e| format!("commit failed: {e}"))
@@ -994,6 +1031,7 @@ impl Writer {
             }
             self.heads.lock().clear();
             self.unsynced.clear();
+            self.tail.forget();
             let message = format!("nothing was recorded: {reason}");
             for entry in done {
                 entry.fail(&message);
@@ -1075,10 +1113,19 @@ impl Writer {
             };
             catch_up(conn, known)
         });
+        // The mark the index reached, for reads to start the tail after.
+        let indexed = indexed.and_then(|()| {
+            self.conn
+                .query_row("SELECT through FROM indexed", [], |row| {
+                    row.get::<_, i64>(0)
+                })
+                .map_err(storage)
+        });
         match indexed {
-            Ok(()) => {
+            Ok(through) => {
                 self.unindexed = 0;
-                self.behind = Some(HashMap::new());
+                self.behind = Some(RunMap::default());
+                self.tail.start(through);
             }
             // Reads scan the longer tail meanwhile; the next commit tries
             // again.
@@ -1100,8 +1147,10 @@ impl Writer {
             self.heads.lock().clear();
             self.unsynced.clear();
             // Another connection may have appended to these runs: until
-            // the next index, their rows are moved on from the log.
+            // the next index, their rows are moved on from the log, and
+            // reads scan the whole tail.
             self.behind = None;
+            self.tail.forget();
             self.data_version = version;
         }
         // Under the log's write lock: nobody else appends frames now.
@@ -1127,11 +1176,7 @@ impl Writer {
         Ok(())
     }
 
-    fn head(
-        &self,
-        pending: &HashMap<RunId, Head>,
-        run: &RunId,
-    ) -> Result<Option<Head>, JournalError> {
+    fn head(&self, pending: &RunMap<Head>, run: &RunId) -> Result<Option<Head>, JournalError> {
         if let Some(head) = pending.get(run) {
             return Ok(Some(head.clone()));
         }
@@ -1144,13 +1189,21 @@ impl Writer {
         if let Some(head) = self.heads.lock().get(run) {
             return Ok(Some(head.clone()));
         }
+        if self.behind.is_some() {
+            // Every run with events after the index's mark is in `behind`
+            // (this writer wrote the whole tail), so this one's row is its
+            // head: no scan of the tail, which a new run's first append
+            // paid for every run created.
+            return stored_head(&self.conn, run);
+        }
         load_head(&self.conn, Layout::InArrivalOrder, run)
     }
 
     fn append(
         &self,
         insert: &mut rusqlite::CachedStatement<'_>,
-        pending: &mut HashMap<RunId, Head>,
+        pending: &mut RunMap<Head>,
+        firsts: &mut Vec<(RunId, i64)>,
         run: &RunId,
         append: Encoded,
     ) -> Result<(Vec<Envelope>, Seq), Failed> {
@@ -1162,6 +1215,17 @@ impl Writer {
         // visible to them.
         check_indexes(&self.conn, run, &plan.changes)?;
         write_plan(&self.conn, insert, run, &plan).map_err(Failed::Broken)?;
+        // The run's first events after the index's mark: where reads of
+        // it start scanning the tail (`tail.rs`).
+        if self
+            .behind
+            .as_ref()
+            .is_some_and(|behind| !behind.contains_key(run))
+            && !pending.contains_key(run)
+        {
+            let count = i64::try_from(plan.rows.len()).unwrap_or(i64::MAX);
+            firsts.push((run.clone(), self.conn.last_insert_rowid() - (count - 1)));
+        }
         let next = plan.head.next_seq;
         pending.insert(run.clone(), plan.head);
         Ok((plan.envelopes, next))
@@ -1287,7 +1351,7 @@ fn write_plan(
 }
 
 /// Writes the heads of the runs the index's batch moves past.
-fn write_heads(conn: &Connection, heads: &HashMap<RunId, Head>) -> Result<(), JournalError> {
+fn write_heads(conn: &Connection, heads: &RunMap<Head>) -> Result<(), JournalError> {
     let mut upsert = conn
         .prepare_cached(
             "INSERT INTO runs (run_id, next_seq, last_hash, status, title, created_ns, updated_ns)
@@ -1371,7 +1435,7 @@ fn load_head(conn: &Connection, layout: Layout, run: &RunId) -> Result<Option<He
     if layout == Layout::ByRun {
         return Ok(row);
     }
-    let mut heads = HashMap::new();
+    let mut heads = RunMap::default();
     if let Some(row) = row {
         heads.insert(run.clone(), row);
     }
@@ -1390,7 +1454,7 @@ const TAIL_EVENTS: &str = "SELECT run_id, seq, body, hash FROM events
 fn fold_tail(
     conn: &Connection,
     only: Option<&RunId>,
-    heads: &mut HashMap<RunId, Head>,
+    heads: &mut RunMap<Head>,
 ) -> Result<(), JournalError> {
     let mut statement = conn.prepare_cached(TAIL_EVENTS).map_err(storage)?;
     let mut rows = statement
@@ -1450,8 +1514,8 @@ fn fold_tail(
 /// Indexes the events after the index's mark and writes their runs'
 /// heads: `known` when the writer holds the head of every run in the tail
 /// (it appended them all), else each moved on from its row by the log.
-fn catch_up(conn: &Connection, known: Option<&HashMap<RunId, Head>>) -> Result<(), JournalError> {
-    let mut folded = HashMap::new();
+fn catch_up(conn: &Connection, known: Option<&RunMap<Head>>) -> Result<(), JournalError> {
+    let mut folded = RunMap::default();
     let heads = match known {
         Some(heads) => heads,
         None => {
@@ -1505,12 +1569,15 @@ fn read_events(
     conn: &Connection,
     layout: Layout,
     durable: &Durable,
+    tail: &tail::Tail,
     run: &RunId,
     from: Seq,
 ) -> Result<Vec<Envelope>, JournalError> {
     // One read transaction, so the predecessor's hash, the index's mark
     // and the rows come from the same snapshot.
-    in_snapshot(conn, |conn| read_snapshot(conn, layout, durable, run, from))
+    in_snapshot(conn, |conn| {
+        read_snapshot(conn, layout, durable, tail, run, from)
+    })
 }
 
 /// A run's rows from `from` on: the indexed ones in `seq` order, then the
@@ -1531,6 +1598,7 @@ fn read_snapshot(
     conn: &Connection,
     layout: Layout,
     durable: &Durable,
+    tail: &tail::Tail,
     run: &RunId,
     from: Seq,
 ) -> Result<Vec<Envelope>, JournalError> {
@@ -1544,7 +1612,7 @@ fn read_snapshot(
     // After the statement above began the snapshot: every unsynced event
     // it holds is in the range (see `Durable`).
     let bounds = Bounds {
-        through,
+        tail_after: tail.scan_after(through, run),
         hidden: durable.hidden(),
     };
     let prev = if from.0 == 0 {
@@ -1586,11 +1654,13 @@ fn read_snapshot(
     Ok(envelopes)
 }
 
-/// Where a read's snapshot has its events: indexed through `through`,
-/// and `hidden` the positions not yet synced.
+/// Where a read's snapshot has its events: the run's events after the
+/// index's mark lie past `tail_after` (the mark, or later when the writer
+/// said where the run's tail begins: `tail.rs`), and `hidden` holds the
+/// positions not yet synced.
 #[derive(Clone, Copy)]
 struct Bounds {
-    through: i64,
+    tail_after: i64,
     hidden: (i64, i64),
 }
 
@@ -1618,7 +1688,7 @@ fn scan(
             statement.query(params![
                 run.as_str(),
                 seq_sql(from)?,
-                bounds.through,
+                bounds.tail_after,
                 synced,
                 written
             ])
@@ -1663,7 +1733,7 @@ fn with_tail(
     if layout == Layout::ByRun {
         return Ok(stored);
     }
-    let mut moved = HashMap::new();
+    let mut moved = RunMap::default();
     fold_tail(conn, None, &mut moved)?;
     if moved.is_empty() {
         return Ok(stored);
@@ -1890,6 +1960,9 @@ struct ReadPool {
     /// a read-only journal's stays empty (it cannot know another
     /// process's).
     durable: Arc<Durable>,
+    /// Where the writer put each run's events after the index's mark; a
+    /// read-only journal's knows none.
+    tail: Arc<tail::Tail>,
     idle: Mutex<Vec<Connection>>,
 }
 
@@ -1903,6 +1976,7 @@ impl ReadPool {
             layout: Layout::InArrivalOrder,
             immutable: false,
             durable: Arc::default(),
+            tail: Arc::default(),
             idle: Mutex::new(Vec::new()),
         }
     }

@@ -288,6 +288,49 @@ async fn a_second_writer_on_the_same_file_does_not_fork_a_runs_chain() {
     assert_eq!(listed[0].next_seq, Seq(5));
 }
 
+#[tokio::test]
+async fn a_read_after_the_index_mark_finds_the_events_another_writer_appended_since() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = SqliteJournal::open(dir.path(), Options::default()).unwrap();
+    let second = SqliteJournal::open(dir.path(), Options::default()).unwrap();
+    // The first writer brings run x into the tail: its reads of x now
+    // scan from x's first event there, and of any other run from past
+    // its own last event.
+    let mut x = first
+        .append(&run("x"), Seq(0), vec![created()])
+        .await
+        .unwrap();
+    // The second writer appends after it, to x and to a run y of its own,
+    // and the first writer commits nothing meanwhile.
+    x.extend(
+        second
+            .append(&run("x"), Seq(1), vec![started("t1", "from the second")])
+            .await
+            .unwrap(),
+    );
+    let y = second
+        .append(&run("y"), Seq(0), vec![created(), started("t1", "y")])
+        .await
+        .unwrap();
+    for journal in [&first, &second] {
+        assert_eq!(journal.read(&run("x"), Seq(0)).await.unwrap(), x);
+        assert_eq!(journal.read(&run("x"), Seq(1)).await.unwrap(), x[1..]);
+        assert_eq!(journal.read(&run("y"), Seq(0)).await.unwrap(), y);
+    }
+    // Once the first writer commits again it has seen the other's
+    // commits, and its reads scan from the mark until its next index.
+    x.extend(
+        first
+            .append(&run("x"), Seq(2), vec![started("t2", "from the first")])
+            .await
+            .unwrap(),
+    );
+    for journal in [&first, &second] {
+        assert_eq!(journal.read(&run("x"), Seq(0)).await.unwrap(), x);
+        assert_eq!(journal.read(&run("y"), Seq(1)).await.unwrap(), y[1..]);
+    }
+}
+
 /// Each run's `next_seq` as its row in `runs` holds it, read beside the
 /// store, by run.
 fn stored_next_seqs(dir: &std::path::Path) -> Vec<(String, u64)> {
@@ -467,7 +510,7 @@ async fn a_servers_log_file_is_written_ahead_of_its_frames_and_a_crash_there_los
     let dir = tempfile::tempdir().unwrap();
     let live = dir.path().join("live");
     let journal = SqliteJournal::open(&live, Options::default()).unwrap();
-    let logs = interleaved(&journal, 48).await;
+    let logs = interleaved(&journal, PAST_ONE_INDEX).await;
     let wal = live.join(format!("{FILE_NAME}-wal"));
     let (len, end) = (
         std::fs::metadata(&wal).unwrap().len(),
@@ -532,6 +575,11 @@ fn a_storage_error_keeps_sqlites_own_error_as_its_source() {
     );
 }
 
+/// Rounds of [`interleaved`] that make more events (1 440) than one batch
+/// of the index written behind (1 024), so part of each run is indexed and
+/// part is still in the tail.
+const PAST_ONE_INDEX: u64 = 48;
+
 /// Appends `rounds` appends of ten events to each of three runs, the runs
 /// taking turns, and returns every run's envelopes as acknowledged.
 async fn interleaved(journal: &SqliteJournal, rounds: u64) -> Vec<(RunId, Vec<Envelope>)> {
@@ -586,9 +634,7 @@ async fn reads_match(journal: &SqliteJournal, logs: &[(RunId, Vec<Envelope>)]) {
 async fn runs_read_whole_across_the_index_written_behind_and_after_reopening() {
     let dir = tempfile::tempdir().unwrap();
     let journal = SqliteJournal::open(dir.path(), Options::default()).unwrap();
-    // 1,440 events: more than one index batch, so part of each run is
-    // indexed and part is still in the tail.
-    let logs = interleaved(&journal, 48).await;
+    let logs = interleaved(&journal, PAST_ONE_INDEX).await;
     let (through, last) = index_mark(dir.path());
     assert!(
         0 < through && through < last,
@@ -610,7 +656,7 @@ async fn an_unindexed_tail_left_by_a_crash_is_indexed_at_open() {
     let dir = tempfile::tempdir().unwrap();
     let logs = interleaved(
         &SqliteJournal::open(dir.path(), Options::default()).unwrap(),
-        48,
+        PAST_ONE_INDEX,
     )
     .await;
     // As a kill between a commit and its indexing leaves the file.
@@ -682,7 +728,7 @@ async fn listed_heads(journal: &SqliteJournal) -> Vec<(String, u64)> {
 async fn a_runs_head_is_written_behind_with_the_index_and_read_from_its_row_and_the_logs_tail() {
     let dir = tempfile::tempdir().unwrap();
     let journal = SqliteJournal::open(dir.path(), Options::default()).unwrap();
-    let logs = interleaved(&journal, 48).await;
+    let logs = interleaved(&journal, PAST_ONE_INDEX).await;
     let (through, last) = index_mark(dir.path());
     assert!(0 < through && through < last, "part of the log is a tail");
     let stored = stored_next_seqs(dir.path());
@@ -719,7 +765,7 @@ async fn heads_a_crash_left_behind_are_moved_on_from_the_log_at_open_and_appends
     let dir = tempfile::tempdir().unwrap();
     let live = dir.path().join("live");
     let journal = SqliteJournal::open(&live, Options::default()).unwrap();
-    let mut logs = interleaved(&journal, 48).await;
+    let mut logs = interleaved(&journal, PAST_ONE_INDEX).await;
     // The files as a kill now would leave them: heads as of the mark.
     let crashed = dir.path().join("crashed");
     copy_as_crashed(&live, &crashed, &["-wal", "-shm"]);
@@ -761,7 +807,7 @@ async fn a_changed_or_missing_event_in_the_tail_a_crash_left_is_refused_at_open_
     let dir = tempfile::tempdir().unwrap();
     let live = dir.path().join("live");
     let journal = SqliteJournal::open(&live, Options::default()).unwrap();
-    interleaved(&journal, 48).await;
+    interleaved(&journal, PAST_ONE_INDEX).await;
     let changed = dir.path().join("changed");
     let missing = dir.path().join("missing");
     copy_as_crashed(&live, &changed, &["-wal", "-shm"]);
@@ -826,7 +872,7 @@ async fn a_version_2_journal_whose_rows_count_its_tail_is_read_as_it_is_and_migr
     let dir = tempfile::tempdir().unwrap();
     let mut logs = interleaved(
         &SqliteJournal::open(dir.path(), Options::default()).unwrap(),
-        48,
+        PAST_ONE_INDEX,
     )
     .await;
     to_layout_2(dir.path(), 200);
@@ -872,7 +918,7 @@ async fn a_version_1_journal_is_read_as_it_is_read_only_and_migrated_when_opened
     let dir = tempfile::tempdir().unwrap();
     let mut logs = interleaved(
         &SqliteJournal::open(dir.path(), Options::default()).unwrap(),
-        48,
+        PAST_ONE_INDEX,
     )
     .await;
     to_layout_1(dir.path());

@@ -2,13 +2,12 @@
 //! (`fdatasync`) on a thread of its own while the writer builds the next
 //! commit, and the positions reads must skip until then.
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::{Counters, Durability, FILE_NAME, Heads, MAX_CACHED_HEADS};
-use crate::id::RunId;
+use crate::id::RunMap;
 use crate::store::queue::Done;
 use crate::store::{Head, Watchers};
 
@@ -101,7 +100,7 @@ pub(super) struct Committed {
     /// Its callers' answers.
     pub(super) done: Vec<Done>,
     /// The heads it wrote.
-    pub(super) heads: HashMap<RunId, Head>,
+    pub(super) heads: RunMap<Head>,
     /// Its highest event position, or 0 when it appended none.
     pub(super) last_pos: i64,
 }

@@ -631,11 +631,12 @@ impl Encoded {
     /// Hashes the rows as they link after a row whose chain hash is
     /// `prev` (the run's head as the caller last knew it), so the store's
     /// one writer need not: [`link`] takes these hashes when the head it
-    /// links to ends with `prev`, and makes them again otherwise. Hashing
+    /// links to ends with `prev` and the run is the one encoded, and
+    /// makes them again otherwise. Hashing
     /// was about a twelfth of the SQLite writer thread's time. Does
     /// nothing for an append left to be encoded ([`Encoded::deferred`])
     /// or one [`link`] refuses.
-    pub fn chain_after(&mut self, run: &RunId, prev: Hash) {
+    pub fn chain_after(&mut self, prev: Hash) {
         let Some(bytes) = &self.bytes else {
             return;
         };
@@ -645,7 +646,7 @@ impl Encoded {
             .iter()
             .zip(bytes)
             .map(|(envelope, bytes)| {
-                last = chain::link(&last, run, envelope.seq, bytes);
+                last = chain::link(&last, &envelope.run_id, envelope.seq, bytes);
                 last
             })
             .collect();
@@ -740,13 +741,17 @@ pub fn link(run: &RunId, head: Option<&Head>, encoded: Encoded) -> Result<Plan, 
     let mut changes = Vec::new();
     // One row per envelope, whatever the caller passed: bytes that do
     // not match the envelopes one for one are made again, and so are
-    // hashes chained from another head than this one or over other bytes.
+    // hashes chained from another head than this one, over other bytes
+    // or for another run.
     let count = encoded.envelopes.len();
+    let same_run = encoded.envelopes.iter().all(|e| e.run_id == *run);
     let (bytes, mut chained) = match encoded.bytes {
         Some(bytes) if bytes.len() == count => {
             let chained = encoded
                 .chained
-                .filter(|(prev, hashes)| *prev == head.last_hash && hashes.len() == count)
+                .filter(|(prev, hashes)| {
+                    same_run && *prev == head.last_hash && hashes.len() == count
+                })
                 .map(|(_, hashes)| hashes.into_iter());
             (bytes, chained)
         }
@@ -1190,14 +1195,14 @@ mod tests {
         let hashes = |p: &Plan| p.rows.iter().map(|r| r.hash).collect::<Vec<_>>();
         // Chained after the head the run has: the same hashes.
         let mut right = encode(&run, Seq(1), events(), at(2));
-        right.chain_after(&run, created.head.last_hash);
+        right.chain_after(created.head.last_hash);
         let linked = link(&run, Some(&created.head), right).unwrap();
         assert_eq!(hashes(&linked), hashes(&planned));
         assert_eq!(linked.head, planned.head);
         // Chained after a head the run no longer has (another append got
         // there first with the same position): made again from the head.
         let mut stale = encode(&run, Seq(1), events(), at(2));
-        stale.chain_after(&run, [7; 32]);
+        stale.chain_after([7; 32]);
         let linked = link(&run, Some(&created.head), stale).unwrap();
         assert_eq!(hashes(&linked), hashes(&planned));
         assert_eq!(linked.head, planned.head);
@@ -1208,8 +1213,19 @@ mod tests {
             vec![Event::RunCreated(crate::event::RunCreated::default())],
             at(1),
         );
-        first.chain_after(&run, chain::GENESIS);
+        first.chain_after(chain::GENESIS);
         assert_eq!(link(&run, None, first).unwrap().head, created.head);
+        // Encoded for one run and linked for another: hashed for the run
+        // it is linked to.
+        let other = RunId::new("run-2").unwrap();
+        let mut elsewhere = encode(&other, Seq(1), events(), at(2));
+        elsewhere.chain_after(created.head.last_hash);
+        let linked = link(&run, Some(&created.head), elsewhere).unwrap();
+        let mut last = created.head.last_hash;
+        for row in &linked.rows {
+            assert_eq!(row.hash, chain::link(&last, &run, row.seq, &row.bytes));
+            last = row.hash;
+        }
     }
 
     #[test]

@@ -664,7 +664,7 @@ impl Journal for SqliteJournal {
                 .map(|head| head.last_hash)
         };
         if let Some(prev) = prev {
-            append.chain_after(run, prev);
+            append.chain_after(prev);
         }
         Box::pin(self.send(move |reply| Op::Append {
             run: run.clone(),

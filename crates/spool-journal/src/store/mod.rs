@@ -632,10 +632,9 @@ impl Encoded {
     /// `prev` (the run's head as the caller last knew it), so the store's
     /// one writer need not: [`link`] takes these hashes when the head it
     /// links to ends with `prev` and the run is the one encoded, and
-    /// makes them again otherwise. Hashing
-    /// was about a twelfth of the SQLite writer thread's time. Does
-    /// nothing for an append left to be encoded ([`Encoded::deferred`])
-    /// or one [`link`] refuses.
+    /// makes them again otherwise. Hashing was about a twelfth of the
+    /// SQLite writer thread's time. Does nothing for an append left to be
+    /// encoded ([`Encoded::deferred`]) or one [`link`] refuses.
     pub fn chain_after(&mut self, prev: Hash) {
         let Some(bytes) = &self.bytes else {
             return;
@@ -744,13 +743,14 @@ pub fn link(run: &RunId, head: Option<&Head>, encoded: Encoded) -> Result<Plan, 
     // hashes chained from another head than this one, over other bytes
     // or for another run.
     let count = encoded.envelopes.len();
-    let same_run = encoded.envelopes.iter().all(|e| e.run_id == *run);
     let (bytes, mut chained) = match encoded.bytes {
         Some(bytes) if bytes.len() == count => {
             let chained = encoded
                 .chained
                 .filter(|(prev, hashes)| {
-                    same_run && *prev == head.last_hash && hashes.len() == count
+                    *prev == head.last_hash
+                        && hashes.len() == count
+                        && encoded.envelopes.iter().all(|e| e.run_id == *run)
                 })
                 .map(|(_, hashes)| hashes.into_iter());
             (bytes, chained)

@@ -5,10 +5,11 @@
 //! The per-run index is written behind the commits, a batch at a time
 //! (`INDEX_BATCH` events), and a read finds a run's newest events by
 //! scanning the events after the mark: about 100 µs for a full batch,
-//! paid by every read of a run that is being written (a stream's, as each
-//! commit wakes it). With these positions a read of a run skips the part
-//! of the tail written before the run's first event in it, and a read of
-//! a run with no event in it skips everything this writer wrote.
+//! paid by every read under load, of any run. With these positions a
+//! read of a run with no event in the tail (a parked run's, an idle run's
+//! `GET`) skips everything this writer wrote, and a read of a run that
+//! entered the tail late skips what came before it; a run appending all
+//! along still scans most of the tail.
 //!
 //! Another process may append to the same file (the store stays correct
 //! under several writers). Its events are covered all the same: the

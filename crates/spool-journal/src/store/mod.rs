@@ -573,7 +573,7 @@ pub struct Encoded {
     now: OffsetDateTime,
     envelopes: Vec<Envelope>,
     /// One per envelope, once encoded ([`Encoded::deferred`] leaves them
-    /// to [`link`]); empty when the append is `invalid`.
+    /// to [`link`]); none when the append is `invalid`.
     bytes: Option<Vec<Vec<u8>>>,
     /// Why the append breaks the log's shape: what [`link`] refuses it
     /// with, once it is known not to conflict with the run's head.

@@ -1176,27 +1176,34 @@ impl Writer {
         Ok(())
     }
 
-    fn head(&self, pending: &RunMap<Head>, run: &RunId) -> Result<Option<Head>, JournalError> {
+    /// The run's head, and whether this writer already put events of it
+    /// after the index's mark (the head came from this transaction, an
+    /// unsynced commit or the heads kept for the index).
+    fn head(
+        &self,
+        pending: &RunMap<Head>,
+        run: &RunId,
+    ) -> Result<(Option<Head>, bool), JournalError> {
         if let Some(head) = pending.get(run) {
-            return Ok(Some(head.clone()));
+            return Ok((Some(head.clone()), true));
         }
         if let Some((_, head)) = self.unsynced.get(run) {
-            return Ok(Some(head.clone()));
+            return Ok((Some(head.clone()), true));
         }
         if let Some(head) = self.behind.as_ref().and_then(|behind| behind.get(run)) {
-            return Ok(Some(head.clone()));
+            return Ok((Some(head.clone()), true));
         }
         if let Some(head) = self.heads.lock().get(run) {
-            return Ok(Some(head.clone()));
+            return Ok((Some(head.clone()), false));
         }
         if self.behind.is_some() {
             // Every run with events after the index's mark is in `behind`
             // (this writer wrote the whole tail), so this one's row is its
             // head: no scan of the tail, which a new run's first append
             // paid for every run created.
-            return stored_head(&self.conn, run);
+            return Ok((stored_head(&self.conn, run)?, false));
         }
-        load_head(&self.conn, Layout::InArrivalOrder, run)
+        Ok((load_head(&self.conn, Layout::InArrivalOrder, run)?, false))
     }
 
     fn append(
@@ -1207,7 +1214,7 @@ impl Writer {
         run: &RunId,
         append: Encoded,
     ) -> Result<(Vec<Envelope>, Seq), Failed> {
-        let head = self.head(pending, run).map_err(Failed::Broken)?;
+        let (head, in_tail) = self.head(pending, run).map_err(Failed::Broken)?;
         let plan = link(run, head.as_ref(), append).map_err(Failed::Refused)?;
         // Every refusal is decided before anything is written: an unbind only
         // releases this run's own names, so the checks do not depend on
@@ -1216,13 +1223,9 @@ impl Writer {
         check_indexes(&self.conn, run, &plan.changes)?;
         write_plan(&self.conn, insert, run, &plan).map_err(Failed::Broken)?;
         // The run's first events after the index's mark: where reads of
-        // it start scanning the tail (`tail.rs`).
-        if self
-            .behind
-            .as_ref()
-            .is_some_and(|behind| !behind.contains_key(run))
-            && !pending.contains_key(run)
-        {
+        // it start scanning the tail (`tail.rs`). Without `behind` the
+        // positions are forgotten until the next index anyway.
+        if !in_tail && self.behind.is_some() {
             let count = i64::try_from(plan.rows.len()).unwrap_or(i64::MAX);
             firsts.push((run.clone(), self.conn.last_insert_rowid() - (count - 1)));
         }

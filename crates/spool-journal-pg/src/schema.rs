@@ -16,7 +16,11 @@ use crate::storage;
 /// to `n + 1`. A new step is appended; a released one never changes.
 /// Step 2 adds the cluster's nodes and run leases; step 3 which store
 /// wrote a run's head last and until when another watches it
-/// (`crate::listen`: a commit notifies only for runs watched elsewhere).
+/// (`crate::listen`: a commit notifies only for runs watched elsewhere);
+/// step 4 drops the index of run heads by update time and leaves room
+/// in their pages, so a commit's head updates are heap-only (no index
+/// entry written, the old version pruned in place): the listing, the
+/// index's one reader, sorts the rows it reads whole anyway.
 const STEPS: &[&str] = &[
     "
 CREATE TABLE spool_events (
@@ -77,6 +81,10 @@ CREATE INDEX spool_leases_node ON spool_leases (node);
 ",
     "
 ALTER TABLE spool_runs ADD COLUMN watched_until TIMESTAMPTZ, ADD COLUMN written_by BIGINT;
+",
+    "
+DROP INDEX IF EXISTS spool_runs_updated;
+ALTER TABLE spool_runs SET (fillfactor = 70);
 ",
 ];
 

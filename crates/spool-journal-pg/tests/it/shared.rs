@@ -597,6 +597,7 @@ async fn a_journal_of_the_layout_before_watches_is_migrated_on_open_and_keeps_it
     client
         .batch_execute(&format!(
             "ALTER TABLE \"{schema}\".spool_runs DROP COLUMN watched_until, DROP COLUMN written_by;
+             CREATE INDEX spool_runs_updated ON \"{schema}\".spool_runs (updated_ns);
              UPDATE \"{schema}\".spool_meta SET value = '2' WHERE key = 'store_version'"
         ))
         .await
@@ -611,7 +612,7 @@ async fn a_journal_of_the_layout_before_watches_is_migrated_on_open_and_keeps_it
         .await
         .unwrap()
         .get(0);
-    assert_eq!(version, "3");
+    assert_eq!(version, "4");
     let mut watch = reader.subscribe(&r).await.unwrap();
     assert_eq!(*watch.borrow_and_update(), Seq(1));
     writer
@@ -624,6 +625,77 @@ async fn a_journal_of_the_layout_before_watches_is_migrated_on_open_and_keeps_it
         "the migrated journal announces a watched run's commit",
     )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_journal_with_an_index_of_heads_by_update_time_loses_it_on_open_and_still_lists_the_latest_first()
+ {
+    let Some(url) = crate::server() else { return };
+    let schema = crate::fresh_schema();
+    let before = crate::journal(&url, &schema).await;
+    let (older, newer) = (run("older"), run("newer"));
+    before
+        .append(&older, Seq(0), vec![created()])
+        .await
+        .unwrap();
+    before
+        .append(&newer, Seq(0), vec![created()])
+        .await
+        .unwrap();
+    drop(before);
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    // The layout of version 3: run heads indexed by their update time,
+    // which made every head a commit moved a new index entry.
+    client
+        .batch_execute(&format!(
+            "CREATE INDEX IF NOT EXISTS spool_runs_updated ON \"{schema}\".spool_runs (updated_ns);
+             ALTER TABLE \"{schema}\".spool_runs RESET (fillfactor);
+             UPDATE \"{schema}\".spool_meta SET value = '3' WHERE key = 'store_version'"
+        ))
+        .await
+        .unwrap();
+    let journal = crate::journal(&url, &schema).await;
+    let indexes: Vec<String> = client
+        .query(
+            "SELECT indexname::text FROM pg_indexes WHERE schemaname = $1 AND tablename = 'spool_runs'",
+            &[&schema],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(
+        indexes,
+        ["spool_runs_pkey"],
+        "a head is found by its run alone"
+    );
+    let options: Option<Vec<String>> = client
+        .query_one(
+            "SELECT c.reloptions FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+             WHERE n.nspname = $1 AND c.relname = 'spool_runs'",
+            &[&schema],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(options.unwrap_or_default(), ["fillfactor=70"]);
+    // The older run moves last, so it lists first.
+    journal
+        .append(&older, Seq(1), vec![started("t1", "again")])
+        .await
+        .unwrap();
+    let listed: Vec<String> = journal
+        .runs()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|summary| summary.run_id.to_string())
+        .collect();
+    assert_eq!(listed, ["older", "newer"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -581,27 +581,46 @@ async fn a_commit_of_many_watched_runs_with_long_ids_is_announced_within_the_ser
     }
 }
 
+/// A journal in `schema` holding `runs`, each created in that order, then
+/// set back to an older layout by `sql` (`{schema}` in it names the
+/// schema), closed; and a client on the database to look at it with.
+async fn an_older_layout(
+    url: &str,
+    schema: &str,
+    runs: &[&spool_journal::RunId],
+    sql: &str,
+) -> tokio_postgres::Client {
+    let before = crate::journal(url, schema).await;
+    for r in runs {
+        before.append(r, Seq(0), vec![created()]).await.unwrap();
+    }
+    drop(before);
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+        .batch_execute(&sql.replace("{schema}", schema))
+        .await
+        .unwrap();
+    client
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_journal_of_the_layout_before_watches_is_migrated_on_open_and_keeps_its_runs() {
     let Some(url) = crate::server() else { return };
     let schema = crate::fresh_schema();
-    let before = crate::journal(&url, &schema).await;
     let r = run("kept");
-    before.append(&r, Seq(0), vec![created()]).await.unwrap();
-    drop(before);
-    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
     // The layout of version 2, as a build before watches left it.
-    client
-        .batch_execute(&format!(
-            "ALTER TABLE \"{schema}\".spool_runs DROP COLUMN watched_until, DROP COLUMN written_by;
-             CREATE INDEX spool_runs_updated ON \"{schema}\".spool_runs (updated_ns);
-             UPDATE \"{schema}\".spool_meta SET value = '2' WHERE key = 'store_version'"
-        ))
-        .await
-        .unwrap();
+    let client = an_older_layout(
+        &url,
+        &schema,
+        &[&r],
+        "ALTER TABLE \"{schema}\".spool_runs DROP COLUMN watched_until, DROP COLUMN written_by;
+         CREATE INDEX spool_runs_updated ON \"{schema}\".spool_runs (updated_ns);
+         UPDATE \"{schema}\".spool_meta SET value = '2' WHERE key = 'store_version'",
+    )
+    .await;
     let writer = crate::journal(&url, &schema).await;
     let reader = crate::journal(&url, &schema).await;
     let version: String = client
@@ -632,31 +651,18 @@ async fn a_journal_with_an_index_of_heads_by_update_time_loses_it_on_open_and_st
  {
     let Some(url) = crate::server() else { return };
     let schema = crate::fresh_schema();
-    let before = crate::journal(&url, &schema).await;
     let (older, newer) = (run("older"), run("newer"));
-    before
-        .append(&older, Seq(0), vec![created()])
-        .await
-        .unwrap();
-    before
-        .append(&newer, Seq(0), vec![created()])
-        .await
-        .unwrap();
-    drop(before);
-    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
     // The layout of version 3: run heads indexed by their update time,
     // which made every head a commit moved a new index entry.
-    client
-        .batch_execute(&format!(
-            "CREATE INDEX IF NOT EXISTS spool_runs_updated ON \"{schema}\".spool_runs (updated_ns);
-             ALTER TABLE \"{schema}\".spool_runs RESET (fillfactor);
-             UPDATE \"{schema}\".spool_meta SET value = '3' WHERE key = 'store_version'"
-        ))
-        .await
-        .unwrap();
+    let client = an_older_layout(
+        &url,
+        &schema,
+        &[&older, &newer],
+        "CREATE INDEX IF NOT EXISTS spool_runs_updated ON \"{schema}\".spool_runs (updated_ns);
+         ALTER TABLE \"{schema}\".spool_runs RESET (fillfactor);
+         UPDATE \"{schema}\".spool_meta SET value = '3' WHERE key = 'store_version'",
+    )
+    .await;
     let journal = crate::journal(&url, &schema).await;
     let indexes: Vec<String> = client
         .query(

@@ -19,8 +19,8 @@ use crate::storage;
 /// (`crate::listen`: a commit notifies only for runs watched elsewhere);
 /// step 4 drops the index of run heads by update time and leaves room
 /// in their pages, so a commit's head updates are heap-only (no index
-/// entry written, the old version pruned in place): the listing, the
-/// index's one reader, sorts the rows it reads whole anyway.
+/// entry written, the old version pruned in place); the listing, the
+/// index's one reader, reads every head and sorts them itself.
 const STEPS: &[&str] = &[
     "
 CREATE TABLE spool_events (

@@ -647,8 +647,7 @@ async fn a_journal_of_the_layout_before_watches_is_migrated_on_open_and_keeps_it
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_journal_with_an_index_of_heads_by_update_time_loses_it_on_open_and_still_lists_the_latest_first()
- {
+async fn heads_indexed_by_update_time_lose_the_index_on_open_and_still_list_the_latest_first() {
     let Some(url) = crate::server() else { return };
     let schema = crate::fresh_schema();
     let (older, newer) = (run("older"), run("newer"));

@@ -314,6 +314,13 @@ INSERT OR IGNORE INTO event_index (run_id, seq, pos)
 UPDATE indexed SET through = (SELECT coalesce(max(pos), 0) FROM events);
 ";
 
+/// How far the per-run index reaches: the last event position it holds.
+fn index_mark(conn: &Connection) -> Result<i64, JournalError> {
+    conn.prepare_cached("SELECT through FROM indexed")
+        .and_then(|mut statement| statement.query_row([], |row| row.get(0)))
+        .map_err(storage)
+}
+
 /// A version-1 journal's events (in a table renamed `events_by_run`),
 /// moved into the arrival-order table in run order, so `pos` grows with
 /// `seq` within each run as reads need.
@@ -469,9 +476,7 @@ impl SqliteJournal {
             .map_err(storage)?;
         // The migration indexed any tail a crash left: the writer has
         // seen every event up to the mark.
-        let through: i64 = conn
-            .query_row("SELECT through FROM indexed", [], |row| row.get(0))
-            .map_err(storage)?;
+        let through = index_mark(&conn)?;
         let tail = Arc::new(tail::Tail::default());
         tail.start(through);
         let (sender, receiver) = mpsc::channel(options.queue.max(1));
@@ -1114,13 +1119,7 @@ impl Writer {
             catch_up(conn, known)
         });
         // The mark the index reached, for reads to start the tail after.
-        let indexed = indexed.and_then(|()| {
-            self.conn
-                .query_row("SELECT through FROM indexed", [], |row| {
-                    row.get::<_, i64>(0)
-                })
-                .map_err(storage)
-        });
+        let indexed = indexed.and_then(|()| index_mark(&self.conn));
         match indexed {
             Ok(through) => {
                 self.unindexed = 0;
@@ -1607,10 +1606,7 @@ fn read_snapshot(
 ) -> Result<Vec<Envelope>, JournalError> {
     let through: i64 = match layout {
         Layout::ByRun => 0,
-        Layout::InArrivalOrder => conn
-            .prepare_cached("SELECT through FROM indexed")
-            .and_then(|mut statement| statement.query_row([], |row| row.get(0)))
-            .map_err(storage)?,
+        Layout::InArrivalOrder => index_mark(conn)?,
     };
     // After the statement above began the snapshot: every unsynced event
     // it holds is in the range (see `Durable`).

@@ -24,7 +24,7 @@ use crate::body::{self, Body};
 
 /// The namespace HTTP addresses live in.
 pub const NAMESPACE: &str = "http";
-use crate::stream::{OpenStream, StreamBody};
+use crate::stream::{OpenStream, Parts, StreamBody};
 
 /// The HTTP channel: a runtime, an optional authenticator, and what
 /// `/info` says.
@@ -39,6 +39,8 @@ pub struct HttpChannel {
     mounted: Vec<(String, crate::server::Handler)>,
     /// Stream lines encoded once for every stream of a run.
     lines: Arc<crate::stream::SharedLines>,
+    /// The runs whose caught-up streams share one reader.
+    fanouts: Arc<crate::fanout::Fanouts>,
     /// How many streams are open.
     streams: Arc<watch::Sender<usize>>,
     /// Who may reach a run.
@@ -134,6 +136,7 @@ impl HttpChannel {
             body_timeout: body::BODY_READ_TIMEOUT,
             mounted: Vec::new(),
             lines: Arc::default(),
+            fanouts: Arc::default(),
             streams: Arc::new(watch::channel(0).0),
             access: RunAccess::Any,
             schedules: None,
@@ -1010,11 +1013,14 @@ impl HttpChannel {
         };
         let subscription = self.runtime.subscribe(run, cursor).await?;
         let body = StreamBody::new(
-            run.clone(),
+            Parts {
+                run: run.clone(),
+                closing: self.closing.clone(),
+                shared: Arc::clone(&self.lines),
+                fanouts: Arc::clone(&self.fanouts),
+                _open: OpenStream::new(&self.streams),
+            },
             subscription,
-            self.closing.clone(),
-            Arc::clone(&self.lines),
-            OpenStream::new(&self.streams),
         );
         let mut response = Response::new(http_body_util::BodyExt::boxed(body));
         response.headers_mut().insert(

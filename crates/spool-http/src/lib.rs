@@ -9,6 +9,7 @@
 pub mod body;
 pub mod channel;
 pub mod client;
+mod fanout;
 pub mod forward;
 pub mod lines;
 mod refusals;

@@ -25,6 +25,7 @@ use spool_wire::sentinel::{self, Sentinel};
 use tokio::sync::watch;
 use tokio_util::sync::ReusableBoxFuture;
 
+use crate::fanout::{Fanouts, Member, Start, Take};
 use crate::lines::LineCache;
 
 /// Lines already read are written together up to this many bytes: one
@@ -397,43 +398,53 @@ fn write_lines(bytes: &mut Vec<u8>, lines: &[StreamEvent]) {
     }
 }
 
-/// A run's subscription as a response body, polled by the connection's
-/// own task: an append wakes that task, which reads the new lines and
-/// writes them, with no task or queue between the subscription and the
-/// socket (a stream used to be a writer task feeding the connection's task
-/// through a channel: two wake-ups and a hand-off per write).
+/// A run's stream as a response body, polled by the connection's own
+/// task. Until it has caught up it reads its own subscription: an append
+/// wakes the task, which reads the new lines and writes them. Once caught
+/// up it joins the run's driver (`crate::fanout`), which reads and encodes
+/// each batch once for every stream joined to it, and the task only
+/// writes the bytes it is handed.
 ///
-/// A reader that stops reading holds nothing here: the connection stops
+/// A reader that stops reading holds little here: the connection stops
 /// polling the body once the socket and hyper's bounded write buffer are
-/// full, and durable events wait in the journal until it reads again. Only
-/// live deltas cannot wait: a reader that falls more than the hub's
-/// `DELTA_QUEUE` behind them is sent a `lagged` line with the cursor to
-/// resume from, and the stream ends. It never sees a silent close. The
-/// stream also ends when the client goes (the connection drops the body)
-/// or when `closing` turns true.
+/// full; a joined stream keeps up to `fanout::QUEUED_BYTES` of batches
+/// (shared with the other streams) and then leaves the driver, and durable
+/// events wait in the journal until it reads again. Only live deltas
+/// cannot wait: a reader that falls more than the hub's `DELTA_QUEUE`
+/// behind them is sent a `lagged` line with the cursor to resume from, and
+/// the stream ends. It never sees a silent close. The stream also ends
+/// when the client goes (the connection drops the body) or when `closing`
+/// turns true.
 pub(crate) struct StreamBody {
-    next: ReusableBoxFuture<'static, Option<(Lines, Bytes)>>,
-    ended: bool,
+    mode: Mode,
+}
+
+enum Mode {
+    /// Reading its own subscription.
+    OnItsOwn(ReusableBoxFuture<'static, Next>),
+    /// Writing what its run's driver hands it.
+    Joined(Parts, Member),
+    Ended,
+}
+
+/// What a stream's own read comes to.
+enum Next {
+    /// Bytes to write, and the stream to read on.
+    Bytes(Lines, Bytes),
+    /// The stream joined its run's driver.
+    Joined(Parts, Member),
+    /// The stream has ended.
+    End,
 }
 
 impl StreamBody {
-    pub(crate) fn new(
-        run: RunId,
-        subscription: Subscription,
-        closing: watch::Receiver<bool>,
-        shared: Arc<SharedLines>,
-        open: OpenStream,
-    ) -> Self {
+    pub(crate) fn new(parts: Parts, subscription: Subscription) -> Self {
         let lines = Lines {
-            run,
-            subscription,
-            closing,
-            shared,
-            _open: open,
+            parts,
+            subscription: Box::new(subscription),
         };
         Self {
-            next: ReusableBoxFuture::new(lines.next()),
-            ended: false,
+            mode: Mode::OnItsOwn(ReusableBoxFuture::new(lines.next())),
         }
     }
 }
@@ -446,24 +457,51 @@ impl http_body::Body for StreamBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        if self.ended {
-            return Poll::Ready(None);
-        }
-        match std::task::ready!(self.next.poll(cx)) {
-            Some((lines, bytes)) => {
-                // The same future's layout: the box is reused.
-                self.next.set(lines.next());
-                Poll::Ready(Some(Ok(Frame::data(bytes))))
-            }
-            None => {
-                self.ended = true;
-                Poll::Ready(None)
+        loop {
+            match &mut self.mode {
+                Mode::Ended => return Poll::Ready(None),
+                Mode::OnItsOwn(next) => match std::task::ready!(next.poll(cx)) {
+                    Next::Bytes(lines, bytes) => {
+                        // The same future's layout: the box is reused.
+                        next.set(lines.next());
+                        return Poll::Ready(Some(Ok(Frame::data(bytes))));
+                    }
+                    Next::Joined(parts, member) => self.mode = Mode::Joined(parts, member),
+                    Next::End => self.mode = Mode::Ended,
+                },
+                Mode::Joined(_, member) => match std::task::ready!(member.poll_take(cx)) {
+                    Take::Bytes(bytes) => return Poll::Ready(Some(Ok(Frame::data(bytes)))),
+                    Take::Ended => self.mode = Mode::Ended,
+                    Take::Lagged(resting) => {
+                        let Mode::Joined(parts, _) = std::mem::replace(&mut self.mode, Mode::Ended)
+                        else {
+                            unreachable!("matched as joined just above")
+                        };
+                        let last = resting.next.0.checked_sub(1).map(Seq);
+                        let mut line = Vec::new();
+                        write_lines(&mut line, &[lagged_line(&parts.run, last)]);
+                        return Poll::Ready(Some(Ok(Frame::data(Bytes::from(line)))));
+                    }
+                    Take::OnItsOwn(subscription) => {
+                        let Mode::Joined(parts, member) =
+                            std::mem::replace(&mut self.mode, Mode::Ended)
+                        else {
+                            unreachable!("matched as joined just above")
+                        };
+                        drop(member);
+                        let lines = Lines {
+                            parts,
+                            subscription,
+                        };
+                        self.mode = Mode::OnItsOwn(ReusableBoxFuture::new(lines.next()));
+                    }
+                },
             }
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.ended
+        matches!(self.mode, Mode::Ended)
     }
 }
 
@@ -478,7 +516,7 @@ pub(crate) struct SharedLines {
 }
 
 impl SharedLines {
-    fn event(&self, envelope: &Envelope) -> Bytes {
+    pub(crate) fn event(&self, envelope: &Envelope) -> Bytes {
         self.events.line(envelope, |envelope| {
             let mut line = Vec::new();
             write_lines(&mut line, &event_lines(envelope));
@@ -490,7 +528,7 @@ impl SharedLines {
     /// is the last position before it (`after - 1`), the same on every
     /// stream: a delta is delivered just after the events before its place
     /// and before the rest.
-    fn delta(&self, run: &RunId, delta: &LiveDelta) -> Bytes {
+    pub(crate) fn delta(&self, run: &RunId, delta: &LiveDelta) -> Bytes {
         // A delta's number names it within its run.
         self.deltas.get_or_encode(run, Seq(delta.n), || {
             let last = delta.after.0.checked_sub(1).map(Seq);
@@ -504,38 +542,61 @@ impl SharedLines {
     }
 }
 
-/// What a stream body reads from and writes with; moved into each read.
+/// What a stream needs whichever way it reads.
+pub(crate) struct Parts {
+    pub(crate) run: RunId,
+    pub(crate) closing: watch::Receiver<bool>,
+    pub(crate) shared: Arc<SharedLines>,
+    pub(crate) fanouts: Arc<Fanouts>,
+    /// Counts the stream as open while it lives.
+    pub(crate) _open: OpenStream,
+}
+
+/// A stream reading its own subscription; moved into each read.
 struct Lines {
-    run: RunId,
-    subscription: Subscription,
-    closing: watch::Receiver<bool>,
-    shared: Arc<SharedLines>,
-    _open: OpenStream,
+    parts: Parts,
+    subscription: Box<Subscription>,
 }
 
 impl Lines {
     /// The next bytes to write: every line already read, up to
     /// `STREAM_BATCH_BYTES`, so a subscriber catching up after a burst is
-    /// written to once. `None` once the stream has ended.
-    async fn next(mut self) -> Option<(Self, Bytes)> {
+    /// written to once. Once caught up where its run's driver rests, the
+    /// stream joins it instead.
+    async fn next(mut self) -> Next {
         loop {
-            let mut item = tokio::select! {
-                item = self.subscription.next() => item?,
-                _ = self.closing.wait_for(|closing| *closing) => return None,
+            let start = Start {
+                lines: &self.parts.shared,
+                closing: &self.parts.closing,
+            };
+            match self
+                .parts
+                .fanouts
+                .join(&self.parts.run, self.subscription, &start)
+            {
+                Ok(member) => return Next::Joined(self.parts, member),
+                Err(subscription) => self.subscription = subscription,
+            }
+            let item = tokio::select! {
+                item = self.subscription.next() => item,
+                _ = self.parts.closing.wait_for(|closing| *closing) => None,
+            };
+            let Some(mut item) = item else {
+                return Next::End;
             };
             let mut bytes = Vec::new();
             loop {
                 match &item {
                     StreamItem::Event(envelope) => {
-                        bytes.extend_from_slice(&self.shared.event(envelope));
+                        bytes.extend_from_slice(&self.parts.shared.event(envelope));
                     }
                     StreamItem::Delta(delta) => {
-                        bytes.extend_from_slice(&self.shared.delta(&self.run, delta));
+                        bytes.extend_from_slice(&self.parts.shared.delta(&self.parts.run, delta));
                     }
                     // The subscription has ended: `next` then answers
                     // `None`.
                     StreamItem::Lagged { last } => {
-                        write_lines(&mut bytes, &[lagged_line(&self.run, *last)]);
+                        write_lines(&mut bytes, &[lagged_line(&self.parts.run, *last)]);
                     }
                 }
                 if bytes.len() >= STREAM_BATCH_BYTES {
@@ -548,7 +609,7 @@ impl Lines {
             }
             // An event that reaches no client (a model call) writes nothing.
             if !bytes.is_empty() {
-                return Some((self, Bytes::from(bytes)));
+                return Next::Bytes(self, Bytes::from(bytes));
             }
         }
     }

@@ -271,6 +271,18 @@ struct Joined {
     recent: Arc<Shared>,
 }
 
+/// Where a subscription stands between deliveries (see
+/// [`Subscription::resting`]): the next durable position it delivers, and
+/// the last delta it delivered of the generation after the event before
+/// that position, if any.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Resting {
+    /// The next durable position to deliver.
+    pub next: Seq,
+    /// The number of the last delta delivered that is placed at `next`.
+    pub live_delta: Option<u64>,
+}
+
 /// A run's event stream from a cursor.
 pub struct Subscription {
     run: RunId,
@@ -282,6 +294,8 @@ pub struct Subscription {
     next: Seq,
     /// The last delta delivered, by counter.
     last_n: Option<u64>,
+    /// Its place: the position it was made before.
+    last_after: Option<Seq>,
     /// Deltas received and not yet placed: drained before the events they
     /// follow were read, or received by a pump that was dropped.
     held: Vec<LiveDelta>,
@@ -322,6 +336,7 @@ impl Subscription {
             recent,
             next: after.map_or(Seq(0), Seq::next),
             last_n: None,
+            last_after: None,
             held: Vec::new(),
             stalled: false,
             ready: VecDeque::new(),
@@ -333,11 +348,72 @@ impl Subscription {
         // event this subscriber has now seen.
         for delta in ring {
             if delta.after == subscription.next {
-                subscription.last_n = Some(delta.n);
-                subscription.ready.push_back(StreamItem::Delta(delta));
+                subscription.deliver(delta);
             }
         }
         Ok(subscription)
+    }
+
+    /// A second subscription in this one's state: it delivers what this
+    /// one would from here, at its own pace. A transport that writes one
+    /// subscription's items to many clients gives one that cannot keep up
+    /// a subscription of its own this way, with nothing repeated and
+    /// nothing left out (its deltas wait in its own queue, as any slow
+    /// subscriber's do).
+    pub fn fork(&mut self) -> Self {
+        // Subscribed first, then the deltas already sent are taken here and
+        // copied: one sent in between is in both, and delivered once (a
+        // delta is delivered only past the last one's number).
+        let deltas = self.deltas.resubscribe();
+        let mut sent = Vec::new();
+        let lagged = self.take_sent(&mut sent);
+        // Placed as a read would place them: a delta at this position is
+        // ready now, one after it waits for the events before it, and one
+        // before it has had its place.
+        for delta in sent {
+            if self.last_n.is_some_and(|n| delta.n <= n) || delta.after < self.next {
+                continue;
+            }
+            if delta.after == self.next && self.held.is_empty() {
+                self.deliver(delta);
+            } else {
+                self.held.push(delta);
+            }
+        }
+        if lagged {
+            self.lagged();
+        }
+        Self {
+            run: self.run.clone(),
+            journal: Arc::clone(&self.journal),
+            positions: self.positions.clone(),
+            deltas,
+            recent: Arc::clone(&self.recent),
+            next: self.next,
+            last_n: self.last_n,
+            last_after: self.last_after,
+            held: self.held.clone(),
+            stalled: false,
+            ready: self.ready.clone(),
+            ended: self.ended,
+            _counted: Counted::new(&self._counted.0),
+        }
+    }
+
+    /// Where this subscription stands when it has delivered everything it
+    /// read and holds nothing back; `None` while items wait in it, or once
+    /// it has ended. Two subscriptions of a run at the same resting place
+    /// deliver the same items from there on, so one may stand in for the
+    /// other (a transport that writes one subscription's items to many
+    /// clients joins a client's stream to it there).
+    #[must_use]
+    pub fn resting(&self) -> Option<Resting> {
+        (self.ready.is_empty() && self.held.is_empty() && !self.ended).then(|| Resting {
+            next: self.next,
+            // A delta before the last event delivered has had its place:
+            // no delta still to come is placed before it.
+            live_delta: self.last_n.filter(|_| self.last_after == Some(self.next)),
+        })
     }
 
     /// The next item; `None` once the stream has ended (after a `Lagged`,
@@ -410,24 +486,22 @@ impl Subscription {
         };
         // Taken only after the read: a pump dropped during it leaves them.
         let mut deltas = std::mem::take(&mut self.held);
-        let mut lagged = false;
-        loop {
-            match self.deltas.try_recv() {
-                Ok(delta) => deltas.push(delta),
-                Err(broadcast::error::TryRecvError::Lagged(_)) => {
-                    lagged = true;
-                    break;
-                }
-                Err(_) => break,
-            }
-        }
+        let lagged = self.take_sent(&mut deltas);
         // Drop what was already delivered, and deltas whose place (before an
         // event delivered earlier) has passed: the event that follows them
         // carries their content in full.
-        let last_n = self.last_n;
+        // Numbered in the order they were sent: one taken twice (a fork's
+        // copy and its own queue's) passes once.
+        let mut last_n = self.last_n;
         let mut deltas = deltas
             .into_iter()
-            .filter(|d| last_n.is_none_or(|n| d.n > n) && d.after >= start)
+            .filter(|d| {
+                let new = last_n.is_none_or(|n| d.n > n);
+                if new {
+                    last_n = Some(d.n);
+                }
+                new && d.after >= start
+            })
             .peekable();
         for envelope in events {
             while let Some(delta) = deltas.next_if(|d| d.after <= envelope.seq) {
@@ -489,8 +563,21 @@ impl Subscription {
         Ok(events)
     }
 
+    /// Moves the deltas sent and not yet taken into `into`; whether the
+    /// broadcast had dropped some first (this subscriber lagged).
+    fn take_sent(&mut self, into: &mut Vec<LiveDelta>) -> bool {
+        loop {
+            match self.deltas.try_recv() {
+                Ok(delta) => into.push(delta),
+                Err(broadcast::error::TryRecvError::Lagged(_)) => return true,
+                Err(_) => return false,
+            }
+        }
+    }
+
     fn deliver(&mut self, delta: LiveDelta) {
         self.last_n = Some(delta.n);
+        self.last_after = Some(delta.after);
         self.ready.push_back(StreamItem::Delta(delta));
     }
 

@@ -1164,3 +1164,65 @@ async fn every_stream_of_a_run_gets_the_same_delta_lines_each_between_the_positi
     );
     server.stop().await;
 }
+
+/// Waits until the runtime has `open` subscriptions; fails the test after
+/// [`PATIENCE`].
+async fn until_subscriptions(runtime: &spool_runtime::Runtime, open: usize) {
+    tokio::time::timeout(PATIENCE, async {
+        while runtime.open_streams() != open {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{} subscriptions open, not {open}", runtime.open_streams()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn caught_up_streams_of_a_run_share_one_subscription_and_each_gets_every_line() {
+    let runtime = echo_runtime();
+    let server = Server::start(runtime.clone()).await;
+    let run = server.post("/spool/v1/addresses/many", "").await.json()["run_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let path = format!("/spool/v1/runs/{run}/stream");
+    let mut streams = Vec::new();
+    for _ in 0..3 {
+        streams.push(Stream::open(&server.addr, &path).await);
+    }
+    // Each read its catch-up on its own, then joined one reader.
+    until_subscriptions(&runtime, 1).await;
+    server
+        .post(
+            &format!("/spool/v1/runs/{run}"),
+            r#"{"text": "one two three"}"#,
+        )
+        .await;
+    let mut seen = Vec::new();
+    for stream in &mut streams {
+        let mut lines = Vec::new();
+        loop {
+            let text = stream.next_text().await.expect("the stream stays open");
+            let line: Value = serde_json::from_str(&text).unwrap();
+            lines.push(text);
+            if line["type"] == "run_state" && line["state"] == "completed" {
+                break;
+            }
+        }
+        seen.push(lines);
+    }
+    assert!(
+        seen[0].iter().any(|line| line.contains("text_delta")),
+        "{:?}",
+        seen[0]
+    );
+    assert!(
+        seen.iter().all(|lines| *lines == seen[0]),
+        "every stream has the same lines: {seen:?}"
+    );
+    assert_eq!(runtime.open_streams(), 1, "the turn was read once");
+    // The reader ends with its last stream.
+    drop(streams);
+    until_subscriptions(&runtime, 0).await;
+    server.stop().await;
+}

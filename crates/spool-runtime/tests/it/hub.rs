@@ -53,22 +53,7 @@ async fn a_cursor_gets_the_journal_after_it_then_live_events_with_no_gap_or_dupl
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_answer_streams_as_deltas_between_the_request_and_its_completion() {
     let runtime = scripted(r#"{"text": "Paris is the capital of France."}"#);
-    let address = spool_journal::Address::new("http", "stream-test");
-    let pending = runtime.ensure(&address).await.unwrap();
-    let mut stream = runtime
-        .subscribe(&pending.run_id, pending.cursor)
-        .await
-        .unwrap();
-    runtime
-        .send(
-            &pending.run_id,
-            MessageRequest {
-                text: "capital?".into(),
-                ..MessageRequest::default()
-            },
-        )
-        .await
-        .unwrap();
+    let mut stream = subscribed_and_asked(&runtime, "stream-test", "capital?").await;
     let mut order = Vec::new();
     let mut text = String::new();
     tokio::time::timeout(PATIENCE, async {
@@ -395,4 +380,78 @@ async fn many_subscribers_share_one_journal_read_per_append_and_each_gets_every_
         read < SUBSCRIBERS,
         "{read} journal reads for {appended} appends and {SUBSCRIBERS} subscribers"
     );
+}
+
+/// What `stream` delivers up to and including the turn's completion, as
+/// event positions and delta numbers in order.
+async fn through_completion(stream: &mut spool_runtime::hub::Subscription) -> Vec<String> {
+    let mut items = Vec::new();
+    tokio::time::timeout(PATIENCE, async {
+        while let Some(item) = stream.next().await {
+            match item {
+                StreamItem::Delta(delta) => items.push(format!("delta {}", delta.n)),
+                StreamItem::Event(envelope) => {
+                    items.push(format!("event {}", envelope.seq.0));
+                    if envelope.event.kind() == "turn_completed" {
+                        return;
+                    }
+                }
+                StreamItem::Lagged { .. } => panic!("one subscriber cannot lag this little"),
+            }
+        }
+        panic!("the stream ended before the turn did");
+    })
+    .await
+    .expect("the turn streams and completes");
+    items
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_taken_mid_answer_delivers_what_its_origin_does_from_there() {
+    let runtime = scripted(r#"{"text": "one two three four five six seven eight"}"#);
+    let mut origin = subscribed_and_asked(&runtime, "fork-test", "count").await;
+    // Forked once the answer has begun: deltas already sent and not yet
+    // taken by the origin are the fork's too.
+    tokio::time::timeout(PATIENCE, async {
+        while !matches!(origin.next().await, Some(StreamItem::Delta(_))) {}
+    })
+    .await
+    .expect("the answer streams");
+    let mut fork = origin.fork();
+    let from_origin = through_completion(&mut origin).await;
+    let from_fork = through_completion(&mut fork).await;
+    assert!(
+        from_origin.iter().any(|item| item.starts_with("delta")),
+        "{from_origin:?}"
+    );
+    assert_eq!(
+        from_fork, from_origin,
+        "the same items, once each, in order"
+    );
+}
+
+/// A subscription to the run at `address`, from its position now, and
+/// then `text` sent to it.
+async fn subscribed_and_asked(
+    runtime: &Runtime,
+    address: &str,
+    text: &str,
+) -> spool_runtime::hub::Subscription {
+    let address = spool_journal::Address::new("http", address);
+    let pending = runtime.ensure(&address).await.unwrap();
+    let stream = runtime
+        .subscribe(&pending.run_id, pending.cursor)
+        .await
+        .unwrap();
+    runtime
+        .send(
+            &pending.run_id,
+            MessageRequest {
+                text: text.into(),
+                ..MessageRequest::default()
+            },
+        )
+        .await
+        .unwrap();
+    stream
 }

@@ -422,6 +422,13 @@ impl HttpChannel {
             );
         }
         let (parts, incoming) = request.into_parts();
+        // A stream's driver may write a plain HTTP/1.1 GET's chunks to its
+        // socket itself (`crate::tap`).
+        let tap = parts
+            .extensions
+            .get::<Arc<crate::tap::Tap>>()
+            .filter(|_| parts.version == http::Version::HTTP_11 && method == Method::GET)
+            .cloned();
         let bytes = if method == Method::POST {
             match body::read_capped(incoming, wire::MAX_BODY_BYTES, self.body_timeout).await {
                 Ok(bytes) => bytes,
@@ -485,7 +492,10 @@ impl HttpChannel {
                 Err(message) => return body::error(ErrorCode::InvalidRunId, message),
             },
             (Route::RunAction(id, action), _) => match run_id(&id) {
-                Ok(run) => self.action(&run, &action, &text, query.as_deref()).await,
+                Ok(run) => {
+                    self.action(&run, &action, &text, query.as_deref(), tap)
+                        .await
+                }
                 Err(message) => return body::error(ErrorCode::InvalidRunId, message),
             },
         };
@@ -881,6 +891,7 @@ impl HttpChannel {
         action: &str,
         text: &str,
         query: Option<&str>,
+        tap: Option<Arc<crate::tap::Tap>>,
     ) -> Result<Response<Body>, RuntimeError> {
         match action {
             "snapshot" => {
@@ -897,7 +908,7 @@ impl HttpChannel {
                     .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
                 Ok(reply)
             }
-            "stream" => self.stream(run, query).await,
+            "stream" => self.stream(run, query, tap).await,
             "respond" => {
                 let respond = match Respond::decode(text) {
                     Ok(respond) => respond,
@@ -1006,6 +1017,7 @@ impl HttpChannel {
         &self,
         run: &RunId,
         query: Option<&str>,
+        tap: Option<Arc<crate::tap::Tap>>,
     ) -> Result<Response<Body>, RuntimeError> {
         let cursor = match cursor(query) {
             Ok(cursor) => cursor,
@@ -1018,10 +1030,16 @@ impl HttpChannel {
                 closing: self.closing.clone(),
                 shared: Arc::clone(&self.lines),
                 fanouts: Arc::clone(&self.fanouts),
+                tap: tap.clone(),
                 _open: OpenStream::new(&self.streams),
             },
             subscription,
         );
+        if let Some(tap) = &tap {
+            // The response's head goes first: nothing is written to the
+            // socket past hyper until it has flushed it.
+            tap.busy();
+        }
         let mut response = Response::new(http_body_util::BodyExt::boxed(body));
         response.headers_mut().insert(
             header::CONTENT_TYPE,

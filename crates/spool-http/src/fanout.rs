@@ -10,6 +10,12 @@
 //! writes bytes already made. With no driver for the run, the first stream
 //! to rest gives its subscription to a new one.
 //!
+//! On a plain TCP connection the driver writes a joined stream's batches
+//! to its socket itself, as HTTP/1.1 chunks, when the socket takes them
+//! whole (`crate::tap`): the stream's task is not woken at all. What the
+//! socket does not take is queued for the stream's task, which writes it
+//! as before.
+//!
 //! A stream that does not keep up is not cut off: once it has more than
 //! [`QUEUED_BYTES`] waiting it is handed one last batch and a copy of the
 //! driver's subscription as it stands after that batch
@@ -24,14 +30,15 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll, Waker, ready};
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes};
 use spool_journal::RunId;
 use spool_runtime::hub::{Resting, StreamItem, Subscription};
 use tokio::sync::{Notify, watch};
 
 use crate::stream::SharedLines;
+use crate::tap::Tap;
 
 /// How many bytes a stream may have waiting for its socket before it
 /// leaves its run's driver to go on at its own pace. A stalled socket
@@ -68,11 +75,16 @@ struct State {
 /// socket.
 #[derive(Debug)]
 pub(crate) struct Slot {
+    /// The stream's socket, when the driver may write to it.
+    tap: Option<Arc<Tap>>,
     inner: Mutex<Queue>,
 }
 
 #[derive(Debug)]
 struct Queue {
+    /// The rest of a chunk the driver began on the socket: written by the
+    /// stream's task before anything else.
+    raw: Bytes,
     batches: VecDeque<Bytes>,
     bytes: usize,
     /// Where the driver rested after the last batch queued here: where the
@@ -123,8 +135,29 @@ impl Member {
     /// The next bytes queued for this stream, or how it goes on.
     pub(crate) fn poll_take(&self, cx: &mut Context<'_>) -> Poll<Take> {
         let mut queue = lock(&self.slot.inner);
+        while !queue.raw.is_empty() {
+            let written = match &self.slot.tap {
+                Some(tap) => ready!(tap.poll_write(cx, &queue.raw)),
+                None => Ok(0),
+            };
+            match written {
+                Ok(n) if n > 0 => queue.raw.advance(n),
+                // The connection is gone (hyper finds so too): nothing
+                // more can be written to it.
+                _ => {
+                    queue.raw.clear();
+                    queue.batches.clear();
+                    queue.bytes = 0;
+                    return Poll::Ready(Take::Ended);
+                }
+            }
+        }
         if let Some(batch) = queue.batches.pop_front() {
             queue.bytes -= batch.len();
+            if let Some(tap) = &self.slot.tap {
+                // hyper writes it: nothing goes past hyper until it has.
+                tap.busy();
+            }
             return Poll::Ready(Take::Bytes(batch));
         }
         match std::mem::replace(&mut queue.end, End::Ended) {
@@ -162,6 +195,8 @@ impl Drop for Member {
 pub(crate) struct Start<'a> {
     pub(crate) lines: &'a Arc<SharedLines>,
     pub(crate) closing: &'a watch::Receiver<bool>,
+    /// The stream's socket, when the driver may write to it.
+    pub(crate) tap: Option<&'a Arc<Tap>>,
 }
 
 impl Fanouts {
@@ -179,7 +214,9 @@ impl Fanouts {
             return Err(subscription);
         };
         let slot = Arc::new(Slot {
+            tap: start.tap.cloned(),
             inner: Mutex::new(Queue {
+                raw: Bytes::new(),
                 batches: VecDeque::new(),
                 bytes: 0,
                 resting,
@@ -346,11 +383,32 @@ fn hand_out(
     subscription: &mut Subscription,
 ) -> bool {
     let batch = Bytes::from(bytes);
+    // Framed once, for every socket written here.
+    let mut framed = None;
     let mut state = lock(&fanout.state);
     state.resting = resting;
     state.members.retain(|slot| {
         let mut queue = lock(&slot.inner);
-        let stays = queue.bytes <= QUEUED_BYTES;
+        if let Some(tap) = &slot.tap
+            && queue.raw.is_empty()
+            && queue.batches.is_empty()
+            && tap.flushed()
+        {
+            let framed = framed.get_or_insert_with(|| crate::tap::chunk(&batch));
+            // Would block, or broken: the batch is queued below, and the
+            // stream's task writes it or finds the connection gone.
+            if let Ok(n) = tap.try_write(framed) {
+                queue.resting = resting;
+                if n < framed.len() {
+                    queue.raw = framed.slice(n..);
+                    if let Some(waker) = queue.waker.take() {
+                        waker.wake();
+                    }
+                }
+                return true;
+            }
+        }
+        let stays = queue.bytes + queue.raw.len() <= QUEUED_BYTES;
         queue.bytes += batch.len();
         queue.batches.push_back(batch.clone());
         queue.resting = resting;

@@ -16,6 +16,7 @@ mod refusals;
 pub mod schedules;
 pub mod server;
 pub mod stream;
+mod tap;
 pub mod tls;
 pub mod token;
 

@@ -191,7 +191,7 @@ pub async fn serve(
         tokio::select! {
             () = &mut shutdown => break,
             accepted = accept(&listener) => match accepted {
-                Ok(Accepted::Tcp(stream)) => spawn(stream, &handler, &graceful),
+                Ok(Accepted::Tcp(stream)) => spawn_tcp(stream, &handler, &graceful),
                 Ok(Accepted::Tls(stream, acceptor)) => spawn_tls(stream, acceptor, &handler, &graceful),
                 Ok(Accepted::Unix(stream)) => spawn(stream, &handler, &graceful),
                 // A client that failed mid-handshake is its own problem;
@@ -264,6 +264,19 @@ where
         io,
         Arc::clone(handler),
         graceful.stopping.clone(),
+        None,
+    ));
+}
+
+/// Serves a plain TCP connection through a socket its requests carry
+/// (`crate::tap`): a stream's driver may write to it directly.
+fn spawn_tcp(stream: TcpStream, handler: &Handler, graceful: &Graceful) {
+    let (io, tap) = crate::tap::SharedTcp::new(stream);
+    graceful.connections.spawn(connection(
+        io,
+        Arc::clone(handler),
+        graceful.stopping.clone(),
+        Some(tap),
     ));
 }
 
@@ -281,7 +294,7 @@ fn spawn_tls(
         let handshake = tokio::time::timeout(HEADER_READ_TIMEOUT, handshake(stream, &acceptor));
         tokio::select! {
             shook = handshake => if let Ok(Some(tls)) = shook {
-                connection(tls, handler, stopping).await;
+                connection(tls, handler, stopping, None).await;
             },
             // A server stopping takes no new requests: a handshake still
             // in progress is dropped, not waited for.
@@ -345,12 +358,20 @@ async fn refuse_plain(stream: &mut TcpStream) {
 }
 
 /// Serves one connection until it closes, or finishes its request in
-/// progress and closes once the server is stopping.
-async fn connection<I>(io: I, handler: Handler, stopping: watch::Receiver<bool>)
-where
+/// progress and closes once the server is stopping. Each request carries
+/// `tap`, the connection's shared socket, when it has one.
+async fn connection<I>(
+    io: I,
+    handler: Handler,
+    stopping: watch::Receiver<bool>,
+    tap: Option<Arc<crate::tap::Tap>>,
+) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let service = service_fn(move |request| {
+    let service = service_fn(move |mut request: Request<Incoming>| {
+        if let Some(tap) = &tap {
+            request.extensions_mut().insert(Arc::clone(tap));
+        }
         let reply = handler(request);
         async move { Ok::<_, Infallible>(reply.await) }
     });

@@ -417,6 +417,10 @@ fn write_lines(bytes: &mut Vec<u8>, lines: &[StreamEvent]) {
 /// turns true.
 pub(crate) struct StreamBody {
     mode: Mode,
+    /// The connection's socket, when the run's driver may write to it:
+    /// marked busy whenever a frame goes to hyper, so that nothing the
+    /// driver writes overtakes it.
+    tap: Option<Arc<crate::tap::Tap>>,
 }
 
 enum Mode {
@@ -439,13 +443,23 @@ enum Next {
 
 impl StreamBody {
     pub(crate) fn new(parts: Parts, subscription: Subscription) -> Self {
+        let tap = parts.tap.clone();
         let lines = Lines {
             parts,
             subscription: Box::new(subscription),
         };
         Self {
             mode: Mode::OnItsOwn(ReusableBoxFuture::new(lines.next())),
+            tap,
         }
+    }
+
+    /// `bytes` as the next frame for hyper to write.
+    fn frame(&self, bytes: Bytes) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if let Some(tap) = &self.tap {
+            tap.busy();
+        }
+        Poll::Ready(Some(Ok(Frame::data(bytes))))
     }
 }
 
@@ -464,12 +478,13 @@ impl http_body::Body for StreamBody {
                     Next::Bytes(lines, bytes) => {
                         // The same future's layout: the box is reused.
                         next.set(lines.next());
-                        return Poll::Ready(Some(Ok(Frame::data(bytes))));
+                        return self.frame(bytes);
                     }
                     Next::Joined(parts, member) => self.mode = Mode::Joined(parts, member),
                     Next::End => self.mode = Mode::Ended,
                 },
                 Mode::Joined(_, member) => match std::task::ready!(member.poll_take(cx)) {
+                    // Marked busy as it was taken.
                     Take::Bytes(bytes) => return Poll::Ready(Some(Ok(Frame::data(bytes)))),
                     Take::Ended => self.mode = Mode::Ended,
                     Take::Lagged(resting) => {
@@ -480,7 +495,7 @@ impl http_body::Body for StreamBody {
                         let last = resting.next.0.checked_sub(1).map(Seq);
                         let mut line = Vec::new();
                         write_lines(&mut line, &[lagged_line(&parts.run, last)]);
-                        return Poll::Ready(Some(Ok(Frame::data(Bytes::from(line)))));
+                        return self.frame(Bytes::from(line));
                     }
                     Take::OnItsOwn(subscription) => {
                         let Mode::Joined(parts, member) =
@@ -548,6 +563,8 @@ pub(crate) struct Parts {
     pub(crate) closing: watch::Receiver<bool>,
     pub(crate) shared: Arc<SharedLines>,
     pub(crate) fanouts: Arc<Fanouts>,
+    /// The connection's socket, when its run's driver may write to it.
+    pub(crate) tap: Option<Arc<crate::tap::Tap>>,
     /// Counts the stream as open while it lives.
     pub(crate) _open: OpenStream,
 }
@@ -568,6 +585,7 @@ impl Lines {
             let start = Start {
                 lines: &self.parts.shared,
                 closing: &self.parts.closing,
+                tap: self.parts.tap.as_ref(),
             };
             match self
                 .parts

@@ -1177,21 +1177,25 @@ async fn until_subscriptions(runtime: &spool_runtime::Runtime, open: usize) {
     .unwrap_or_else(|_| panic!("{} subscriptions open, not {open}", runtime.open_streams()));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn caught_up_streams_of_a_run_share_one_subscription_and_each_gets_every_line() {
-    let runtime = echo_runtime();
-    let server = Server::start(runtime.clone()).await;
+/// `count` streams of a new run, opened and then caught up and joined to
+/// one reader, and a turn sent; returns each stream's lines up to the
+/// turn's end.
+async fn one_turn_on_streams(
+    runtime: &spool_runtime::Runtime,
+    server: &Server,
+    count: usize,
+) -> (Vec<Stream>, Vec<Vec<String>>) {
     let run = server.post("/spool/v1/addresses/many", "").await.json()["run_id"]
         .as_str()
         .unwrap()
         .to_owned();
     let path = format!("/spool/v1/runs/{run}/stream");
     let mut streams = Vec::new();
-    for _ in 0..3 {
+    for _ in 0..count {
         streams.push(Stream::open(&server.addr, &path).await);
     }
     // Each read its catch-up on its own, then joined one reader.
-    until_subscriptions(&runtime, 1).await;
+    until_subscriptions(runtime, 1).await;
     server
         .post(
             &format!("/spool/v1/runs/{run}"),
@@ -1211,17 +1215,28 @@ async fn caught_up_streams_of_a_run_share_one_subscription_and_each_gets_every_l
         }
         seen.push(lines);
     }
-    assert!(
-        seen[0].iter().any(|line| line.contains("text_delta")),
-        "{:?}",
-        seen[0]
-    );
-    assert!(
-        seen.iter().all(|lines| *lines == seen[0]),
-        "every stream has the same lines: {seen:?}"
-    );
+    assert_same_lines_with_deltas(&seen);
+    (streams, seen)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn caught_up_streams_of_a_run_share_one_subscription_and_each_gets_every_line() {
+    let runtime = echo_runtime();
+    let server = Server::start(runtime.clone()).await;
+    let (streams, _) = one_turn_on_streams(&runtime, &server, 3).await;
     assert_eq!(runtime.open_streams(), 1, "the turn was read once");
     // The reader ends with its last stream.
+    drop(streams);
+    until_subscriptions(&runtime, 0).await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_streams_of_a_run_share_one_reader_and_each_get_every_line() {
+    let runtime = echo_runtime();
+    let server = Server::start(runtime.clone()).await;
+    let (streams, seen) = one_turn_on_streams(&runtime, &server, 100).await;
+    assert_eq!(seen.len(), 100);
     drop(streams);
     until_subscriptions(&runtime, 0).await;
     server.stop().await;

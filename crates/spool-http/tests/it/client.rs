@@ -372,3 +372,17 @@ impl std::io::Write for LogWriter {
         Ok(())
     }
 }
+
+/// Asserts that every stream of a run saw the same lines of a turn, its
+/// answer's deltas among them.
+pub(crate) fn assert_same_lines_with_deltas(seen: &[Vec<String>]) {
+    assert!(
+        seen[0].iter().any(|line| line.contains("text_delta")),
+        "{:?}",
+        seen[0]
+    );
+    assert!(
+        seen.iter().all(|lines| *lines == seen[0]),
+        "every stream has the same lines: {seen:?}"
+    );
+}

@@ -187,3 +187,42 @@ async fn the_clients_typed_methods_drive_a_run_through_an_address_with_a_slash()
     );
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_over_a_unix_socket_written_by_their_own_tasks_get_every_line_of_a_turn() {
+    use spool_wire::http::{RunState, StreamEventType};
+    // No shared socket here: a joined stream's batches are queued for its
+    // connection's task to write.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("spool.sock");
+    let server = Server::start_unix(&path);
+    let client = Client::new(&format!("unix:{}", path.display())).unwrap();
+    let ensured: Value = client.post("/addresses/queued", &json!({})).await.unwrap();
+    let run = ensured["run_id"].as_str().unwrap().to_owned();
+    let mut first = client.stream(&run, None).await.unwrap();
+    let mut second = client.stream(&run, None).await.unwrap();
+    let _: Value = client
+        .post(&format!("/runs/{run}"), &json!({"text": "one two three"}))
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    for stream in [&mut first, &mut second] {
+        let mut lines = Vec::new();
+        loop {
+            let line = tokio::time::timeout(PATIENCE, stream.next())
+                .await
+                .expect("the turn's lines come in time")
+                .unwrap()
+                .expect("the stream stays open");
+            let done =
+                line.kind == StreamEventType::RunState && line.state == Some(RunState::Completed);
+            lines.push(serde_json::to_string(&line).unwrap());
+            if done {
+                break;
+            }
+        }
+        seen.push(lines);
+    }
+    crate::client::assert_same_lines_with_deltas(&seen);
+    server.stop().await;
+}

@@ -37,7 +37,7 @@ use spool_journal::RunId;
 use spool_runtime::hub::{Resting, StreamItem, Subscription};
 use tokio::sync::{Notify, watch};
 
-use crate::stream::SharedLines;
+use crate::stream::{Parts, SharedLines};
 use crate::tap::Tap;
 
 /// How many bytes a stream may have waiting for its socket before it
@@ -191,30 +191,22 @@ impl Drop for Member {
     }
 }
 
-/// What [`Fanouts::join`] needs to start a driver.
-pub(crate) struct Start<'a> {
-    pub(crate) lines: &'a Arc<SharedLines>,
-    pub(crate) closing: &'a watch::Receiver<bool>,
-    /// The stream's socket, when the driver may write to it.
-    pub(crate) tap: Option<&'a Arc<Tap>>,
-}
-
 impl Fanouts {
-    /// Joins a stream whose own subscription rests to its run's driver,
+    /// Joins a stream (`stream`: its run, lines, shutdown signal and
+    /// socket) whose own subscription rests to its run's driver,
     /// or makes that subscription the driver's when the run has none.
     /// Gives the subscription back when the stream cannot join yet: it
     /// has items waiting, or the driver rests elsewhere.
     pub(crate) fn join(
         self: &Arc<Self>,
-        run: &RunId,
         subscription: Box<Subscription>,
-        start: &Start<'_>,
+        stream: &Parts,
     ) -> Result<Member, Box<Subscription>> {
         let Some(resting) = subscription.resting() else {
             return Err(subscription);
         };
         let slot = Arc::new(Slot {
-            tap: start.tap.cloned(),
+            tap: stream.tap.clone(),
             inner: Mutex::new(Queue {
                 raw: Bytes::new(),
                 batches: VecDeque::new(),
@@ -224,6 +216,7 @@ impl Fanouts {
                 end: End::Open,
             }),
         });
+        let run = &stream.run;
         let mut runs = lock(&self.runs);
         if let Some(fanout) = runs.get(run) {
             let mut state = lock(&fanout.state);
@@ -254,8 +247,8 @@ impl Fanouts {
             Arc::clone(self),
             Arc::clone(&fanout),
             subscription,
-            Arc::clone(start.lines),
-            start.closing.clone(),
+            Arc::clone(&stream.shared),
+            stream.closing.clone(),
         ));
         Ok(Member { fanout, slot })
     }

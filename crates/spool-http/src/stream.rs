@@ -25,7 +25,7 @@ use spool_wire::sentinel::{self, Sentinel};
 use tokio::sync::watch;
 use tokio_util::sync::ReusableBoxFuture;
 
-use crate::fanout::{Fanouts, Member, Start, Take};
+use crate::fanout::{Fanouts, Member, Take};
 use crate::lines::LineCache;
 
 /// Lines already read are written together up to this many bytes: one
@@ -582,16 +582,7 @@ impl Lines {
     /// stream joins it instead.
     async fn next(mut self) -> Next {
         loop {
-            let start = Start {
-                lines: &self.parts.shared,
-                closing: &self.parts.closing,
-                tap: self.parts.tap.as_ref(),
-            };
-            match self
-                .parts
-                .fanouts
-                .join(&self.parts.run, self.subscription, &start)
-            {
+            match self.parts.fanouts.join(self.subscription, &self.parts) {
                 Ok(member) => return Next::Joined(self.parts, member),
                 Err(subscription) => self.subscription = subscription,
             }

@@ -61,9 +61,19 @@ impl Tap {
         cx: &mut Context<'_>,
         bytes: &[u8],
     ) -> Poll<std::io::Result<usize>> {
+        self.poll_write_with(cx, |socket| socket.try_write(bytes))
+    }
+
+    /// `write` once the socket is writable, until it does not find it
+    /// would block after all.
+    fn poll_write_with(
+        &self,
+        cx: &mut Context<'_>,
+        write: impl Fn(&OwnedWriteHalf) -> std::io::Result<usize>,
+    ) -> Poll<std::io::Result<usize>> {
         loop {
             ready!(self.stream().poll_write_ready(cx))?;
-            match self.socket.try_write(bytes) {
+            match write(&self.socket) {
                 Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
                 written => return Poll::Ready(written),
             }
@@ -135,13 +145,8 @@ impl AsyncWrite for SharedTcp {
         bufs: &[IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
         self.tap.busy();
-        loop {
-            ready!(self.tap.stream().poll_write_ready(cx))?;
-            match self.tap.socket.try_write_vectored(bufs) {
-                Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
-                written => return Poll::Ready(written),
-            }
-        }
+        self.tap
+            .poll_write_with(cx, |socket| socket.try_write_vectored(bufs))
     }
 
     fn is_write_vectored(&self) -> bool {

@@ -173,24 +173,7 @@ async fn a_tool_call_streams_start_arguments_and_done_deltas() {
     let runtime = scripted(
         r#"{"tool_calls": [{"id": "c1", "name": "ask_human", "arguments": {"prompt": "Region?"}}]}"#,
     );
-    let pending = runtime
-        .ensure(&spool_journal::Address::new("http", "tool-deltas"))
-        .await
-        .unwrap();
-    let mut stream = runtime
-        .subscribe(&pending.run_id, pending.cursor)
-        .await
-        .unwrap();
-    runtime
-        .send(
-            &pending.run_id,
-            MessageRequest {
-                text: "ask".into(),
-                ..MessageRequest::default()
-            },
-        )
-        .await
-        .unwrap();
+    let mut stream = subscribed_and_asked(&runtime, "tool-deltas", "ask").await;
     let mut seen = Vec::new();
     tokio::time::timeout(PATIENCE, async {
         while let Some(item) = stream.next().await {

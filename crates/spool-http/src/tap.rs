@@ -81,12 +81,16 @@ impl Tap {
     }
 }
 
-/// `bytes` as one HTTP/1.1 chunk, the way hyper frames a body's data.
-pub(crate) fn chunk(bytes: &[u8]) -> Bytes {
-    let size = format!("{:X}\r\n", bytes.len());
-    let mut framed = BytesMut::with_capacity(size.len() + bytes.len() + 2);
+/// `parts`, one after another, as one HTTP/1.1 chunk, the way hyper
+/// frames a body's data.
+pub(crate) fn chunk<'a>(parts: impl Iterator<Item = &'a [u8]> + Clone) -> Bytes {
+    let len: usize = parts.clone().map(<[u8]>::len).sum();
+    let size = format!("{len:X}\r\n");
+    let mut framed = BytesMut::with_capacity(size.len() + len + 2);
     framed.put_slice(size.as_bytes());
-    framed.put_slice(bytes);
+    for part in parts {
+        framed.put_slice(part);
+    }
     framed.put_slice(b"\r\n");
     framed.freeze()
 }
@@ -171,12 +175,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_batch_is_framed_as_one_chunk_with_its_size_in_hex() {
-        assert_eq!(&chunk(b"hello\n")[..], b"6\r\nhello\n\r\n");
+    fn batches_are_framed_as_one_chunk_with_their_whole_size_in_hex() {
+        assert_eq!(&chunk([&b"hello\n"[..]].into_iter())[..], b"6\r\nhello\n\r\n");
         let long = vec![b'x'; 300];
-        let framed = chunk(&long);
+        let framed = chunk([&long[..]].into_iter());
         assert!(framed.starts_with(b"12C\r\nxxx"));
         assert!(framed.ends_with(b"xxx\r\n"));
         assert_eq!(framed.len(), 5 + 300 + 2);
+        let parts = [&b"ab"[..], b"", b"cde\n"];
+        assert_eq!(&chunk(parts.into_iter())[..], b"6\r\nabcde\n\r\n");
     }
 }

@@ -563,9 +563,8 @@ fn give(slot: &Slot, batches: &[Batch], framed: &mut Option<Bytes>, reader: &mut
         && queue.batches.is_empty()
         && tap.flushed()
     {
-        let framed = framed.get_or_insert_with(|| {
-            crate::tap::chunk(batches.iter().map(|batch| &batch.bytes[..]))
-        });
+        let framed = framed
+            .get_or_insert_with(|| crate::tap::chunk(batches.iter().map(|batch| &batch.bytes[..])));
         // Would block, or broken: the batches are queued below, and the
         // stream's task writes them or finds the connection gone.
         if let Ok(n) = tap.try_write(framed) {
@@ -710,12 +709,15 @@ mod tests {
         for client in &mut clients[looked..] {
             let head = read_exactly(client, 64).await;
             let size_end = head.windows(2).position(|w| w == b"\r\n").unwrap();
-            let size = usize::from_str_radix(std::str::from_utf8(&head[..size_end]).unwrap(), 16)
-                .unwrap();
+            let size =
+                usize::from_str_radix(std::str::from_utf8(&head[..size_end]).unwrap(), 16).unwrap();
             let mut framed = head;
             framed.extend(read_exactly(client, size_end + 2 + size + 2 - framed.len()).await);
             let payload = &framed[size_end + 2..framed.len() - 2];
-            assert!(payload.starts_with(&first_bytes), "the first turn's lines come first");
+            assert!(
+                payload.starts_with(&first_bytes),
+                "the first turn's lines come first"
+            );
             let rest = Bytes::copy_from_slice(&payload[first_bytes.len()..]);
             assert!(
                 String::from_utf8_lossy(&rest).contains("two"),

@@ -176,7 +176,10 @@ mod tests {
 
     #[test]
     fn batches_are_framed_as_one_chunk_with_their_whole_size_in_hex() {
-        assert_eq!(&chunk([&b"hello\n"[..]].into_iter())[..], b"6\r\nhello\n\r\n");
+        assert_eq!(
+            &chunk([&b"hello\n"[..]].into_iter())[..],
+            b"6\r\nhello\n\r\n"
+        );
         let long = vec![b'x'; 300];
         let framed = chunk([&long[..]].into_iter());
         assert!(framed.starts_with(b"12C\r\nxxx"));

@@ -501,6 +501,20 @@ fn sweep(fanout: &Fanout, first: Batch, reader: &mut Reader) -> bool {
     // Per stream: how many of `batches` it was handed, and whether it left.
     let mut given = vec![0; count];
     let mut left = vec![false; count];
+    // Streams already over their share are handed `first` before anything
+    // else is read: the subscription rests right after it, so they leave
+    // here with an exact fork. (One that goes over during the sweep may
+    // find the subscription between two places and wait for the next.)
+    for (index, slot) in state.members.iter().enumerate() {
+        let over = {
+            let queue = lock(&slot.inner);
+            queue.bytes + queue.raw.len() > QUEUED_BYTES
+        };
+        if over {
+            left[index] = !give(slot, &batches, &mut framed[0], reader);
+            given[index] = 1;
+        }
+    }
     let mut passes = 0;
     loop {
         let picking = passes < PICKING_PASSES;
@@ -551,8 +565,8 @@ fn sweep(fanout: &Fanout, first: Batch, reader: &mut Reader) -> bool {
 /// Hands `batches` to one stream: written to its socket at once when the
 /// driver may, else queued for its task. A stream that already had more
 /// than [`QUEUED_BYTES`] waiting leaves with them and a fork of the
-/// driver's subscription, once the subscription rests right after them.
-/// Whether the stream stays.
+/// driver's subscription when the subscription rests right after them
+/// (always so at the start of a sweep). Whether the stream stays.
 fn give(slot: &Slot, batches: &[Batch], framed: &mut Option<Bytes>, reader: &mut Reader) -> bool {
     let Some(last) = batches.last() else {
         return true;

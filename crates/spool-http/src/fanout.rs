@@ -122,6 +122,23 @@ pub(crate) enum Take {
     OnItsOwn(Box<Subscription>),
 }
 
+impl Slot {
+    /// A stream's empty share, joining where the driver rests.
+    fn new(tap: Option<Arc<Tap>>, resting: Resting) -> Arc<Self> {
+        Arc::new(Self {
+            tap,
+            inner: Mutex::new(Queue {
+                raw: Bytes::new(),
+                batches: VecDeque::new(),
+                bytes: 0,
+                resting,
+                waker: None,
+                end: End::Open,
+            }),
+        })
+    }
+}
+
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -207,17 +224,7 @@ impl Fanouts {
         let Some(resting) = subscription.resting() else {
             return Err(subscription);
         };
-        let slot = Arc::new(Slot {
-            tap: stream.tap.clone(),
-            inner: Mutex::new(Queue {
-                raw: Bytes::new(),
-                batches: VecDeque::new(),
-                bytes: 0,
-                resting,
-                waker: None,
-                end: End::Open,
-            }),
-        });
+        let slot = Slot::new(stream.tap.clone(), resting);
         let run = &stream.run;
         let mut runs = lock(&self.runs);
         if let Some(fanout) = runs.get(run) {
@@ -640,17 +647,7 @@ mod tests {
             let (mut shared, tap) = SharedTcp::new(listener.accept().await.unwrap().0);
             shared.flush().await.unwrap();
             servers.push(shared);
-            slots.push(Arc::new(Slot {
-                tap: Some(tap),
-                inner: Mutex::new(Queue {
-                    raw: Bytes::new(),
-                    batches: VecDeque::new(),
-                    bytes: 0,
-                    resting,
-                    waker: None,
-                    end: End::Open,
-                }),
-            }));
+            slots.push(Slot::new(Some(tap), resting));
         }
         (slots, clients, servers)
     }

@@ -16,6 +16,11 @@
 //! socket does not take is queued for the stream's task, which writes it
 //! as before.
 //!
+//! A batch goes out in one sweep over the streams ([`sweep`]) that looks
+//! for lines read meanwhile every few streams and sends them with it to
+//! the streams after: a turn's two or three batches reach most streams
+//! in one write, and the last stream about one pass after they were made.
+//!
 //! A stream that does not keep up is not cut off: once it has more than
 //! [`QUEUED_BYTES`] waiting it is handed one last batch and a copy of the
 //! driver's subscription as it stands after that batch

@@ -338,9 +338,11 @@ fn journal_bytes(dir: &std::path::Path) -> anyhow::Result<u64> {
 /// (or, for a live delta, the time it was sent), measured at every
 /// subscriber. Each turn is sent once every subscriber has the last one's
 /// answer, so a figure is one turn's fan-out, not a queue of turns. The
-/// baseline is the floor of the machine: the same lines written by one
-/// task to as many plain loopback sockets, read and decoded by the same
-/// client code (`spool-bench lines`). Then the server's resident memory per
+/// baseline is the floor of the machine: a turn's seven lines, all ready
+/// at once, written by one task in one write to each of as many plain
+/// loopback sockets, read and decoded by the same code in a second
+/// process (`spool-bench lines`); one line a round, the floor of the first
+/// figures, is measured beside it. Then the server's resident memory per
 /// open stream, beside the server's side of a bare loopback TCP connection
 /// held open.
 pub(crate) fn fanout(scale: Scale) -> anyhow::Result<Vec<Row>> {
@@ -360,13 +362,13 @@ pub(crate) fn fanout(scale: Scale) -> anyhow::Result<Vec<Row>> {
         let client = Client::new(&url)?;
         let (many, turn_times, cpu) =
             latencies(&client, &url, "fanout-many", subscribers, turns).await?;
-        let (bare, bare_cpu) = bare_fanout(subscribers, turns).await?;
-        let mut rows = latency_rows(
+        let (mut rows, bare, bare_cpu) = beside_floors(
             &format!("stream-fanout/{subscribers} subscribers"),
             &many,
-            &bare,
-            FanoutTarget::NearTheFloor,
-        );
+            subscribers,
+            turns,
+        )
+        .await?;
         rows.push(turn_row(subscribers, &turn_times, &bare));
         rows.push(cpu_row(subscribers, cpu, bare_cpu));
         rows.push(open_streams(&client, &url, held).await?);
@@ -377,19 +379,50 @@ pub(crate) fn fanout(scale: Scale) -> anyhow::Result<Vec<Row>> {
         let turns_held = scale.pick(5usize, 2);
         let (most, turn_times, cpu) =
             latencies(&client, &url, "fanout-most", held, turns_held).await?;
-        let (bare, bare_cpu) = bare_fanout(held, turns_held).await?;
-        rows.extend(latency_rows(
+        let (most_rows, bare, bare_cpu) = beside_floors(
             &format!("stream-fanout/{held} subscribers"),
             &most,
-            &bare,
-            FanoutTarget::NearTheFloor,
-        ));
+            held,
+            turns_held,
+        )
+        .await?;
+        rows.extend(most_rows);
         rows.push(turn_row(held, &turn_times, &bare));
         rows.push(cpu_row(held, cpu, bare_cpu));
         close_streams.send_replace(true);
         stop.send_replace(true);
         anyhow::Ok(rows)
     })
+}
+
+/// A fan-out's latency rows beside the floor of a turn's lines, with the
+/// targets, and beside the floor of one line a round, which the fan-out
+/// was measured against until 2026-12-02 and is kept to compare with
+/// those figures; and the first floor's latencies (seconds, sorted) and
+/// CPU per socket per round (microseconds).
+async fn beside_floors(
+    prefix: &str,
+    many: &[f64],
+    subscribers: usize,
+    turns: usize,
+) -> anyhow::Result<(Vec<Row>, Vec<f64>, f64)> {
+    let (bare, bare_cpu) = bare_fanout(subscribers, turns, FloorRound::ATurn).await?;
+    let (bare_line, _) = bare_fanout(subscribers, turns, FloorRound::OneLine).await?;
+    let mut rows = latency_rows(
+        prefix,
+        many,
+        &bare,
+        "bare sockets, a turn's lines",
+        FanoutTarget::NearTheFloor,
+    );
+    rows.extend(latency_rows(
+        &format!("{prefix}, against one line a round,"),
+        many,
+        &bare_line,
+        "bare sockets, one line",
+        FanoutTarget::Beside,
+    ));
+    Ok((rows, bare, bare_cpu))
 }
 
 /// A turn's median time from its message to every subscriber having its
@@ -435,14 +468,18 @@ pub(crate) enum FanoutTarget {
     /// p50 ≤ 1.1 × and p99 ≤ 1.2 × the floor's (the streams' second
     /// pass).
     NearTheFloor,
+    /// None: a second floor, beside the one the target is on.
+    Beside,
 }
 
 /// A fan-out's p50, p99 and max latencies (seconds, sorted) beside the
-/// bare-socket floor's, named `PREFIX p50` and so on, with `target`.
+/// bare-socket floor's (`FLOOR p50` and so on), named `PREFIX p50` and so
+/// on, with `target`.
 pub(crate) fn latency_rows(
     prefix: &str,
     many: &[f64],
     bare: &[f64],
+    floor: &str,
     target: FanoutTarget,
 ) -> Vec<Row> {
     let mut rows = Vec::new();
@@ -451,7 +488,7 @@ pub(crate) fn latency_rows(
             format!("{prefix} {label}"),
             percentile(many, p) * 1e3,
             "ms",
-            format!("bare sockets {label}"),
+            format!("{floor} {label}"),
             percentile(bare, p) * 1e3,
         )
         .lower_is_better();
@@ -571,15 +608,91 @@ async fn latencies(
     Ok((all, times, cpu))
 }
 
-/// The floor of a fan-out on this machine: one task writes a stream line
-/// (stamped as it is made) to `subscribers` plain loopback sockets in turn,
-/// `rounds` times, each once the reader process has every line of the last;
-/// returns every line's latency (seconds, sorted) at every reader, and
-/// this process's CPU time over the rounds per socket per round
-/// (microseconds).
+/// What the floor writes to each socket each round.
+#[derive(Clone, Copy)]
+pub(crate) enum FloorRound {
+    /// One answer line: the floor the fan-out was first measured against.
+    OneLine,
+    /// The seven lines a stream reads for one echo turn (its start and
+    /// state, three deltas, its answer and state), in one write: the
+    /// least the machine does to give a reader a turn, with every line
+    /// ready at once.
+    ATurn,
+}
+
+impl FloorRound {
+    /// The round's lines, each stamped now.
+    fn lines(self, round: usize) -> Vec<spool_wire::http::StreamEvent> {
+        use spool_wire::http::{RunState, StreamEvent, StreamEventType as Kind};
+        let now = time::OffsetDateTime::now_utc();
+        let turn_id = Some(format!("turn_01a23764fee8000001{round:010}"));
+        let line = |seq: u64, kind, text: Option<&str>, state, data| StreamEvent {
+            run_id: "run_01a23764fc6b00000068ad3c31".into(),
+            seq,
+            kind,
+            time: now,
+            turn_id: turn_id.clone(),
+            text: text.map(str::to_owned),
+            state,
+            data,
+        };
+        let seq = 4 * round as u64;
+        let text = format!("turn {round}");
+        let answer = format!("echo: {text}");
+        let response = line(
+            seq + 4,
+            Kind::RunResponse,
+            Some(&answer),
+            Some(RunState::Completed),
+            Some(json!({
+                "response": answer,
+                "turn_id": turn_id,
+                "usage": {"input_tokens": 2, "output_tokens": 3},
+            })),
+        );
+        match self {
+            Self::OneLine => vec![response],
+            Self::ATurn => vec![
+                line(
+                    seq + 1,
+                    Kind::RunTurn,
+                    Some(&text),
+                    Some(RunState::Running),
+                    Some(json!({"policy": "steer"})),
+                ),
+                line(seq + 1, Kind::RunState, None, Some(RunState::Running), None),
+                line(seq + 2, Kind::TextDelta, Some("echo: "), None, None),
+                line(seq + 2, Kind::TextDelta, Some("turn "), None, None),
+                line(
+                    seq + 2,
+                    Kind::TextDelta,
+                    Some(&round.to_string()),
+                    None,
+                    None,
+                ),
+                response,
+                line(
+                    seq + 4,
+                    Kind::RunState,
+                    None,
+                    Some(RunState::Completed),
+                    None,
+                ),
+            ],
+        }
+    }
+}
+
+/// The floor of a fan-out on this machine: one task writes a round's
+/// lines (stamped as they are made, in one write) to `subscribers` plain
+/// loopback sockets in turn, `rounds` times, each once the reader process
+/// has every line of the last; returns every line's latency (seconds,
+/// sorted) at every reader, and this process's CPU time over the rounds
+/// per socket per round (microseconds).
 pub(crate) async fn bare_fanout(
     subscribers: usize,
     rounds: usize,
+    round_lines: FloorRound,
 ) -> anyhow::Result<(Vec<f64>, f64)> {
     use tokio::io::AsyncWriteExt;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -603,18 +716,11 @@ pub(crate) async fn bare_fanout(
     let mut sockets = accepting.await??;
     let cpu_before = own_cpu_ms()?;
     for round in 0..rounds {
-        let line = spool_wire::http::StreamEvent {
-            run_id: "run-bare".into(),
-            seq: round as u64,
-            kind: spool_wire::http::StreamEventType::RunResponse,
-            time: time::OffsetDateTime::now_utc(),
-            turn_id: Some(format!("turn-{round}")),
-            text: Some("echo: turn".into()),
-            state: Some(spool_wire::http::RunState::Completed),
-            data: None,
-        };
-        let mut bytes = serde_json::to_vec(&line)?;
-        bytes.push(b'\n');
+        let mut bytes = Vec::new();
+        for line in round_lines.lines(round) {
+            serde_json::to_writer(&mut bytes, &line)?;
+            bytes.push(b'\n');
+        }
         for socket in &mut sockets {
             socket.write_all(&bytes).await?;
         }
@@ -770,9 +876,10 @@ pub(crate) async fn collect<C: Send + 'static>(
 }
 
 /// `spool-bench lines ADDR COUNT ROUNDS`: opens COUNT plain TCP
-/// connections to ADDR, says `ready`, reads ROUNDS stream lines from each
-/// (saying `turn` after each round), and prints every line's latency as one
-/// JSON array: the bare fan-out `stream-fanout` is measured beside.
+/// connections to ADDR, says `ready`, reads stream lines from each until
+/// it has had ROUNDS answers (saying `turn` after each round), and prints
+/// every line's latency as one JSON array: the bare fan-out
+/// `stream-fanout` is measured beside.
 pub(crate) fn lines(args: &[String]) -> anyhow::Result<()> {
     use tokio::io::AsyncBufReadExt;
     let [addr, count, rounds] = args else {
@@ -790,11 +897,15 @@ pub(crate) fn lines(args: &[String]) -> anyhow::Result<()> {
             readers.push(tokio::spawn(async move {
                 let mut lines = tokio::io::BufReader::new(socket).lines();
                 let mut seen = Vec::with_capacity(rounds);
-                for _ in 0..rounds {
+                let mut answers = 0;
+                while answers < rounds {
                     let line = lines.next_line().await?.context("a socket closed early")?;
                     let event: spool_wire::http::StreamEvent = serde_json::from_str(&line)?;
                     seen.push((time::OffsetDateTime::now_utc() - event.time).as_seconds_f64());
-                    let _ = answered.send(());
+                    if event.kind == spool_wire::http::StreamEventType::RunResponse {
+                        answers += 1;
+                        let _ = answered.send(());
+                    }
                 }
                 anyhow::Ok((seen, lines))
             }));

@@ -24,8 +24,8 @@ use tokio_tungstenite::tungstenite::Message;
 
 use crate::Scale;
 use crate::http::{
-    FanoutTarget, Peer, bare_connection_bytes, bare_fanout, collect, drive_turns, latency_rows,
-    resident_bytes, say, start, tokio,
+    FanoutTarget, FloorRound, Peer, bare_connection_bytes, bare_fanout, collect, drive_turns,
+    latency_rows, resident_bytes, say, start, tokio,
 };
 use crate::report::Row;
 
@@ -69,12 +69,13 @@ pub(crate) fn fanout(scale: Scale) -> anyhow::Result<Vec<Row>> {
         let mut many: Vec<f64> = serde_json::from_str(&peer.line().await?)?;
         peer.finish().await?;
         many.sort_by(f64::total_cmp);
-        let (bare, _) = bare_fanout(subscribers, turns).await?;
+        let (bare, _) = bare_fanout(subscribers, turns, FloorRound::OneLine).await?;
 
         let mut rows = latency_rows(
             &format!("rpc-fanout/{subscribers} WebSocket subscribers"),
             &many,
             &bare,
+            "bare sockets",
             FanoutTarget::P99Within2Ms,
         );
         rows.push(

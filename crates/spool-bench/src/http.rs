@@ -339,10 +339,12 @@ fn journal_bytes(dir: &std::path::Path) -> anyhow::Result<u64> {
 /// subscriber. Each turn is sent once every subscriber has the last one's
 /// answer, so a figure is one turn's fan-out, not a queue of turns. The
 /// baseline is the floor of the machine: a turn's seven lines, all ready
-/// at once, written by one task in one write to each of as many plain
-/// loopback sockets, read and decoded by the same code in a second
-/// process (`spool-bench lines`); one line a round, the floor of the first
-/// figures, is measured beside it. Then the server's resident memory per
+/// at once, written by one task as one HTTP/1.1 chunk in one write to each
+/// of as many plain loopback sockets, read and decoded in a second process
+/// by the same stream client (`Floor::ATurn`): the readers share the
+/// machine's two cores with the server, so the floor's readers must do
+/// the same work as the subscribers'. One bare line a round (`Floor::OneLine`),
+/// the floor of the first figures, is measured beside it. Then the server's resident memory per
 /// open stream, beside the server's side of a bare loopback TCP connection
 /// held open.
 pub(crate) fn fanout(scale: Scale) -> anyhow::Result<Vec<Row>> {
@@ -406,13 +408,13 @@ async fn beside_floors(
     subscribers: usize,
     turns: usize,
 ) -> anyhow::Result<(Vec<Row>, Vec<f64>, f64)> {
-    let (bare, bare_cpu) = bare_fanout(subscribers, turns, FloorRound::ATurn).await?;
-    let (bare_line, _) = bare_fanout(subscribers, turns, FloorRound::OneLine).await?;
+    let (bare, bare_cpu) = bare_fanout(subscribers, turns, Floor::ATurn).await?;
+    let (bare_line, _) = bare_fanout(subscribers, turns, Floor::OneLine).await?;
     let mut rows = latency_rows(
         prefix,
         many,
         &bare,
-        "bare sockets, a turn's lines",
+        "bare sockets, a turn as one chunk",
         FanoutTarget::NearTheFloor,
     );
     rows.extend(latency_rows(
@@ -608,19 +610,21 @@ async fn latencies(
     Ok((all, times, cpu))
 }
 
-/// What the floor writes to each socket each round.
+/// What the floor writes to each socket each round, and who reads it.
 #[derive(Clone, Copy)]
-pub(crate) enum FloorRound {
-    /// One answer line: the floor the fan-out was first measured against.
+pub(crate) enum Floor {
+    /// One answer line, read as bare lines (`spool-bench lines`): the
+    /// floor the fan-outs were first measured against.
     OneLine,
     /// The seven lines a stream reads for one echo turn (its start and
-    /// state, three deltas, its answer and state), in one write: the
-    /// least the machine does to give a reader a turn, with every line
-    /// ready at once.
+    /// state, three deltas, its answer and state), all ready at once, as
+    /// one HTTP/1.1 chunk of an NDJSON response, read by the same stream
+    /// client the fan-out's subscribers use (`spool-bench subscribe`):
+    /// the least the machine does to give those readers a turn.
     ATurn,
 }
 
-impl FloorRound {
+impl Floor {
     /// The round's lines, each stamped now.
     fn lines(self, round: usize) -> Vec<spool_wire::http::StreamEvent> {
         use spool_wire::http::{RunState, StreamEvent, StreamEventType as Kind};
@@ -681,46 +685,83 @@ impl FloorRound {
             ],
         }
     }
+
+    /// The round's bytes for one socket.
+    fn bytes(self, round: usize) -> anyhow::Result<Vec<u8>> {
+        let mut lines = Vec::new();
+        for line in self.lines(round) {
+            serde_json::to_writer(&mut lines, &line)?;
+            lines.push(b'\n');
+        }
+        Ok(match self {
+            Self::OneLine => lines,
+            Self::ATurn => {
+                let mut chunk = format!("{:X}\r\n", lines.len()).into_bytes();
+                chunk.extend_from_slice(&lines);
+                chunk.extend_from_slice(b"\r\n");
+                chunk
+            }
+        })
+    }
 }
 
 /// The floor of a fan-out on this machine: one task writes a round's
-/// lines (stamped as they are made, in one write) to `subscribers` plain
-/// loopback sockets in turn, `rounds` times, each once the reader process
-/// has every line of the last; returns every line's latency (seconds,
-/// sorted) at every reader, and this process's CPU time over the rounds
-/// per socket per round (microseconds).
+/// bytes (its lines stamped as they are made, in one write) to
+/// `subscribers` plain loopback sockets in turn, `rounds` times, each once
+/// the reader process has every line of the last; returns every line's
+/// latency (seconds, sorted) at every reader, and this process's CPU time
+/// over the rounds per socket per round (microseconds).
 pub(crate) async fn bare_fanout(
     subscribers: usize,
     rounds: usize,
-    round_lines: FloorRound,
+    floor: Floor,
 ) -> anyhow::Result<(Vec<f64>, f64)> {
-    use tokio::io::AsyncWriteExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?.to_string();
     let accepting = tokio::spawn(async move {
         let mut sockets = Vec::with_capacity(subscribers);
         for _ in 0..subscribers {
-            let (socket, _) = listener.accept().await?;
+            let (mut socket, _) = listener.accept().await?;
             socket.set_nodelay(true)?;
+            if let Floor::ATurn = floor {
+                // The client's `GET`, answered as the server answers a
+                // stream: a chunked NDJSON response, whose chunks follow.
+                // (A `GET` has no body: the head is all it sends.)
+                let mut head = Vec::with_capacity(512);
+                while !head.ends_with(b"\r\n\r\n") {
+                    anyhow::ensure!(head.len() < 8192, "a request head without its end");
+                    anyhow::ensure!(
+                        socket.read_buf(&mut head).await? > 0,
+                        "a client closed before its request's end"
+                    );
+                }
+                socket
+                    .write_all(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: application/x-ndjson\r\n\
+                          transfer-encoding: chunked\r\n\r\n",
+                    )
+                    .await?;
+            }
             sockets.push(socket);
         }
         anyhow::Ok(sockets)
     });
-    let mut peer = Peer::start(&[
-        "lines".into(),
-        addr,
-        subscribers.to_string(),
-        rounds.to_string(),
-    ])
-    .await?;
+    let reader: Vec<String> = match floor {
+        Floor::OneLine => vec!["lines".into(), addr],
+        Floor::ATurn => vec![
+            "subscribe".into(),
+            format!("http://{addr}"),
+            "run-bare".into(),
+            "-1".into(),
+        ],
+    };
+    let mut peer =
+        Peer::start(&[reader, vec![subscribers.to_string(), rounds.to_string()]].concat()).await?;
     let mut sockets = accepting.await??;
     let cpu_before = own_cpu_ms()?;
     for round in 0..rounds {
-        let mut bytes = Vec::new();
-        for line in round_lines.lines(round) {
-            serde_json::to_writer(&mut bytes, &line)?;
-            bytes.push(b'\n');
-        }
+        let bytes = floor.bytes(round)?;
         for socket in &mut sockets {
             socket.write_all(&bytes).await?;
         }

@@ -24,7 +24,7 @@ use tokio_tungstenite::tungstenite::Message;
 
 use crate::Scale;
 use crate::http::{
-    FanoutTarget, FloorRound, Peer, bare_connection_bytes, bare_fanout, collect, drive_turns,
+    FanoutTarget, Floor, Peer, bare_connection_bytes, bare_fanout, collect, drive_turns,
     latency_rows, resident_bytes, say, start, tokio,
 };
 use crate::report::Row;
@@ -69,7 +69,7 @@ pub(crate) fn fanout(scale: Scale) -> anyhow::Result<Vec<Row>> {
         let mut many: Vec<f64> = serde_json::from_str(&peer.line().await?)?;
         peer.finish().await?;
         many.sort_by(f64::total_cmp);
-        let (bare, _) = bare_fanout(subscribers, turns, FloorRound::OneLine).await?;
+        let (bare, _) = bare_fanout(subscribers, turns, Floor::OneLine).await?;
 
         let mut rows = latency_rows(
             &format!("rpc-fanout/{subscribers} WebSocket subscribers"),

@@ -343,10 +343,10 @@ fn journal_bytes(dir: &std::path::Path) -> anyhow::Result<u64> {
 /// of as many plain loopback sockets, read and decoded in a second process
 /// by the same stream client (`Floor::ATurn`): the readers share the
 /// machine's two cores with the server, so the floor's readers must do
-/// the same work as the subscribers'. One bare line a round (`Floor::OneLine`),
-/// the floor of the first figures, is measured beside it. Then the server's resident memory per
-/// open stream, beside the server's side of a bare loopback TCP connection
-/// held open.
+/// the same work as the subscribers'. One bare line a round
+/// (`Floor::OneLine`), the floor of the first figures, is measured beside
+/// it. Then the server's resident memory per open stream, beside the
+/// server's side of a bare loopback TCP connection held open.
 pub(crate) fn fanout(scale: Scale) -> anyhow::Result<Vec<Row>> {
     let subscribers = scale.pick(1_000usize, 50);
     let turns = scale.pick(20usize, 3);
@@ -614,7 +614,9 @@ async fn latencies(
 #[derive(Clone, Copy)]
 pub(crate) enum Floor {
     /// One answer line, read as bare lines (`spool-bench lines`): the
-    /// floor the fan-outs were first measured against.
+    /// floor the fan-outs were first measured against. (It is the turn's
+    /// `run_response` line with its `data` and real-sized ids: about 330
+    /// bytes, where the first floor's line was about 150.)
     OneLine,
     /// The seven lines a stream reads for one echo turn (its start and
     /// state, three deltas, its answer and state), all ready at once, as

@@ -867,12 +867,7 @@ pub(crate) fn subscribe(args: &[String]) -> anyhow::Result<()> {
                     let Some(line) = lines.next().await? else {
                         anyhow::bail!("a stream ended early");
                     };
-                    let latency = time::OffsetDateTime::now_utc() - line.time;
-                    seen.push(latency.as_seconds_f64());
-                    if line.kind == spool_wire::http::StreamEventType::RunResponse {
-                        answers += 1;
-                        let _ = answered.send(());
-                    }
+                    answers += usize::from(arrived(&line, &mut seen, &answered));
                 }
                 anyhow::Ok((seen, lines))
             }));
@@ -880,6 +875,21 @@ pub(crate) fn subscribe(args: &[String]) -> anyhow::Result<()> {
         drop(answered);
         collect(readers, answers, count, responses).await
     })
+}
+
+/// Notes a line's latency, as it arrives, in `seen`; for an answer, tells
+/// `answered` too. Whether it was an answer.
+fn arrived(
+    line: &spool_wire::http::StreamEvent,
+    seen: &mut Vec<f64>,
+    answered: &tokio::sync::mpsc::UnboundedSender<()>,
+) -> bool {
+    seen.push((time::OffsetDateTime::now_utc() - line.time).as_seconds_f64());
+    let answer = line.kind == spool_wire::http::StreamEventType::RunResponse;
+    if answer {
+        let _ = answered.send(());
+    }
+    answer
 }
 
 /// A reader's task: the latencies it saw, and its connection.
@@ -944,11 +954,7 @@ pub(crate) fn lines(args: &[String]) -> anyhow::Result<()> {
                 while answers < rounds {
                     let line = lines.next_line().await?.context("a socket closed early")?;
                     let event: spool_wire::http::StreamEvent = serde_json::from_str(&line)?;
-                    seen.push((time::OffsetDateTime::now_utc() - event.time).as_seconds_f64());
-                    if event.kind == spool_wire::http::StreamEventType::RunResponse {
-                        answers += 1;
-                        let _ = answered.send(());
-                    }
+                    answers += usize::from(arrived(&event, &mut seen, &answered));
                 }
                 anyhow::Ok((seen, lines))
             }));

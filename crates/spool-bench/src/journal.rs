@@ -253,6 +253,111 @@ fn raw_file_appends(
     Ok(records as f64 / start.elapsed().as_secs_f64())
 }
 
+/// A caller's record and where it is told its record is durable.
+type Waiting = tokio::sync::oneshot::Sender<()>;
+
+/// Records per second from `runs` tasks, each sending one record of
+/// `bytes` and waiting until it is durable before sending the next, as
+/// the store's callers do, around a group commit in the store's shape: a
+/// writer thread writes every record queued, over blocks written
+/// beforehand (as [`raw_file_appends`] does), and hands the batch to a
+/// syncer thread, which syncs (`fdatasync`) once for every batch handed
+/// over meanwhile and answers their callers, while the writer writes the
+/// next. The disk's floor for callers that wait on their syncs, on the
+/// same two cores: only the queue, the sync and the callers' wake-ups,
+/// no SQLite, no encoding, no hashing. With the average records per sync.
+fn raw_group_commits(runs: usize, duration: Duration, bytes: usize) -> anyhow::Result<(f64, f64)> {
+    use std::os::unix::fs::FileExt;
+    let dir = tempfile::tempdir()?;
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .open(dir.path().join("group.log"))?;
+    file.write_all(&vec![0_u8; RAW_RING])?;
+    file.sync_all()?;
+    let file = Arc::new(file);
+    let (sender, mut receiver) = tokio::sync::mpsc::channel::<(Vec<u8>, Waiting)>(runs.max(1));
+    // As the store's syncer queue: a few batches, then the writer waits.
+    let (hand_over, mut handed) = tokio::sync::mpsc::channel::<Vec<Waiting>>(4);
+    let syncs = Arc::new(AtomicU64::new(0));
+    let syncer = {
+        let syncs = Arc::clone(&syncs);
+        let file = Arc::clone(&file);
+        std::thread::spawn(move || -> std::io::Result<()> {
+            while let Some(mut waiting) = handed.blocking_recv() {
+                while let Ok(more) = handed.try_recv() {
+                    waiting.extend(more);
+                }
+                file.sync_data()?;
+                syncs.fetch_add(1, Ordering::Relaxed);
+                for reply in waiting {
+                    let _ = reply.send(());
+                }
+            }
+            Ok(())
+        })
+    };
+    let writer = std::thread::spawn(move || -> std::io::Result<()> {
+        let mut chunk = Vec::new();
+        let mut at = 0_usize;
+        while let Some(first) = receiver.blocking_recv() {
+            let mut waiting = Vec::new();
+            let mut next = Some(first);
+            while let Some((record, reply)) = next {
+                chunk.extend_from_slice(&(record.len() as u64).to_le_bytes());
+                chunk.extend_from_slice(&record);
+                waiting.push(reply);
+                next = receiver.try_recv().ok();
+            }
+            if at + chunk.len() > RAW_RING {
+                at = 0;
+            }
+            file.write_all_at(&chunk, at as u64)?;
+            at += chunk.len();
+            chunk.clear();
+            if hand_over.blocking_send(waiting).is_err() {
+                break;
+            }
+        }
+        Ok(())
+    });
+    let (rate, records) = runtime()?.block_on(async {
+        let count = Arc::new(AtomicU64::new(0));
+        let start = Instant::now();
+        let deadline = start + duration;
+        let mut tasks = Vec::new();
+        for _ in 0..runs {
+            let sender = sender.clone();
+            let count = Arc::clone(&count);
+            tasks.push(tokio::spawn(async move {
+                let record = vec![b'x'; bytes];
+                while Instant::now() < deadline {
+                    let (reply, durable) = tokio::sync::oneshot::channel();
+                    sender.send((record.clone(), reply)).await?;
+                    durable.await?;
+                    count.fetch_add(1, Ordering::Relaxed);
+                }
+                anyhow::Ok(())
+            }));
+        }
+        for task in tasks {
+            task.await??;
+        }
+        let records = count.load(Ordering::Relaxed);
+        anyhow::Ok((records as f64 / start.elapsed().as_secs_f64(), records))
+    })?;
+    // The writer ends when every sender is gone, and the syncer after it.
+    drop(sender);
+    for (thread, name) in [(writer, "writer"), (syncer, "syncer")] {
+        thread
+            .join()
+            .map_err(|_| anyhow::anyhow!("the group-commit floor's {name} panicked"))??;
+    }
+    let group = records as f64 / syncs.load(Ordering::Relaxed).max(1) as f64;
+    Ok((rate, group))
+}
+
 pub(crate) fn append(scale: Scale) -> anyhow::Result<Vec<Row>> {
     let duration = scale.pick(Duration::from_secs(4), Duration::from_millis(300));
     let mut rows = Vec::new();
@@ -288,6 +393,19 @@ pub(crate) fn append(scale: Scale) -> anyhow::Result<Vec<Row>> {
         if runs == 64 {
             rows.push(vs_raw.ratio_at_least(0.8));
             rows.push(vs_growing);
+            // The same callers, each waiting on its sync, around a writer
+            // that does nothing but write and sync: how much of the gap
+            // to the raw file is the waiting itself.
+            let (waited, waited_group) = raw_group_commits(runs, duration, bytes)?;
+            rows.push(Row::new(
+                &name,
+                spool,
+                "events/s",
+                format!(
+                    "raw group commit, {runs} callers waiting on their syncs, batch {waited_group:.1}"
+                ),
+                waited,
+            ));
             rows.push(vs_naive.ratio_at_least(50.0));
             // The same without an fsync per commit: what SQLite's own work
             // allows on this machine, whatever the disk.

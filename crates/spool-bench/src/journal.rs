@@ -211,6 +211,22 @@ fn plain_sqlite_appends(
 /// beforehand, as a log is that starts over at its beginning.
 const RAW_RING: usize = 16 * 1024 * 1024;
 
+/// The raw floors' file in `dir`: `over_written`, [`RAW_RING`] bytes
+/// written and synced beforehand, for records written over them; else
+/// empty, to grow.
+fn raw_log(dir: &tempfile::TempDir, over_written: bool) -> std::io::Result<std::fs::File> {
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .open(dir.path().join("raw.log"))?;
+    if over_written {
+        file.write_all(&vec![0_u8; RAW_RING])?;
+        file.sync_all()?;
+    }
+    Ok(file)
+}
+
 /// Records per second appended to a raw file in batches of `batch`, each
 /// batch made durable with `fdatasync`: the disk's floor. `over_written`:
 /// into blocks written (and synced) beforehand, wrapping around, so a sync
@@ -224,15 +240,7 @@ fn raw_file_appends(
 ) -> anyhow::Result<f64> {
     use std::os::unix::fs::FileExt;
     let dir = tempfile::tempdir()?;
-    let mut file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(true)
-        .write(true)
-        .open(dir.path().join("raw.log"))?;
-    if over_written {
-        file.write_all(&vec![0_u8; RAW_RING])?;
-        file.sync_all()?;
-    }
+    let file = raw_log(&dir, over_written)?;
     let mut chunk = Vec::with_capacity(batch * (bytes + 8));
     for _ in 0..batch {
         chunk.extend_from_slice(&(bytes as u64).to_le_bytes());
@@ -269,14 +277,7 @@ type Waiting = tokio::sync::oneshot::Sender<()>;
 fn raw_group_commits(runs: usize, duration: Duration, bytes: usize) -> anyhow::Result<(f64, f64)> {
     use std::os::unix::fs::FileExt;
     let dir = tempfile::tempdir()?;
-    let mut file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(true)
-        .write(true)
-        .open(dir.path().join("group.log"))?;
-    file.write_all(&vec![0_u8; RAW_RING])?;
-    file.sync_all()?;
-    let file = Arc::new(file);
+    let file = Arc::new(raw_log(&dir, true)?);
     let (sender, mut receiver) = tokio::sync::mpsc::channel::<(Vec<u8>, Waiting)>(runs.max(1));
     // As the store's syncer queue: a few batches, then the writer waits.
     let (hand_over, mut handed) = tokio::sync::mpsc::channel::<Vec<Waiting>>(4);
@@ -393,9 +394,9 @@ pub(crate) fn append(scale: Scale) -> anyhow::Result<Vec<Row>> {
         if runs == 64 {
             rows.push(vs_raw.ratio_at_least(0.8));
             rows.push(vs_growing);
-            // The same callers, each waiting on its sync, around a writer
-            // that does nothing but write and sync: how much of the gap
-            // to the raw file is the waiting itself.
+            // The same callers, each waiting on its sync, around a group
+            // commit that does nothing but write and sync: how much of
+            // the gap to the raw file is the waiting itself.
             let (waited, waited_group) = raw_group_commits(runs, duration, bytes)?;
             rows.push(Row::new(
                 &name,

@@ -373,6 +373,8 @@ impl PgJournal {
             // Each commit is PostgreSQL's own durable commit.
             syncs: self.counters.commits.load(Relaxed),
             reads: self.readers.served.load(Relaxed),
+            // PostgreSQL checkpoints on its own.
+            checkpoints: 0,
         }
     }
 

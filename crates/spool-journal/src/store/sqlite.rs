@@ -16,7 +16,8 @@
 //! channel, and reads run on a small pool of separate connections in
 //! `spawn_blocking`. A commit writes its events side by side in arrival
 //! order; each run's index is written behind it (docs/journal.md,
-//! "Layout").
+//! "Layout"), and the log is copied into the database file behind it by
+//! a thread of its own (`checkpoint.rs`).
 //!
 //! Methods must be called from within a Tokio runtime.
 
@@ -43,6 +44,7 @@ use crate::fold::Status;
 use crate::id::{Address, Principal, RunId, RunMap, Seq};
 
 mod ahead;
+mod checkpoint;
 mod sync;
 mod tail;
 use sync::{Committed, Durable, SyncFn, Syncing, sync_wal};
@@ -134,6 +136,9 @@ pub struct WriterStats {
     /// Reads served by the read connections (a run's events, its head for
     /// a subscription, the listing, an address or operation id lookup).
     pub reads: u64,
+    /// Checkpoints (the write-ahead log copied into the database file)
+    /// made behind the writer by the checkpointer's thread.
+    pub checkpoints: u64,
 }
 
 #[derive(Debug, Default)]
@@ -142,6 +147,7 @@ struct Counters {
     operations: AtomicU64,
     syncs: AtomicU64,
     reads: AtomicU64,
+    checkpoints: AtomicU64,
 }
 
 /// A journal in a SQLite file.
@@ -341,14 +347,15 @@ enum Layout {
     InArrivalOrder,
 }
 
-/// WAL pages after which the writer copies them into the database file.
-/// SQLite's default (1 000) checkpoints every dozen commits when many runs
-/// append at once, and each checkpoint rewrites the same hot B-tree pages
-/// and syncs the file; ten times the window writes each hot page once per
-/// hundred commits: +16 % appends/s at 64 runs with `synchronous=FULL`,
-/// +28 % with `NORMAL` (`cargo xtask bench --only journal-append`, three
-/// runs each). Unless a long read holds a checkpoint back, the WAL stays
-/// under about 40 MiB.
+/// WAL pages at which the writer copies what the checkpointer's thread
+/// has not yet into the database file, so the log starts over
+/// (`checkpoint.rs`). SQLite's default (1 000) checkpoints every dozen
+/// commits when many runs append at once, and each checkpoint rewrites the
+/// same hot B-tree pages and syncs the file; ten times the window writes
+/// each hot page once per hundred commits: +16 % appends/s at 64 runs
+/// with `synchronous=FULL`, +28 % with `NORMAL` (`cargo xtask bench
+/// --only journal-append`, three runs each). Unless a long read holds a
+/// checkpoint back, the WAL stays under about 40 MiB.
 const WAL_CHECKPOINT_PAGES: u32 = 10_000;
 
 /// What a WAL file is cut back to after a checkpoint empties it, should a
@@ -451,7 +458,7 @@ impl SqliteJournal {
         counters: Arc<Counters>,
         sync: SyncFn,
     ) -> Result<Self, JournalError> {
-        let conn = Connection::open(path).map_err(storage)?;
+        let mut conn = Connection::open(path).map_err(storage)?;
         plan_once(&conn)?;
         // A migration at open is synced by SQLite itself; after it the
         // syncer syncs each commit (the log stays consistent either way).
@@ -467,6 +474,20 @@ impl SqliteJournal {
         migrate(&conn)?;
         conn.execute_batch("PRAGMA synchronous=NORMAL")
             .map_err(storage)?;
+        // From here on the log is copied into the file by the
+        // checkpointer's thread (`checkpoint.rs`), not in the writer's
+        // commits; the hook replaces SQLite's own checkpoints.
+        let checkpointer = Arc::new(checkpoint::Checkpointer::new(
+            path.to_owned(),
+            Arc::clone(&counters),
+        ));
+        let hooked = Arc::clone(&checkpointer);
+        conn.wal_hook(Some(
+            move |wal: &mut rusqlite::hooks::Wal, frames: std::ffi::c_int| {
+                hooked.committed(wal, u64::try_from(frames).unwrap_or(0))
+            },
+        ))
+        .map_err(storage)?;
         // What the file holds is durable (SQLite recovered it from the
         // disk): reads skip only what this process commits from now on.
         let last: i64 = conn
@@ -514,6 +535,7 @@ impl SqliteJournal {
             ahead_failing: false,
             wal,
             tail: Arc::clone(&tail),
+            checkpointer,
         };
         let writer_thread = thread::Builder::new()
             .name("spool-journal-writer".into())
@@ -614,6 +636,7 @@ impl SqliteJournal {
             operations: self.counters.operations.load(Relaxed),
             syncs: self.counters.syncs.load(Relaxed),
             reads: self.counters.reads.load(Relaxed),
+            checkpoints: self.counters.checkpoints.load(Relaxed),
         }
     }
 
@@ -851,6 +874,8 @@ struct Writer {
     wal: PathBuf,
     /// Where each run's events after the index's mark begin, for reads.
     tail: Arc<tail::Tail>,
+    /// Copies the log into the database file behind the writer.
+    checkpointer: Arc<checkpoint::Checkpointer>,
 }
 
 /// The most heads kept; past it the cache starts over, so memory stays
@@ -890,6 +915,7 @@ impl Writer {
         if self.unindexed > 0 {
             self.index_tail();
         }
+        self.checkpointer.close();
         if self.keeps_wal() {
             return;
         }

@@ -1033,3 +1033,59 @@ async fn a_journal_with_the_old_update_order_index_drops_it_and_still_lists_newe
     assert_eq!(listed[0], "a", "{listed:?}");
     assert_eq!(listed.len(), 3);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_log_is_copied_into_the_database_behind_the_writer_and_starts_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = Options {
+        durability: spool_journal::store::sqlite::Durability::LoseRecentCommitsOnPowerLoss,
+        ..Options::default()
+    };
+    let journal = SqliteJournal::open(dir.path(), options).unwrap();
+    // Events of two pages each, so the log passes the checkpoint window
+    // (10 000 pages) in a few thousand appends.
+    let text = "x".repeat(8_000);
+    let mut logs: Vec<(RunId, Vec<Envelope>)> = Vec::new();
+    let mut longest = 0;
+    let mut started_over = false;
+    for n in 0..40_000_u64 {
+        let r = run(&format!("long-{}", n % 8));
+        let at = n / 8;
+        let event = if at == 0 {
+            created()
+        } else {
+            started(&format!("t{at}"), &text)
+        };
+        let appended = journal.append(&r, Seq(at), vec![event]).await.unwrap();
+        match logs.iter_mut().find(|(id, _)| *id == r) {
+            Some((_, log)) => log.extend(appended),
+            None => logs.push((r, appended)),
+        }
+        let end = committed_wal_end(dir.path());
+        if end < longest {
+            started_over = true;
+            break;
+        }
+        longest = end;
+    }
+    assert!(
+        started_over,
+        "the log started over after reaching {longest} bytes"
+    );
+    let stats = journal.stats();
+    assert!(
+        stats.checkpoints >= 1,
+        "the checkpointer's thread copied the log: {stats:?}"
+    );
+    // The writer copies only what the thread has not yet: the log ends
+    // near the window, well under the size a log is cut back to.
+    assert!(
+        longest < 64 * 1024 * 1024,
+        "the log reached {longest} bytes"
+    );
+    drop(journal);
+    let reopened = SqliteJournal::open(dir.path(), Options::default()).unwrap();
+    for (run, log) in &logs {
+        assert_eq!(&reopened.read(run, Seq(0)).await.unwrap(), log, "run {run}");
+    }
+}

@@ -57,6 +57,12 @@ pub(super) struct Checkpointer {
     copied: AtomicU64,
     /// The thread has been asked for a checkpoint it has not begun.
     wanted: AtomicBool,
+    /// The log's frames when the thread was last asked: after a failed
+    /// checkpoint it is asked again only a step past them, not at every
+    /// commit.
+    asked: AtomicU64,
+    /// The last checkpoint failed (said once per spell of failures).
+    failing: AtomicBool,
     state: Mutex<bool>,
     changed: Condvar,
 }
@@ -70,6 +76,8 @@ impl Checkpointer {
             alone: AtomicBool::new(false),
             copied: AtomicU64::new(0),
             wanted: AtomicBool::new(false),
+            asked: AtomicU64::new(0),
+            failing: AtomicBool::new(false),
             state: Mutex::new(false),
             changed: Condvar::new(),
         }
@@ -100,10 +108,12 @@ impl Checkpointer {
         }
         if frames >= self.copied.load(Ordering::Acquire) + STEP
             && !self.wanted.swap(true, Ordering::AcqRel)
-            && self.started()
         {
-            let _lock = self.lock();
-            self.changed.notify_one();
+            self.asked.store(frames, Ordering::Release);
+            if self.started() {
+                let _lock = self.lock();
+                self.changed.notify_one();
+            }
         }
         Ok(())
     }
@@ -194,9 +204,16 @@ impl Checkpointer {
                         self.copied.store(done, Ordering::Release);
                         self.counters.checkpoints.fetch_add(1, Ordering::Relaxed);
                     }
+                    self.failing.store(false, Ordering::Release);
                 }
+                // A full disk, say: tried again a step later (the writer
+                // still tries at the window), and said once.
                 Err(error) => {
-                    tracing::warn!(target: "spool::journal", %error, "a checkpoint failed; the next one tries again");
+                    self.copied
+                        .store(self.asked.load(Ordering::Acquire), Ordering::Release);
+                    if !self.failing.swap(true, Ordering::AcqRel) {
+                        tracing::warn!(target: "spool::journal", %error, "a checkpoint failed; the log is copied again after more commits");
+                    }
                 }
             }
         }

@@ -63,7 +63,9 @@ pub(super) struct Checkpointer {
     asked: AtomicU64,
     /// The last checkpoint failed (said once per spell of failures).
     failing: AtomicBool,
-    state: Mutex<bool>,
+    /// The writer stopped ([`close`](Self::close)): the thread ends.
+    closed: Mutex<bool>,
+    /// Wakes the thread: a checkpoint is wanted, or it is to end.
     changed: Condvar,
 }
 
@@ -78,16 +80,17 @@ impl Checkpointer {
             wanted: AtomicBool::new(false),
             asked: AtomicU64::new(0),
             failing: AtomicBool::new(false),
-            state: Mutex::new(false),
+            closed: Mutex::new(false),
             changed: Condvar::new(),
         }
     }
 
     /// The writer's log hook, after each commit: `frames` are in the log.
     pub(super) fn committed(self: &Arc<Self>, wal: &mut Wal, frames: u64) -> rusqlite::Result<()> {
-        let copied = self.copied.load(Ordering::Acquire);
+        let mut copied = self.copied.load(Ordering::Acquire);
         if frames < copied {
             // The log started over since the last checkpoint.
+            copied = 0;
             self.copied.store(0, Ordering::Release);
         }
         if frames >= CAP {
@@ -106,9 +109,7 @@ impl Checkpointer {
             }
             return Ok(());
         }
-        if frames >= self.copied.load(Ordering::Acquire) + STEP
-            && !self.wanted.swap(true, Ordering::AcqRel)
-        {
+        if frames >= copied + STEP && !self.wanted.swap(true, Ordering::AcqRel) {
             self.asked.store(frames, Ordering::Release);
             if self.started() {
                 let _lock = self.lock();
@@ -145,7 +146,7 @@ impl Checkpointer {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, bool> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        self.closed.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The writer stopped: the thread ends, and is joined.

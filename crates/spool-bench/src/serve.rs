@@ -110,7 +110,7 @@ impl Conn {
         // out as two segments, and the server would be woken twice per
         // request, which is the client's cost, not the server's.
         let mut request = format!(
-            "{head} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            "{head} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
             body.len()
         )
         .into_bytes();

@@ -19,6 +19,7 @@ use hyper::body::Incoming;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use spool_http::body::{self, Body};
+use spool_http::guard::{Guard, Refusal, Verdict};
 use spool_http::server::Handler;
 use spool_journal::fold::Status;
 use spool_journal::{Event, Principal, RunId, Seq};
@@ -69,11 +70,14 @@ pub struct BusServer {
     inner: Arc<Inner>,
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct Inner {
     instance: String,
     settings: Option<Settings>,
     runtime: Option<Runtime>,
+    /// The origin, host and content-type rules; the bus allows no
+    /// foreign origin (it serves instances, not pages).
+    guard: Guard,
 }
 
 impl BusServer {
@@ -85,6 +89,7 @@ impl BusServer {
                 instance: settings.instance.clone(),
                 settings: Some(settings),
                 runtime: Some(runtime),
+                guard: Guard::new(),
             }),
         }
     }
@@ -98,7 +103,19 @@ impl BusServer {
                 instance: instance.into(),
                 settings: None,
                 runtime: None,
+                guard: Guard::new(),
             }),
+        }
+    }
+
+    /// The same server with `guard`'s origin, host and content-type rules
+    /// (set how its listener is reached: [`Guard::for_listener`]). By
+    /// default the strictest: a loopback listener, no foreign origin.
+    #[must_use]
+    pub fn with_guard(self, guard: Guard) -> Self {
+        let inner = Arc::unwrap_or_clone(self.inner);
+        Self {
+            inner: Arc::new(Inner { guard, ..inner }),
         }
     }
 
@@ -114,6 +131,25 @@ impl BusServer {
 
     async fn route(&self, request: Request<Incoming>) -> Response<Body> {
         let started = Instant::now();
+        let methods = [Method::GET, Method::POST];
+        match self
+            .inner
+            .guard
+            .check(request.method(), request.headers(), &methods)
+        {
+            Verdict::Pass(_) => {}
+            // The bus allows no foreign origin, so a preflight that passed
+            // came from the server's own: nothing to grant a page.
+            Verdict::Preflight(reply) => return reply,
+            Verdict::Refuse(refusal) => {
+                let code = match &refusal {
+                    Refusal::Origin(_) => ErrorCode::OriginNotAllowed,
+                    Refusal::Host(_) => ErrorCode::HostNotAllowed,
+                    Refusal::MediaType(_) | Refusal::Upload(_) => ErrorCode::UnsupportedMediaType,
+                };
+                return envelope(&self.failure(code, refusal.message(), started));
+            }
+        }
         match (request.method(), request.uri().path()) {
             (&Method::GET, HEALTH_PATH) => body::json(
                 StatusCode::OK,

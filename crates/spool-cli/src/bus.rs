@@ -297,7 +297,12 @@ pub(crate) async fn serve_bus(
     }
     spool_bus::registry::register(&registry, instance, port, &settings.secret)
         .with_context(|| format!("registering in {}", registry.display()))?;
-    let handler = spool_bus::BusServer::new(runtime.clone(), settings).handler();
+    // Instances call the bus, never pages: no foreign origin, loopback
+    // names only (the listener is loopback), JSON bodies.
+    let guard = spool_http::guard::Guard::new().for_listener(&listener);
+    let handler = spool_bus::BusServer::new(runtime.clone(), settings)
+        .with_guard(guard)
+        .handler();
     let mut closing = closing.clone();
     let instance = instance.clone();
     Ok(Some(tokio::spawn(async move {

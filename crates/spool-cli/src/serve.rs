@@ -63,6 +63,17 @@ pub(crate) struct ServeArgs {
     /// `--token-file`.
     #[arg(long, value_enum, default_value = "any")]
     run_access: RunAccessArg,
+    /// Let pages on this origin (`scheme://host[:port]`) use the API from
+    /// a browser, with CORS answers; repeatable, added to `[server]
+    /// allow_origins`. Without it only the server's own origin is served
+    /// to a browser.
+    #[arg(long = "allow-origin", value_name = "URL")]
+    allow_origins: Vec<String>,
+    /// Serve requests whose `Host` is NAME; repeatable, added to
+    /// `[server] allow_hosts`. On loopback, only loopback names are served
+    /// besides these; elsewhere, these alone when any are given.
+    #[arg(long = "allow-host", value_name = "NAME")]
+    allow_hosts: Vec<String>,
     /// Also serve pod NAME (seed 003) on a Unix socket in its runtime
     /// directory; repeatable.
     #[arg(long = "pod", value_name = "NAME")]
@@ -142,6 +153,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     }
     let mut agent = load_agent(args.agent.as_deref(), args.model.as_ref())?;
     args.bus.apply(&mut agent.bus)?;
+    let guard = guard(
+        &agent.loaded.definition,
+        &args.allow_origins,
+        &args.allow_hosts,
+    )?;
     let tokens = match &args.token_file {
         Some(path) => Some(Arc::new(TokenFile::load(path)?)),
         None => None,
@@ -228,8 +244,14 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let bus = crate::bus::serve_bus(&agent, &runtime, &args.journal, &closing).await?;
     // JSON-RPC (seed 001) on the same listener, behind the same
     // authenticator: /version, /events (SSE), /stream (NDJSON).
-    let rpc = spool_rpc::Dispatcher::new(runtime.clone());
+    let access = match args.run_access {
+        RunAccessArg::Any => spool_runtime::RunAccess::Any,
+        RunAccessArg::Owner => spool_runtime::RunAccess::Owner,
+    };
+    let rpc = spool_rpc::Dispatcher::new(runtime.clone()).with_run_access(access);
     let mut channel = HttpChannel::new(runtime, closing.clone())
+        .with_run_access(access)
+        .with_guard(guard)
         .with_agent(agent.loaded.definition.agent.name.clone())
         .with_schedules(scheduler);
     for (prefix, handler) in spool_rpc::http::routes(&rpc, &closing) {
@@ -252,9 +274,6 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         channel = channel
             .with_placement(Arc::new(crate::journal::Placement(node.clone())))
             .with_cluster_secret(node.secret());
-    }
-    if matches!(args.run_access, RunAccessArg::Owner) {
-        channel = channel.with_run_access(spool_http::channel::RunAccess::Owner);
     }
     let signals = Signals::install();
     let tls = if scheme == "https" { " over TLS" } else { "" };
@@ -314,6 +333,44 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         let _ = bus.await;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The origin, host and content-type rules every HTTP surface applies:
+/// `[server]`'s lists, and the flags' added to them.
+fn guard(
+    definition: &AgentDefinition,
+    origins: &[String],
+    hosts: &[String],
+) -> anyhow::Result<spool_http::guard::Guard> {
+    let (mut all_origins, mut all_hosts) = (Vec::new(), Vec::new());
+    for (key, value) in definition.server.iter().flatten() {
+        let list = match key.as_str() {
+            "allow_origins" => &mut all_origins,
+            "allow_hosts" => &mut all_hosts,
+            other => anyhow::bail!(
+                "unknown key `server.{other}`: [server] takes allow_origins and allow_hosts"
+            ),
+        };
+        let items = value
+            .as_array()
+            .with_context(|| format!("`server.{key}` must be a list of strings"))?;
+        for item in items {
+            let item = item
+                .as_str()
+                .with_context(|| format!("`server.{key}` must be a list of strings"))?;
+            list.push(item.to_owned());
+        }
+    }
+    all_origins.extend(origins.iter().cloned());
+    all_hosts.extend(hosts.iter().cloned());
+    let mut guard = spool_http::guard::Guard::new();
+    for origin in &all_origins {
+        guard = guard.allow_origin(origin)?;
+    }
+    for host in &all_hosts {
+        guard = guard.allow_host(host)?;
+    }
+    Ok(guard)
 }
 
 /// An agent definition, the engine it names, built, and its `[bus]`.

@@ -55,21 +55,14 @@ pub struct HttpChannel {
     /// The cluster's secret: a node showing it may hand this one a
     /// schedule's firing to deliver.
     node_secret: Option<String>,
+    /// The origin, host and content-type rules, checked before anything
+    /// else on every request.
+    guard: Arc<crate::guard::Guard>,
 }
 
-/// Who may read or drive a run through the channel.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum RunAccess {
-    /// Any caller the authenticator admits, as the seed says (the default):
-    /// the channel does not restrict a run to its creator.
-    #[default]
-    Any,
-    /// A run is reached only by the principal that created it, or by one
-    /// with the attribute `admin = "true"`; to anyone else it does not
-    /// exist (404), and listings leave it out. A run with no recorded
-    /// creator is reached by administrators only. Needs an authenticator.
-    Owner,
-}
+/// Who may read or drive a run: the runtime's one check, which every
+/// surface calls.
+pub use spool_runtime::RunAccess;
 
 /// Every route the channel serves, as `(method, path)` under
 /// [`wire::BASE_PATH`]: what `docs/openapi.json` must list.
@@ -123,6 +116,14 @@ struct Caller {
     verified: bool,
 }
 
+impl Caller {
+    /// The principal an authenticator proved, if any: what ownership is
+    /// checked against.
+    fn proven(&self) -> Option<&Principal> {
+        self.principal.as_ref().filter(|_| self.verified)
+    }
+}
+
 impl HttpChannel {
     /// A channel over `runtime`. `closing` turning true ends open streams
     /// (a server's graceful shutdown).
@@ -143,6 +144,7 @@ impl HttpChannel {
             trigger: None,
             placement: None,
             node_secret: None,
+            guard: Arc::default(),
         }
     }
 
@@ -231,7 +233,19 @@ impl HttpChannel {
         listener
             .check_exposure(self.authenticator.is_some())
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::PermissionDenied, e))?;
-        crate::serve(listener, self.handler(), shutdown).await
+        let guard = (*self.guard).clone().for_listener(&listener);
+        crate::serve(listener, self.with_guard(guard).handler(), shutdown).await
+    }
+
+    /// The origin, host and content-type rules ([`crate::guard::Guard`]):
+    /// the strictest by default (a loopback listener, no foreign origin,
+    /// loopback names only). [`HttpChannel::serve`] sets how its listener
+    /// is reached; a host serving [`HttpChannel::handler`] on its own
+    /// listener says so here ([`crate::guard::Guard::reached`]).
+    #[must_use]
+    pub fn with_guard(mut self, guard: crate::guard::Guard) -> Self {
+        self.guard = Arc::new(guard);
+        self
     }
 
     /// Requires every route but `/health` and `/ready` to pass
@@ -294,8 +308,48 @@ impl HttpChannel {
         })
     }
 
-    /// Answers one request.
+    /// Answers one request: the origin, host and content-type rules
+    /// first, then its route.
     pub async fn handle(&self, request: Request<Incoming>) -> Response<Body> {
+        let methods = self.methods(request.uri().path());
+        let pass = match self
+            .guard
+            .check(request.method(), request.headers(), &methods)
+        {
+            crate::guard::Verdict::Pass(pass) => pass,
+            crate::guard::Verdict::Preflight(reply) => return reply,
+            crate::guard::Verdict::Refuse(refusal) => return refused(&refusal),
+        };
+        let mut reply = self.route(request).await;
+        pass.decorate(&mut reply);
+        reply
+    }
+
+    /// The methods the route at `path` takes, for a CORS preflight.
+    fn methods(&self, path: &str) -> Vec<Method> {
+        let Some(rest) = path.strip_prefix(wire::BASE_PATH) else {
+            // A mounted route (JSON-RPC's, a host's) says for itself which
+            // method it takes; both are named.
+            return vec![Method::GET, Method::POST];
+        };
+        let segments: Vec<&str> = rest.trim_start_matches('/').split('/').collect();
+        let matches = |template: &str| {
+            let template: Vec<&str> = template.trim_start_matches('/').split('/').collect();
+            template.len() == segments.len()
+                && template
+                    .iter()
+                    .zip(&segments)
+                    .all(|(want, have)| want == have || (want.starts_with('{') && !have.is_empty()))
+        };
+        ROUTES
+            .iter()
+            .filter(|(_, template)| matches(template))
+            .filter_map(|(method, _)| Method::from_bytes(method.as_bytes()).ok())
+            .collect()
+    }
+
+    /// Answers one request that passed the guard.
+    async fn route(&self, request: Request<Incoming>) -> Response<Body> {
         let path = request.uri().path().to_owned();
         let method = request.method().clone();
         // Liveness and readiness are public, as a load balancer asks them.
@@ -399,28 +453,6 @@ impl HttpChannel {
             }
         }
         let query = request.uri().query().map(str::to_owned);
-        // Runs take JSON; a form upload is a file the channel cannot keep.
-        // A multipart type without its boundary is not an upload at all,
-        // just a malformed header.
-        let content_type = request
-            .headers()
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .map(|v| v.trim_start().to_ascii_lowercase());
-        if method == Method::POST
-            && let Some(content_type) = content_type.filter(|v| v.starts_with("multipart/"))
-        {
-            if !content_type.contains("boundary=") {
-                return body::error(
-                    ErrorCode::BadRequest,
-                    "a multipart content type needs its boundary; runs take a JSON body",
-                );
-            }
-            return body::error(
-                ErrorCode::FilesUnsupported,
-                "file uploads are not supported: send a JSON body",
-            );
-        }
         let (parts, incoming) = request.into_parts();
         // A stream's driver may write a plain HTTP/1.1 GET's chunks to its
         // socket itself (`crate::tap`).
@@ -446,7 +478,20 @@ impl HttpChannel {
             return crate::forward::forward(placement.as_ref(), &run, &address, &parts, bytes)
                 .await;
         }
-        let text = String::from_utf8_lossy(&bytes);
+        // Bytes that are not UTF-8 are refused, never replaced: what is
+        // recorded is what the client sent.
+        let text = match std::str::from_utf8(&bytes) {
+            Ok(text) => text,
+            Err(error) => {
+                return body::error(
+                    ErrorCode::BadRequest,
+                    format!(
+                        "the body is not UTF-8 (an invalid byte at offset {})",
+                        error.valid_up_to()
+                    ),
+                );
+            }
+        };
         let result = match (route, method) {
             (Route::Info, _) => Ok(body::json(
                 StatusCode::OK,
@@ -569,13 +614,9 @@ impl HttpChannel {
 
     /// Whether `caller` may reach `run` under the channel's [`RunAccess`].
     async fn reaches(&self, caller: &Caller, run: &RunId) -> Result<bool, RuntimeError> {
-        match self.access {
-            RunAccess::Any => Ok(true),
-            RunAccess::Owner => {
-                let owner = self.runtime.owner(run).await?;
-                Ok(owns(caller, owner.as_ref()))
-            }
-        }
+        self.access
+            .reaches(&self.runtime, caller.proven(), run)
+            .await
     }
 
     /// `GET /ready`: 503 `journal_unavailable` while the journal cannot
@@ -618,16 +659,7 @@ impl HttpChannel {
                 verified: false,
             });
         };
-        let credentials = Credentials {
-            headers: request
-                .headers()
-                .iter()
-                .filter_map(|(name, value)| {
-                    Some((name.as_str().to_owned(), value.to_str().ok()?.to_owned()))
-                })
-                .collect(),
-            peer: None,
-        };
+        let credentials = credentials(request.headers());
         match authenticator.authenticate(&credentials).await {
             Ok(principal) => Ok(Caller {
                 principal,
@@ -859,12 +891,7 @@ impl HttpChannel {
         if name.is_empty() {
             return Ok(body::error(ErrorCode::BadRequest, "the address is empty"));
         }
-        if name.len() > MAX_ADDRESS_BYTES {
-            return Ok(body::error(
-                ErrorCode::BadRequest,
-                format!("the address is over {MAX_ADDRESS_BYTES} bytes"),
-            ));
-        }
+        spool_runtime::Limited::Address.check(&name)?;
         let address = Address::new(NAMESPACE, name);
         let view = if ensure {
             // A run made here belongs to the caller, when it was proven.
@@ -1091,15 +1118,59 @@ fn method_not_allowed(method: &Method, path: &str, allowed: &[Method]) -> Respon
 }
 
 /// Whether `caller` is `owner`, or an administrator.
-fn owns(caller: &Caller, owner: Option<&Principal>) -> bool {
-    let Some(principal) = caller.principal.as_ref().filter(|_| caller.verified) else {
-        return false;
+/// The WebSocket subprotocol a browser offers with its token: a browser
+/// cannot set `Authorization` on a WebSocket, and a token in the URL would
+/// land in logs and history. The server chooses [`WS_PROTOCOL`] and never
+/// echoes this one.
+pub const WS_BEARER_PREFIX: &str = "spool.bearer.";
+
+/// The WebSocket subprotocol the server chooses when it is offered.
+pub const WS_PROTOCOL: &str = "spool.v1";
+
+/// A request's credentials: its headers, and for a WebSocket handshake
+/// without `Authorization` the token of a `spool.bearer.<token>`
+/// subprotocol, as an `Authorization: Bearer` header would carry it.
+fn credentials(headers: &http::HeaderMap) -> Credentials {
+    let mut pairs: Vec<(String, String)> = headers
+        .iter()
+        .filter_map(|(name, value)| {
+            Some((name.as_str().to_owned(), value.to_str().ok()?.to_owned()))
+        })
+        .collect();
+    if !headers.contains_key(header::AUTHORIZATION)
+        && let Some(token) = headers
+            .get_all(header::SEC_WEBSOCKET_PROTOCOL)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .find_map(|p| p.trim().strip_prefix(WS_BEARER_PREFIX))
+    {
+        pairs.push(("authorization".into(), format!("Bearer {token}")));
+    }
+    Credentials {
+        headers: pairs,
+        peer: None,
+    }
+}
+
+/// A refusal of the guard, in the channel's error body. A file upload is
+/// the seed's `files_unsupported`; a multipart type without its boundary
+/// is not an upload at all, just a malformed header.
+pub(crate) fn refused(refusal: &crate::guard::Refusal) -> Response<Body> {
+    use crate::guard::Refusal;
+    let code = match refusal {
+        Refusal::Origin(_) => ErrorCode::OriginNotAllowed,
+        Refusal::Host(_) => ErrorCode::HostNotAllowed,
+        Refusal::MediaType(_) => ErrorCode::UnsupportedMediaType,
+        Refusal::Upload(value) if !value.to_ascii_lowercase().contains("boundary=") => {
+            return body::error(
+                ErrorCode::BadRequest,
+                "a multipart content type needs its boundary; runs take a JSON body",
+            );
+        }
+        Refusal::Upload(_) => ErrorCode::FilesUnsupported,
     };
-    principal
-        .attributes
-        .get(crate::token::ADMIN_ATTRIBUTE)
-        .is_some_and(|admin| admin == "true")
-        || owner.is_some_and(|owner| owner.scope() == principal.scope())
+    body::error(code, refusal.message())
 }
 
 /// One request's log line, written when the request ends. A request whose
@@ -1151,9 +1222,6 @@ fn run_id(raw: &str) -> Result<RunId, String> {
     let decoded = segment(raw, "run id")?;
     RunId::new(decoded).map_err(|e| e.to_string())
 }
-
-/// The longest address the channel takes, in bytes.
-const MAX_ADDRESS_BYTES: usize = 512;
 
 /// A path segment, percent-decoded strictly: a `%` not followed by two hex
 /// digits, or bytes that are not UTF-8, are refused rather than passed on
@@ -1307,6 +1375,9 @@ pub fn error_code(kind: ErrorKind) -> ErrorCode {
         ErrorKind::ConversationCorrupt => ErrorCode::ConversationCorrupt,
         ErrorKind::OwnedElsewhere => ErrorCode::RunOwnedElsewhere,
         ErrorKind::Storage => ErrorCode::JournalUnavailable,
+        ErrorKind::AddressTooLong => ErrorCode::AddressTooLong,
+        ErrorKind::TitleTooLong => ErrorCode::TitleTooLong,
+        ErrorKind::OperationIdTooLong => ErrorCode::OperationIdTooLong,
         // Kinds added later map to `internal` until the channel names them.
         ErrorKind::Internal | _ => ErrorCode::Internal,
     }

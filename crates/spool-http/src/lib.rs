@@ -11,6 +11,7 @@ pub mod channel;
 pub mod client;
 mod fanout;
 pub mod forward;
+pub mod guard;
 pub mod lines;
 mod refusals;
 pub mod schedules;

@@ -275,7 +275,7 @@ impl Authenticator for TokenFile {
 }
 
 /// The attribute that marks an administrator's principal: `admin = "true"`.
-pub const ADMIN_ATTRIBUTE: &str = "admin";
+pub const ADMIN_ATTRIBUTE: &str = spool_runtime::access::ADMIN_ATTRIBUTE;
 
 /// The attribute that lets a principal trigger schedules: `trigger =
 /// "true"`.

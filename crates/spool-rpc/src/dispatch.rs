@@ -22,7 +22,7 @@ use spool_journal::event::Answer;
 use spool_journal::{Address, Principal, RunId, Seq, TurnId};
 use spool_runtime::hub::{LiveDelta, StreamItem};
 use spool_runtime::{
-    Accepted, CancelOutcome, ErrorKind, MessageRequest, RunView, Runtime, RuntimeError,
+    Accepted, CancelOutcome, ErrorKind, MessageRequest, RunAccess, RunView, Runtime, RuntimeError,
     StartRequest,
 };
 use spool_wire::http::{self as wire, CancelReply, CancelStatus, SnapshotReply};
@@ -122,6 +122,7 @@ impl Outgoing {
 pub struct Dispatcher {
     runtime: Runtime,
     encoded: Arc<Encoded>,
+    access: RunAccess,
 }
 
 /// Notifications encoded once for every subscription of a run: a journal
@@ -141,7 +142,18 @@ impl Dispatcher {
         Self {
             runtime,
             encoded: Arc::default(),
+            access: RunAccess::Any,
         }
+    }
+
+    /// Who may reach a run ([`RunAccess::Any`] by default): under
+    /// [`RunAccess::Owner`] every method, subscription and listing
+    /// answers another principal's run as one that does not exist, as the
+    /// HTTP channel does.
+    #[must_use]
+    pub fn with_run_access(mut self, access: RunAccess) -> Self {
+        self.access = access;
+        self
     }
 
     /// A connection for a caller the transport authenticated as `principal`
@@ -154,6 +166,7 @@ impl Dispatcher {
                 runtime: self.runtime.clone(),
                 encoded: Arc::clone(&self.encoded),
                 principal,
+                access: self.access,
                 outbox,
                 subscriptions: Mutex::new(HashMap::new()),
                 requests: TaskTracker::new(),
@@ -178,6 +191,8 @@ struct ConnectionInner {
     runtime: Runtime,
     encoded: Arc<Encoded>,
     principal: Option<Principal>,
+    /// Who may reach a run.
+    access: RunAccess,
     outbox: mpsc::Sender<Outgoing>,
     /// Subscriptions by run, each ended by its token.
     subscriptions: Mutex<HashMap<RunId, CancellationToken>>,
@@ -392,21 +407,15 @@ impl Connection {
             "run.cancel" => self.cancel(params(&raw)?).await,
             "run.get" => {
                 let RunParams { run_id: id } = params(&raw)?;
-                let view = self
-                    .runtime()
-                    .get(&run_id(&id)?)
-                    .await
-                    .map_err(runtime_error)?;
+                let run = self.reached(&id).await?;
+                let view = self.runtime().get(&run).await.map_err(runtime_error)?;
                 Ok(to_value(&spool_http::channel::reply(&view)))
             }
             "run.list" => self.list(params(&raw)?).await,
             rpc::METHOD_STATE_SNAPSHOT => {
                 let RunParams { run_id: id } = params(&raw)?;
-                let snapshot = self
-                    .runtime()
-                    .snapshot(&run_id(&id)?)
-                    .await
-                    .map_err(runtime_error)?;
+                let run = self.reached(&id).await?;
+                let snapshot = self.runtime().snapshot(&run).await.map_err(runtime_error)?;
                 Ok(to_value(&SnapshotReply {
                     run: spool_http::channel::reply(&snapshot.view),
                     messages: snapshot.messages,
@@ -443,6 +452,18 @@ impl Connection {
         &self.inner.runtime
     }
 
+    /// The run named `id`, when this connection's caller may reach it:
+    /// another principal's run is "not found", as an unknown one is.
+    async fn reached(&self, id: &str) -> Result<RunId, Failure> {
+        let run = run_id(id)?;
+        self.inner
+            .access
+            .check(self.runtime(), self.inner.principal.as_ref(), &run)
+            .await
+            .map_err(runtime_error)?;
+        Ok(run)
+    }
+
     /// `submit.run`: starts a run (or a turn of `run_id`), streams the
     /// turn's `events.append` on this connection, and answers with the
     /// turn's reply once it reaches a boundary.
@@ -459,7 +480,7 @@ impl Connection {
         // Where the stream starts: after everything the run held before.
         let (before, accepted) = match &submit.run_id {
             Some(id) => {
-                let run = run_id(id)?;
+                let run = self.reached(id).await?;
                 let before = runtime.get(&run).await.map_err(runtime_error)?.cursor;
                 let message = MessageRequest {
                     text: submit.text,
@@ -482,7 +503,24 @@ impl Connection {
                     .as_ref()
                     .map(|name| Address::new(spool_http::channel::NAMESPACE, name.clone()));
                 let before = match &address {
-                    Some(address) => runtime.lookup(address).await.ok().and_then(|v| v.cursor),
+                    Some(address) => match runtime.lookup(address).await {
+                        // A message through an address bound to another's
+                        // run is refused as for an unknown address.
+                        Ok(view)
+                            if !self
+                                .inner
+                                .access
+                                .reaches(runtime, self.inner.principal.as_ref(), &view.run_id)
+                                .await
+                                .map_err(runtime_error)? =>
+                        {
+                            return Err(runtime_error(RuntimeError::AddressNotFound(
+                                address.clone(),
+                            )));
+                        }
+                        Ok(view) => view.cursor,
+                        Err(_) => None,
+                    },
                     None => None,
                 };
                 let request = StartRequest {
@@ -666,7 +704,7 @@ impl Connection {
     /// journal first, then live, until `unsubscribe`, the connection's end,
     /// or the subscriber falling behind.
     async fn subscribe(&self, subscribe: Subscribe) -> Result<Value, Failure> {
-        let run = run_id(&subscribe.run_id)?;
+        let run = self.reached(&subscribe.run_id).await?;
         let channels = Channels::of(subscribe.channels.as_deref())?;
         let cursor = subscribe.cursor;
         let last = self
@@ -782,7 +820,7 @@ impl Connection {
     }
 
     async fn respond(&self, respond: RespondParams) -> Result<Value, Failure> {
-        let run = run_id(&respond.run_id)?;
+        let run = self.reached(&respond.run_id).await?;
         let turn = respond
             .turn_id
             .as_deref()
@@ -810,6 +848,24 @@ impl Connection {
 
     async fn cancel(&self, cancel: CancelParams) -> Result<Value, Failure> {
         let run = run_id(&cancel.run_id)?;
+        // Another principal's run is cancelled as an unknown one is: a
+        // harmless `not_active`.
+        let reached = self
+            .inner
+            .access
+            .reaches(self.runtime(), self.inner.principal.as_ref(), &run)
+            .await;
+        match reached {
+            Ok(true) => {}
+            Ok(false) | Err(RuntimeError::RunNotFound(_)) => {
+                return Ok(to_value(&CancelReply {
+                    status: CancelStatus::NotActive,
+                    run_id: None,
+                    turn_id: None,
+                }));
+            }
+            Err(error) => return Err(runtime_error(error)),
+        }
         let turn = cancel
             .turn_id
             .as_deref()
@@ -843,10 +899,31 @@ impl Connection {
         if !(1..=1000).contains(&limit) {
             return Err(invalid_params("`limit` must be 1 to 1000"));
         }
-        let runs = self.runtime().list().await.map_err(runtime_error)?;
-        let runs: Vec<Value> = runs
+        let all = self.runtime().list().await.map_err(runtime_error)?;
+        // Under owner access a page holds the caller's runs only.
+        let mut listed = Vec::with_capacity(limit.min(all.len()));
+        for summary in all {
+            if listed.len() == limit {
+                break;
+            }
+            let reached = self
+                .inner
+                .access
+                .reaches(
+                    self.runtime(),
+                    self.inner.principal.as_ref(),
+                    &summary.run_id,
+                )
+                .await;
+            match reached {
+                Ok(true) => listed.push(summary),
+                // Gone since it was listed, or another's.
+                Ok(false) | Err(RuntimeError::RunNotFound(_)) => {}
+                Err(error) => return Err(runtime_error(error)),
+            }
+        }
+        let runs: Vec<Value> = listed
             .into_iter()
-            .take(limit)
             .map(|summary| {
                 json!({
                     "id": summary.run_id.as_str(),
@@ -1017,7 +1094,11 @@ fn runtime_error(error: RuntimeError) -> Failure {
     let http = spool_http::channel::error_code(kind);
     let code = match kind {
         ErrorKind::RunNotFound | ErrorKind::AddressNotFound => codes::RUN_NOT_FOUND,
-        ErrorKind::BadRequest | ErrorKind::InvalidAnswer => codes::INVALID_PARAMS,
+        ErrorKind::BadRequest
+        | ErrorKind::InvalidAnswer
+        | ErrorKind::AddressTooLong
+        | ErrorKind::TitleTooLong
+        | ErrorKind::OperationIdTooLong => codes::INVALID_PARAMS,
         ErrorKind::Internal => codes::INTERNAL_ERROR,
         _ => codes::USER_ERROR,
     };

@@ -112,6 +112,15 @@ fn upgrade(
         return body::error(ErrorCode::BadRequest, "`Sec-WebSocket-Key` is missing");
     };
     let accept = derive_accept_key(key.as_bytes());
+    // A browser accepts only a subprotocol it offered: `spool.v1` is
+    // chosen when offered, and a `spool.bearer.<token>` offer (read by the
+    // channel's authenticator) is never echoed.
+    let chosen = headers
+        .get_all(header::SEC_WEBSOCKET_PROTOCOL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|p| p.trim() == spool_http::channel::WS_PROTOCOL);
     let principal = request
         .extensions()
         .get::<Authenticated>()
@@ -141,6 +150,12 @@ fn upgrade(
     headers.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
     if let Ok(accept) = HeaderValue::from_str(&accept) {
         headers.insert(header::SEC_WEBSOCKET_ACCEPT, accept);
+    }
+    if chosen {
+        headers.insert(
+            header::SEC_WEBSOCKET_PROTOCOL,
+            HeaderValue::from_static(spool_http::channel::WS_PROTOCOL),
+        );
     }
     reply
 }

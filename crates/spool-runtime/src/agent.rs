@@ -105,6 +105,12 @@ pub struct AgentDefinition {
     #[serde(default)]
     #[schemars(schema_with = "any_table")]
     pub telemetry: Option<toml::Table>,
+    /// `[server]`: what the network transports serve to browsers (allowed
+    /// origins and host names). The runtime does not read it: `spool-http`
+    /// does, and refuses a key it does not know.
+    #[serde(default)]
+    #[schemars(schema_with = "any_table")]
+    pub server: Option<toml::Table>,
 }
 
 /// `[pricing]`: USD per million tokens.

@@ -43,8 +43,67 @@ pub enum ErrorKind {
     ///
     /// [`Runtime::journal_health`]: crate::Runtime::journal_health
     Storage,
+    /// An address is longer than [`spool_wire::run::MAX_ADDRESS_BYTES`].
+    AddressTooLong,
+    /// A title is longer than [`spool_wire::run::MAX_TITLE_BYTES`].
+    TitleTooLong,
+    /// An operation id is longer than
+    /// [`spool_wire::run::MAX_OPERATION_ID_BYTES`].
+    OperationIdTooLong,
     /// Anything else: a bug, or a journal that has shut down.
     Internal,
+}
+
+/// A field of a request with a length limit (`spool_wire::run::MAX_*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Limited {
+    /// An address's name.
+    Address,
+    /// A run's title.
+    Title,
+    /// An operation id.
+    OperationId,
+    /// A surface kind.
+    Kind,
+}
+
+impl Limited {
+    /// The field's name on the wire.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Address => "address",
+            Self::Title => "title",
+            Self::OperationId => "operation_id",
+            Self::Kind => "kind",
+        }
+    }
+
+    /// Its limit in bytes of UTF-8.
+    #[must_use]
+    pub fn limit(self) -> usize {
+        use spool_wire::run;
+        match self {
+            Self::Address => run::MAX_ADDRESS_BYTES,
+            Self::Title => run::MAX_TITLE_BYTES,
+            Self::OperationId => run::MAX_OPERATION_ID_BYTES,
+            Self::Kind => run::MAX_KIND_BYTES,
+        }
+    }
+
+    /// `TooLong` when `value` is over the field's limit.
+    ///
+    /// # Errors
+    ///
+    /// [`RuntimeError::TooLong`] past the limit.
+    pub fn check(self, value: &str) -> Result<(), RuntimeError> {
+        if value.len() > self.limit() {
+            Err(RuntimeError::TooLong(self))
+        } else {
+            Ok(())
+        }
+    }
 }
 
 /// Why a runtime operation was refused.
@@ -109,6 +168,9 @@ pub enum RuntimeError {
         /// Why.
         reason: String,
     },
+    /// A field is over its length limit.
+    #[error("`{}` is longer than {} bytes", .0.as_str(), .0.limit())]
+    TooLong(Limited),
     /// The journal failed.
     #[error(transparent)]
     Journal(#[from] JournalError),
@@ -139,6 +201,10 @@ impl RuntimeError {
             Self::CompactionUnsupported => ErrorKind::CompactionUnsupported,
             Self::Engine(_) => ErrorKind::EngineFailed,
             Self::ConversationCorrupt { .. } => ErrorKind::ConversationCorrupt,
+            Self::TooLong(Limited::Address) => ErrorKind::AddressTooLong,
+            Self::TooLong(Limited::Title) => ErrorKind::TitleTooLong,
+            Self::TooLong(Limited::OperationId) => ErrorKind::OperationIdTooLong,
+            Self::TooLong(Limited::Kind) => ErrorKind::BadRequest,
             Self::Journal(error) => match error {
                 JournalError::TamperEvident(_) | JournalError::Corrupt { .. } => {
                     ErrorKind::ConversationCorrupt

@@ -13,6 +13,7 @@
 //! Pod and the bus call this API and subscribe to its event hub.
 #![warn(missing_docs)]
 
+pub mod access;
 pub mod agent;
 mod budget;
 pub mod channel;
@@ -32,9 +33,10 @@ pub mod tool;
 pub mod tools;
 pub mod view;
 
+pub use access::RunAccess;
 pub use channel::{AuthError, Authenticator, Channel, Credentials};
 pub use engine::{Engine, Message, ModelRequest, ModelResponse};
-pub use error::{ErrorKind, RuntimeError};
+pub use error::{ErrorKind, Limited, RuntimeError};
 pub use ids::{IdSource, SequentialIds, UniqueIds};
 pub use runs::DEFAULT_CACHED_RUNS;
 pub use runtime::{

@@ -194,6 +194,14 @@ string_enum! {
         SessionState = "session_state",
         /// The failure could not be classified (the literal code `unknown`).
         Unclassified = "unknown",
+        /// The request carries an `Origin` (a web page's); the bus serves
+        /// other instances, never browsers. Spool's addition.
+        OriginNotAllowed = "origin_not_allowed",
+        /// The request's `Host` is not a loopback name (DNS rebinding).
+        /// Spool's addition.
+        HostNotAllowed = "host_not_allowed",
+        /// The body is not declared JSON. Spool's addition.
+        UnsupportedMediaType = "unsupported_media_type",
     }
 }
 
@@ -219,6 +227,9 @@ impl ErrorCode {
             | Self::FileWorkflow
             | Self::WorkflowState
             | Self::SessionState
+            | Self::OriginNotAllowed
+            | Self::HostNotAllowed
+            | Self::UnsupportedMediaType
             | Self::Unknown(_) => false,
             Self::InvalidHandlerResponse
             | Self::InternalError
@@ -240,8 +251,12 @@ impl ErrorCode {
         match self {
             Self::InvalidRequest => Some(400),
             Self::AuthFailed => Some(401),
-            Self::BusDisabled | Self::PeerNotAllowed => Some(403),
+            Self::BusDisabled
+            | Self::PeerNotAllowed
+            | Self::OriginNotAllowed
+            | Self::HostNotAllowed => Some(403),
             Self::RequestTooLarge => Some(413),
+            Self::UnsupportedMediaType => Some(415),
             Self::MaxDepthExceeded => Some(429),
             Self::InvalidHandlerResponse | Self::InternalError => Some(500),
             _ => None,

@@ -631,6 +631,22 @@ string_enum! {
         /// The model provider failed a call the request needed (a
         /// compaction's summary); the message carries the engine's code.
         EngineFailed = "engine_failed",
+        /// The request carries an `Origin` that is neither the server's
+        /// own nor allowed (`--allow-origin`): a page on another site.
+        OriginNotAllowed = "origin_not_allowed",
+        /// The request's `Host` is not served on this listener (a
+        /// loopback listener serves loopback names and `--allow-host`).
+        HostNotAllowed = "host_not_allowed",
+        /// The body is not declared JSON (`application/json` or
+        /// `application/*+json`, UTF-8).
+        UnsupportedMediaType = "unsupported_media_type",
+        /// An address is longer than [`crate::run::MAX_ADDRESS_BYTES`].
+        AddressTooLong = "address_too_long",
+        /// A title is longer than [`crate::run::MAX_TITLE_BYTES`].
+        TitleTooLong = "title_too_long",
+        /// An operation id is longer than
+        /// [`crate::run::MAX_OPERATION_ID_BYTES`].
+        OperationIdTooLong = "operation_id_too_long",
         /// The server failed; details are in its log.
         Internal = "internal",
         /// The journal cannot write now (a full disk, a failing device):
@@ -651,9 +667,14 @@ impl ErrorCode {
     #[must_use]
     pub fn status(&self) -> Option<u16> {
         Some(match self {
-            Self::BadRequest | Self::InvalidRunId | Self::UnknownTurnPolicy => 400,
+            Self::BadRequest
+            | Self::InvalidRunId
+            | Self::UnknownTurnPolicy
+            | Self::AddressTooLong
+            | Self::TitleTooLong
+            | Self::OperationIdTooLong => 400,
             Self::Unauthenticated => 401,
-            Self::Forbidden => 403,
+            Self::Forbidden | Self::OriginNotAllowed | Self::HostNotAllowed => 403,
             Self::RunNotFound | Self::ScheduleNotFound => 404,
             Self::MethodNotAllowed => 405,
             Self::RunWaiting
@@ -665,6 +686,7 @@ impl ErrorCode {
             | Self::ConversationCorrupt => 409,
             Self::RequestTimeout => 408,
             Self::TooLarge => 413,
+            Self::UnsupportedMediaType => 415,
             Self::UriTooLong => 414,
             Self::HeadersTooLarge => 431,
             Self::ClientClosed => 499,

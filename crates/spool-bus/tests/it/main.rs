@@ -65,7 +65,7 @@ async fn call(
     let mut request = http::Request::builder()
         .method(method)
         .uri(path)
-        .header("host", "x")
+        .header("host", addr)
         .header("content-type", "application/json");
     if let Some(bearer) = bearer {
         request = request.header("authorization", format!("Bearer {bearer}"));
@@ -465,4 +465,71 @@ mod registry {
         let left = registry::read(&path).unwrap();
         assert_eq!(left.keys().collect::<Vec<_>>(), ["worker"]);
     }
+}
+
+/// One raw request, its status line and body: what a browser would send,
+/// headers and all.
+async fn raw(addr: &str, head: &str, body: &str) -> (u16, Value) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!(
+        "{head}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut reply = Vec::new();
+    tokio::time::timeout(PATIENCE, stream.read_to_end(&mut reply))
+        .await
+        .expect("an answer in time")
+        .unwrap();
+    let reply = String::from_utf8(reply).unwrap();
+    let status = reply[9..12].parse().unwrap();
+    let (_, body) = reply.split_once("\r\n\r\n").unwrap();
+    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_in_a_browser_cannot_talk_to_the_bus_by_origin_host_or_form() {
+    let server = BusServer::new(runtime(None), settings());
+    let (addr, _stop) = serve(&server).await;
+    let body = request("reviewer", 0).to_string();
+    let cases = [
+        // A cross-origin fetch from any page.
+        (
+            format!(
+                "POST /api/talk HTTP/1.1\r\nhost: {addr}\r\norigin: http://evil.example\r\ncontent-type: application/json\r\nauthorization: Bearer {SECRET}"
+            ),
+            403,
+            "origin_not_allowed",
+        ),
+        // A DNS-rebinding page: its own name in Host.
+        (
+            format!(
+                "POST /api/talk HTTP/1.1\r\nhost: evil.example:{}\r\ncontent-type: application/json\r\nauthorization: Bearer {SECRET}",
+                addr.rsplit_once(':').unwrap().1
+            ),
+            403,
+            "host_not_allowed",
+        ),
+        // A form or `no-cors` body.
+        (
+            format!(
+                "POST /api/talk HTTP/1.1\r\nhost: {addr}\r\ncontent-type: text/plain\r\nauthorization: Bearer {SECRET}"
+            ),
+            415,
+            "unsupported_media_type",
+        ),
+    ];
+    for (head, status, code) in cases {
+        let reply = raw(&addr, &head, &body).await;
+        refused(&reply, status, code);
+    }
+    // The health answer, read by a rebinding page, is refused too.
+    let reply = raw(
+        &addr,
+        "GET /api/health HTTP/1.1\r\nhost: rebound.example",
+        "",
+    )
+    .await;
+    refused(&reply, 403, "host_not_allowed");
 }

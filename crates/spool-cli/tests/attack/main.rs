@@ -64,7 +64,7 @@ fn exchange(addr: &str, raw: &[u8]) -> Reply {
 
 fn request(method: &str, path: &str, body: &[u8]) -> Vec<u8> {
     let mut raw = format!(
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
         body.len()
     )
     .into_bytes();
@@ -182,9 +182,9 @@ fn malformed_input_on_every_route_is_a_documented_4xx_and_never_a_5xx() {
     assert_refusal(&cursor, "a cursor past the end");
     let framing: [&[u8]; 4] = [
         b"GARBAGE\r\n\r\n",
-        b"POST /spool/v1/runs HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
-        b"POST /spool/v1/runs HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
-        b"POST /spool/v1/runs HTTP/1.1\r\nHost: x\r\nContent-Length: 2000000\r\n\r\n{}",
+        b"POST /spool/v1/runs HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: abc\r\n\r\n",
+        b"POST /spool/v1/runs HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+        b"POST /spool/v1/runs HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 2000000\r\n\r\n{}",
     ];
     for raw in framing {
         assert_refusal(
@@ -205,7 +205,7 @@ fn clients_that_vanish_or_stall_leave_the_server_no_larger() {
     let running = serve(dir.path(), &[]);
     let addr = running.addr.clone();
     let run = new_run(&addr);
-    let stream = format!("GET /spool/v1/runs/{run}/stream HTTP/1.1\r\nHost: x\r\n\r\n");
+    let stream = format!("GET /spool/v1/runs/{run}/stream HTTP/1.1\r\nHost: localhost\r\n\r\n");
     let open_and_drop = |count: usize| {
         for _ in 0..count {
             let mut socket = TcpStream::connect(&addr).unwrap();
@@ -232,12 +232,12 @@ fn clients_that_vanish_or_stall_leave_the_server_no_larger() {
         // A body announced and never finished, then abandoned.
         let mut socket = TcpStream::connect(&addr).unwrap();
         let _ = socket.write_all(
-            b"POST /spool/v1/runs HTTP/1.1\r\nHost: x\r\nContent-Length: 900000\r\n\r\n{\"text\": \"",
+            b"POST /spool/v1/runs HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 900000\r\n\r\n{\"text\": \"",
         );
         let _ = socket.write_all(&[b'x'; 16 * 1024]);
         // Headers never finished, then abandoned.
         let mut socket = TcpStream::connect(&addr).unwrap();
-        let _ = socket.write_all(b"GET /spool/v1/health HTTP/1.1\r\nHost: x\r\n");
+        let _ = socket.write_all(b"GET /spool/v1/health HTTP/1.1\r\nHost: localhost\r\n");
     }
     assert_eq!(get(&addr, "/spool/v1/health").status, 200);
     let after = resident_bytes(&running);

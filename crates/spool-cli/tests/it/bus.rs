@@ -170,7 +170,7 @@ pub(crate) fn get_json(addr: &str, path: &str) -> serde_json::Value {
         .unwrap();
     write!(
         stream,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
     )
     .unwrap();
     let mut reply = String::new();

@@ -71,7 +71,7 @@ fn start_turn(node: &str, address: &str) -> String {
             let body = r#"{"text": "do it"}"#;
             let _ = write!(
                 s,
-                "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+                "POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
                 body.len()
             );
             let _ = s.read_to_end(&mut Vec::new());
@@ -468,7 +468,7 @@ fn post_run(addr: &str, text: &str) -> Result<(String, serde_json::Value), Strin
     let body = serde_json::json!({ "text": text }).to_string();
     write!(
         stream,
-        "POST /spool/v1/runs HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        "POST /spool/v1/runs HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     )
     .map_err(|e| e.to_string())?;

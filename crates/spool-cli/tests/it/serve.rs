@@ -17,7 +17,7 @@ pub(crate) fn post(addr: &str, path: &str, body: &str, token: Option<&str>) -> (
     let auth = token
         .map(|t| format!("Authorization: Bearer {t}\r\n"))
         .unwrap_or_default();
-    write!(stream, "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{auth}Content-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    write!(stream, "POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nConnection: close\r\n{auth}Content-Length: {}\r\n\r\n{body}", body.len()).unwrap();
     let mut reply = String::new();
     stream.read_to_string(&mut reply).unwrap();
     let status = reply.split(' ').nth(1).unwrap().parse().unwrap();
@@ -194,7 +194,11 @@ pub(crate) fn stream_lines_as(
     let auth = token
         .map(|t| format!("Authorization: Bearer {t}\r\n"))
         .unwrap_or_default();
-    write!(socket, "GET {path} HTTP/1.1\r\nHost: x\r\n{auth}\r\n").unwrap();
+    write!(
+        socket,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\n{auth}\r\n"
+    )
+    .unwrap();
     let (sender, lines) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(socket).lines() {
@@ -246,7 +250,7 @@ fn a_server_killed_mid_run_resumes_it_on_restart_with_nothing_repeated() {
             let body = r#"{"text": "do it"}"#;
             let _ = write!(
                 s,
-                "POST {run_path} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+                "POST {run_path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
                 body.len()
             );
             let _ = s.read_to_end(&mut Vec::new());

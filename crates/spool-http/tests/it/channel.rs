@@ -325,7 +325,7 @@ async fn a_cursor_past_the_runs_last_position_is_400_never_a_replay_from_the_sta
 async fn addresses_that_are_not_utf8_malformed_or_overlong_are_400_and_never_collide() {
     let server = Server::start(echo_runtime()).await;
     let long = "a".repeat(513);
-    for raw in ["%ff%fe", "%80%80", "%fe%ff", "%zz", "x%4", long.as_str()] {
+    for raw in ["%ff%fe", "%80%80", "%fe%ff", "%zz", "x%4"] {
         let reply = server
             .post(&format!("/spool/v1/addresses/{raw}"), "{}")
             .await;
@@ -335,6 +335,14 @@ async fn addresses_that_are_not_utf8_malformed_or_overlong_are_400_and_never_col
             "{raw}"
         );
     }
+    // Over the limit every transport shares, with its own code.
+    let reply = server
+        .post(&format!("/spool/v1/addresses/{long}"), "{}")
+        .await;
+    assert_eq!(
+        (reply.status, reply.json()["code"].clone()),
+        (400, json!("address_too_long"))
+    );
     let cafe = server.post("/spool/v1/addresses/caf%C3%A9", "{}").await;
     assert_eq!(cafe.status, 200, "an encoded UTF-8 address is fine");
     let plain = server.post("/spool/v1/addresses/cafe", "{}").await;
@@ -512,7 +520,7 @@ async fn a_client_that_disconnects_mid_turn_does_not_stop_the_turn_and_is_logged
     let mut socket = tokio::net::TcpStream::connect(&server.addr).await.unwrap();
     let body = r#"{"text": "go"}"#;
     let head = format!(
-        "POST /spool/v1/runs/{run} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+        "POST /spool/v1/runs/{run} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
     socket.write_all(head.as_bytes()).await.unwrap();

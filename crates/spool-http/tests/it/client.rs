@@ -177,7 +177,7 @@ async fn send(
     let mut builder = http::Request::builder()
         .method(method)
         .uri(path)
-        .header("Host", "test");
+        .header("Host", addr);
     for (name, value) in headers {
         builder = builder.header(*name, *value);
     }

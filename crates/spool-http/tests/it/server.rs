@@ -76,7 +76,7 @@ async fn a_unix_socket_serves_the_channel_and_is_private_to_its_owner() {
     let mut socket = tokio::net::UnixStream::connect(&path).await.unwrap();
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     socket
-        .write_all(b"GET /spool/v1/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .write_all(b"GET /spool/v1/health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
         .await
         .unwrap();
     let mut raw = String::new();
@@ -117,7 +117,7 @@ async fn a_client_that_never_finishes_its_headers_is_disconnected_after_the_head
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let server = Server::start(echo_runtime()).await;
     let mut slow = tokio::net::TcpStream::connect(&server.addr).await.unwrap();
-    slow.write_all(b"GET /spool/v1/health HTTP/1.1\r\nHost: x\r\n")
+    slow.write_all(b"GET /spool/v1/health HTTP/1.1\r\nHost: localhost\r\n")
         .await
         .unwrap();
     let started = tokio::time::Instant::now();
@@ -159,7 +159,7 @@ async fn a_body_that_never_finishes_is_answered_request_timeout_after_the_body_t
     let server = Server::start(echo_runtime()).await;
     let mut slow = tokio::net::TcpStream::connect(&server.addr).await.unwrap();
     slow.write_all(
-        b"POST /spool/v1/runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 20\r\n\r\n{\"text\"",
+        b"POST /spool/v1/runs HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 20\r\n\r\n{\"text\"",
     )
     .await
     .unwrap();
@@ -185,7 +185,7 @@ async fn a_content_length_over_the_cap_is_413_before_any_of_the_body_is_read() {
     // The headers announce two million bytes; none of them is ever sent.
     client
         .write_all(
-            b"POST /spool/v1/runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 2000000\r\n\r\n",
+            b"POST /spool/v1/runs HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 2000000\r\n\r\n",
         )
         .await
         .unwrap();
@@ -212,7 +212,8 @@ async fn a_stream_on_a_finished_run_ends_its_task_when_the_client_goes() {
     // while the run, finished, never writes again.
     for _ in 0..8 {
         let mut client = tokio::net::TcpStream::connect(&server.addr).await.unwrap();
-        let request = format!("GET /spool/v1/runs/{run}/stream HTTP/1.1\r\nHost: x\r\n\r\n");
+        let request =
+            format!("GET /spool/v1/runs/{run}/stream HTTP/1.1\r\nHost: localhost\r\n\r\n");
         client.write_all(request.as_bytes()).await.unwrap();
         let mut seen = Vec::new();
         let mut buffer = [0_u8; 4096];
@@ -354,9 +355,12 @@ async fn raw_exchange(addr: &str, raw: &[u8]) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_hyper_refuses_before_routing_get_the_json_error_body() {
     let server = Server::start(echo_runtime()).await;
-    let long_target = format!("GET /{} HTTP/1.1\r\nHost: x\r\n\r\n", "a".repeat(70_000));
+    let long_target = format!(
+        "GET /{} HTTP/1.1\r\nHost: localhost\r\n\r\n",
+        "a".repeat(70_000)
+    );
     let many_headers = format!(
-        "GET /spool/v1/health HTTP/1.1\r\nHost: x\r\n{}\r\n",
+        "GET /spool/v1/health HTTP/1.1\r\nHost: localhost\r\n{}\r\n",
         (0..200)
             .map(|i| format!("X-{i}: y\r\n"))
             .collect::<String>()

@@ -48,7 +48,7 @@ async fn get(addr: &str, path: &str, headers: &[(&str, &str)]) -> (u16, mpsc::Re
         .await
         .unwrap();
     tokio::spawn(connection);
-    let mut request = http::Request::get(path).header("host", "x");
+    let mut request = http::Request::get(path).header("host", "localhost");
     for (name, value) in headers {
         request = request.header(*name, *value);
     }

@@ -29,6 +29,7 @@ impl Runtime {
     /// operation id used before returns its run, whatever this request
     /// says ([`Accepted::Replayed`]).
     pub async fn start(&self, request: StartRequest) -> Result<Accepted, RuntimeError> {
+        request.check_lengths()?;
         if let Some(operation_id) = &request.operation_id {
             let Some(principal) = &request.principal else {
                 return Err(RuntimeError::BadRequest(

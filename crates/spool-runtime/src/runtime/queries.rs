@@ -83,6 +83,7 @@ impl Runtime {
         address: &Address,
         principal: Option<spool_journal::Principal>,
     ) -> Result<RunView, RuntimeError> {
+        crate::Limited::Address.check(&address.name)?;
         if let Some(run) = self.inner.journal.find_address(address).await? {
             return self.get(&run).await;
         }

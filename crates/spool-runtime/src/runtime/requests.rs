@@ -114,6 +114,25 @@ pub enum CancelOutcome {
 }
 
 impl StartRequest {
+    /// Refuses a field over its length limit, before anything is read or
+    /// recorded: every transport's requests pass here.
+    pub(super) fn check_lengths(&self) -> Result<(), RuntimeError> {
+        use crate::Limited;
+        let fields = [
+            (
+                Limited::Address,
+                self.address.as_ref().map(|a| a.name.as_str()),
+            ),
+            (Limited::Title, self.title.as_deref()),
+            (Limited::OperationId, self.operation_id.as_deref()),
+            (Limited::Kind, self.kind.as_deref()),
+        ];
+        fields
+            .into_iter()
+            .filter_map(|(field, value)| Some((field, value?)))
+            .try_for_each(|(field, value)| field.check(value))
+    }
+
     pub(super) fn into_message(self) -> MessageRequest {
         MessageRequest {
             text: self.text,

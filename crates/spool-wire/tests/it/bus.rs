@@ -36,11 +36,19 @@ fn each_error_code_has_the_seeds_string_and_retryable_default() {
         ("workflow_state", ErrorCode::WorkflowState, false),
         ("session_state", ErrorCode::SessionState, false),
         ("unknown", ErrorCode::Unclassified, true),
+        // Spool's additions: the refusals of a browser's requests.
+        ("origin_not_allowed", ErrorCode::OriginNotAllowed, false),
+        ("host_not_allowed", ErrorCode::HostNotAllowed, false),
+        (
+            "unsupported_media_type",
+            ErrorCode::UnsupportedMediaType,
+            false,
+        ),
     ];
-    assert_eq!(table.len(), 21);
+    assert_eq!(table.len(), 24);
     assert_eq!(
         ErrorCode::KNOWN.len(),
-        21,
+        24,
         "every known code is in the table above"
     );
     for (text, code, retryable) in table {

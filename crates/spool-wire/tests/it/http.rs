@@ -40,6 +40,16 @@ fn each_error_code_has_its_string_and_status() {
         ("internal", ErrorCode::Internal, 500),
         ("node_unavailable", ErrorCode::NodeUnavailable, 503),
         ("journal_unavailable", ErrorCode::JournalUnavailable, 503),
+        ("origin_not_allowed", ErrorCode::OriginNotAllowed, 403),
+        ("host_not_allowed", ErrorCode::HostNotAllowed, 403),
+        (
+            "unsupported_media_type",
+            ErrorCode::UnsupportedMediaType,
+            415,
+        ),
+        ("address_too_long", ErrorCode::AddressTooLong, 400),
+        ("title_too_long", ErrorCode::TitleTooLong, 400),
+        ("operation_id_too_long", ErrorCode::OperationIdTooLong, 400),
     ];
     assert_eq!(ErrorCode::KNOWN.len(), table.len());
     for (text, code, status) in table {

@@ -114,15 +114,59 @@ pub(crate) enum TokenCommand {
         #[arg(long, default_value = ".spool/tokens")]
         token_file: PathBuf,
     },
+    /// List the tokens in the file: names, scopes and fingerprints (never
+    /// a token).
+    List {
+        /// The token file.
+        #[arg(long, default_value = ".spool/tokens")]
+        token_file: PathBuf,
+    },
+    /// Remove the token named NAME. A server using the file refuses it
+    /// within a second, and ends the streams and WebSockets it opened.
+    Revoke {
+        /// The token's name.
+        name: String,
+        /// The token file.
+        #[arg(long, default_value = ".spool/tokens")]
+        token_file: PathBuf,
+    },
 }
 
 pub(crate) fn token(command: TokenCommand) -> anyhow::Result<ExitCode> {
-    let TokenCommand::New {
-        name,
-        admin,
-        trigger,
-        token_file,
-    } = command;
+    let (name, admin, trigger, token_file) = match command {
+        TokenCommand::New {
+            name,
+            admin,
+            trigger,
+            token_file,
+        } => (name, admin, trigger, token_file),
+        TokenCommand::List { token_file } => {
+            let mut out = std::io::stdout().lock();
+            for token in TokenFile::list(&token_file)? {
+                let scopes = if token.scopes.is_empty() {
+                    "-".to_owned()
+                } else {
+                    token.scopes.join(",")
+                };
+                writeln!(out, "{}\t{}\t{scopes}", token.name, token.fingerprint)?;
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
+        TokenCommand::Revoke { name, token_file } => {
+            if TokenFile::revoke(&token_file, &name)? {
+                say(&format!(
+                    "spool: token `{name}` revoked in {}",
+                    token_file.display()
+                ));
+                return Ok(ExitCode::SUCCESS);
+            }
+            say(&format!(
+                "spool: no token `{name}` in {}",
+                token_file.display()
+            ));
+            return Ok(ExitCode::from(1));
+        }
+    };
     if let Some(dir) = token_file.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
@@ -159,7 +203,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         &args.allow_hosts,
     )?;
     let tokens = match &args.token_file {
-        Some(path) => Some(Arc::new(TokenFile::load(path)?)),
+        Some(path) => {
+            let tokens = TokenFile::load(path)?;
+            // Read again as it changes: a revoked token is refused, and
+            // its sessions end, without a restart.
+            tokens.watch(spool_http::token::RELOAD_PERIOD);
+            Some(Arc::new(tokens))
+        }
         None => None,
     };
     let listener = match &args.unix {

@@ -114,6 +114,8 @@ pub struct Authenticated(pub Option<Principal>);
 struct Caller {
     principal: Option<Principal>,
     verified: bool,
+    /// What ends the caller's long-lived responses.
+    session: crate::session::Session,
 }
 
 impl Caller {
@@ -393,6 +395,7 @@ impl HttpChannel {
                 let mut request = request;
                 let principal = caller.principal.filter(|_| caller.verified);
                 request.extensions_mut().insert(Authenticated(principal));
+                request.extensions_mut().insert(caller.session);
                 return handler(request).await;
             }
             return body::error(ErrorCode::RunNotFound, format!("no route {path}"));
@@ -538,7 +541,7 @@ impl HttpChannel {
             },
             (Route::RunAction(id, action), _) => match run_id(&id) {
                 Ok(run) => {
-                    self.action(&run, &action, &text, query.as_deref(), tap)
+                    self.action(&run, &action, &text, query.as_deref(), tap, &caller.session)
                         .await
                 }
                 Err(message) => return body::error(ErrorCode::InvalidRunId, message),
@@ -657,6 +660,11 @@ impl HttpChannel {
             return Ok(Caller {
                 principal: None,
                 verified: false,
+                session: crate::session::Session::new(
+                    None,
+                    Credentials::default(),
+                    self.closing.clone(),
+                ),
             });
         };
         let credentials = credentials(request.headers());
@@ -664,6 +672,11 @@ impl HttpChannel {
             Ok(principal) => Ok(Caller {
                 principal,
                 verified: true,
+                session: crate::session::Session::new(
+                    Some(Arc::clone(authenticator)),
+                    credentials,
+                    self.closing.clone(),
+                ),
             }),
             Err(spool_runtime::AuthError::Unauthenticated) => {
                 let mut reply =
@@ -919,6 +932,7 @@ impl HttpChannel {
         text: &str,
         query: Option<&str>,
         tap: Option<Arc<crate::tap::Tap>>,
+        session: &crate::session::Session,
     ) -> Result<Response<Body>, RuntimeError> {
         match action {
             "snapshot" => {
@@ -935,7 +949,7 @@ impl HttpChannel {
                     .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
                 Ok(reply)
             }
-            "stream" => self.stream(run, query, tap).await,
+            "stream" => self.stream(run, query, tap, session).await,
             "respond" => {
                 let respond = match Respond::decode(text) {
                     Ok(respond) => respond,
@@ -1045,6 +1059,7 @@ impl HttpChannel {
         run: &RunId,
         query: Option<&str>,
         tap: Option<Arc<crate::tap::Tap>>,
+        session: &crate::session::Session,
     ) -> Result<Response<Body>, RuntimeError> {
         let cursor = match cursor(query) {
             Ok(cursor) => cursor,
@@ -1062,6 +1077,12 @@ impl HttpChannel {
             },
             subscription,
         );
+        // A revoked token ends the streams it opened.
+        let body = if session.revocable() {
+            body.ending(session.ending())
+        } else {
+            body
+        };
         if let Some(tap) = &tap {
             // The response's head goes first: nothing is written to the
             // socket past hyper until it has flushed it.

@@ -16,6 +16,7 @@ pub mod lines;
 mod refusals;
 pub mod schedules;
 pub mod server;
+pub mod session;
 pub mod stream;
 mod tap;
 pub mod tls;

@@ -417,6 +417,9 @@ fn write_lines(bytes: &mut Vec<u8>, lines: &[StreamEvent]) {
 /// turns true.
 pub(crate) struct StreamBody {
     mode: Mode,
+    /// Resolves when the caller's session ends before the stream does (its
+    /// token revoked); absent where it cannot.
+    ending: Option<ReusableBoxFuture<'static, ()>>,
     /// The connection's socket, when the run's driver may write to it:
     /// marked busy whenever a frame goes to hyper, so that nothing the
     /// driver writes overtakes it.
@@ -450,8 +453,17 @@ impl StreamBody {
         };
         Self {
             mode: Mode::OnItsOwn(ReusableBoxFuture::new(lines.next())),
+            ending: None,
             tap,
         }
+    }
+
+    /// The same stream, ended when `ending` turns true.
+    pub(crate) fn ending(mut self, mut ending: watch::Receiver<bool>) -> Self {
+        self.ending = Some(ReusableBoxFuture::new(async move {
+            let _ = ending.wait_for(|ending| *ending).await;
+        }));
+        self
     }
 
     /// `bytes` as the next frame for hyper to write.
@@ -471,6 +483,15 @@ impl http_body::Body for StreamBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if let Some(ending) = &mut self.ending
+            && ending.poll(cx).is_ready()
+        {
+            // Leaving the run's driver (dropping the member) before the
+            // body ends: nothing more is written for this stream.
+            self.ending = None;
+            self.mode = Mode::Ended;
+            return Poll::Ready(None);
+        }
         loop {
             match &mut self.mode {
                 Mode::Ended => return Poll::Ready(None),

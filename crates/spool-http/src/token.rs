@@ -6,10 +6,17 @@
 //! The file must not be readable by others. A presented token is hashed and compared with every
 //! entry in constant time, so neither timing nor the file reveals a token.
 //!
-//! `spool token new NAME` prints a fresh token once and appends its hash.
+//! `spool token new NAME` prints a fresh token once and appends its hash;
+//! `spool token list` shows names, scopes and fingerprints (a prefix of the
+//! stored hash, never a token); `spool token revoke NAME` removes a line.
+//! A served file is read again when it changes ([`TokenFile::watch`]):
+//! a revoked token is refused from the next request on, and the streams
+//! and WebSockets it opened end (see [`Authenticator::changes`]).
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::{Duration, SystemTime};
 
 use sha2::{Digest, Sha256};
 use spool_journal::Principal;
@@ -19,8 +26,50 @@ use spool_runtime::{AuthError, Authenticator, BoxFuture, Credentials};
 #[derive(Clone)]
 pub struct TokenFile {
     path: PathBuf,
-    entries: Vec<Entry>,
+    /// Replaced whole when the file is read again.
+    entries: Arc<RwLock<Vec<Entry>>>,
+    /// What the file looked like when it was last read.
+    stamp: Arc<RwLock<Option<Stamp>>>,
+    /// Counts the reloads: sessions check their credentials again on each.
+    changes: Arc<tokio::sync::watch::Sender<u64>>,
 }
+
+/// A file's identity and last change, to notice it was rewritten.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Stamp {
+    inode: u64,
+    length: u64,
+    modified: Option<SystemTime>,
+}
+
+impl Stamp {
+    fn of(path: &Path) -> Option<Self> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(path).ok()?;
+        Some(Self {
+            inode: meta.ino(),
+            length: meta.len(),
+            modified: meta.modified().ok(),
+        })
+    }
+}
+
+/// What `spool token list` shows of one token: never the token, nor the
+/// whole hash.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokenInfo {
+    /// The token's name (its principal's id).
+    pub name: String,
+    /// Its scopes (of [`SCOPES`]).
+    pub scopes: Vec<&'static str>,
+    /// `sha256:` and the first 12 hex digits of the stored hash: enough to
+    /// tell two tokens apart, too little to search for the token.
+    pub fingerprint: String,
+}
+
+/// How often a served token file is checked for changes: a revocation
+/// takes effect within this, plus the time to re-check open sessions.
+pub const RELOAD_PERIOD: Duration = Duration::from_secs(1);
 
 /// One token: its name, its hash, and its scopes (of [`SCOPES`]).
 #[derive(Clone)]
@@ -33,7 +82,8 @@ struct Entry {
 impl std::fmt::Debug for TokenFile {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Names only: hashes stay out of logs too.
-        let names: Vec<&str> = self.entries.iter().map(|e| e.name.as_str()).collect();
+        let entries = self.entries.read().unwrap_or_else(PoisonError::into_inner);
+        let names: Vec<&str> = entries.iter().map(|e| e.name.as_str()).collect();
         f.debug_struct("TokenFile")
             .field("path", &self.path)
             .field("names", &names)
@@ -91,14 +141,140 @@ impl TokenFile {
     /// When it cannot be read, its group or others have any access to it,
     /// a line is malformed, or it holds no token.
     pub fn load(path: &Path) -> Result<Self, TokenFileError> {
+        let stamp = Stamp::of(path);
         let entries = Self::entries(path)?;
         if entries.is_empty() {
             return Err(TokenFileError::Empty(path.to_owned()));
         }
         Ok(Self {
             path: path.to_owned(),
-            entries,
+            entries: Arc::new(RwLock::new(entries)),
+            stamp: Arc::new(RwLock::new(stamp)),
+            changes: Arc::new(tokio::sync::watch::channel(0).0),
         })
+    }
+
+    /// Reads the file again when it changed since it was last read, and
+    /// says whether it did. A file emptied of tokens is taken as it is
+    /// (every token revoked: every caller is refused).
+    ///
+    /// # Errors
+    ///
+    /// When the changed file cannot be read, is open to others or is
+    /// malformed: the tokens read before stay in force.
+    pub fn reload(&self) -> Result<bool, TokenFileError> {
+        let stamp = Stamp::of(&self.path);
+        if *self.stamp.read().unwrap_or_else(PoisonError::into_inner) == stamp {
+            return Ok(false);
+        }
+        let entries = Self::entries(&self.path)?;
+        *self.entries.write().unwrap_or_else(PoisonError::into_inner) = entries;
+        *self.stamp.write().unwrap_or_else(PoisonError::into_inner) = stamp;
+        self.changes.send_modify(|n| *n += 1);
+        Ok(true)
+    }
+
+    /// Reads the file again every `period` while the returned task runs
+    /// (it stops once every clone of this file is dropped). A file that
+    /// cannot be read keeps the tokens read before, and says why in the
+    /// log once per change.
+    pub fn watch(&self, period: Duration) -> tokio::task::JoinHandle<()> {
+        let weak = Arc::downgrade(&self.entries);
+        let file = Self {
+            path: self.path.clone(),
+            entries: Arc::new(RwLock::new(Vec::new())),
+            stamp: Arc::clone(&self.stamp),
+            changes: Arc::clone(&self.changes),
+        };
+        tokio::spawn(async move {
+            let mut said: Option<Option<Stamp>> = None;
+            loop {
+                tokio::time::sleep(period).await;
+                // The file's users are gone: so is the watch.
+                let Some(entries) = weak.upgrade() else {
+                    return;
+                };
+                let file = Self {
+                    entries,
+                    ..file.clone()
+                };
+                match file.reload() {
+                    Ok(true) => {
+                        let count = file
+                            .entries
+                            .read()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .len();
+                        tracing::info!(target: "spool::http", path = %file.path.display(), tokens = count, "the token file was read again");
+                    }
+                    Ok(false) => {}
+                    Err(error) => {
+                        let now = Stamp::of(&file.path);
+                        if said != Some(now) {
+                            tracing::error!(target: "spool::http", %error, "the token file changed and cannot be used; the tokens read before stay in force");
+                            said = Some(now);
+                        }
+                    }
+                }
+            }
+        })
+    }
+
+    /// The tokens in the file at `path`: names, scopes and fingerprints.
+    ///
+    /// # Errors
+    ///
+    /// When it cannot be read, is open to others, or is malformed.
+    pub fn list(path: &Path) -> Result<Vec<TokenInfo>, TokenFileError> {
+        Ok(Self::entries(path)?
+            .into_iter()
+            .map(|entry| TokenInfo {
+                fingerprint: format!("sha256:{}", &to_hex(&entry.hash)[..12]),
+                name: entry.name,
+                scopes: entry.scopes,
+            })
+            .collect())
+    }
+
+    /// Removes the token named `name` from the file at `path` (rewritten
+    /// whole, 0600, then moved into place), and says whether it was there.
+    /// A server watching the file refuses the token within
+    /// [`RELOAD_PERIOD`], and ends the streams and WebSockets it opened.
+    ///
+    /// # Errors
+    ///
+    /// When the file cannot be read or written, is open to others, or is
+    /// malformed.
+    pub fn revoke(path: &Path, name: &str) -> Result<bool, TokenFileError> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let io = |source| TokenFileError::Io {
+            path: path.to_owned(),
+            source,
+        };
+        // Checked first: permissions and form.
+        let entries = Self::entries(path)?;
+        if !entries.iter().any(|e| e.name == name) {
+            return Ok(false);
+        }
+        let text = std::fs::read_to_string(path).map_err(io)?;
+        let kept: String = text
+            .lines()
+            .filter(|line| line.split_whitespace().next() != Some(name))
+            .map(|line| format!("{line}\n"))
+            .collect();
+        let temporary = path.with_extension("revoking");
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&temporary)
+            .map_err(io)?;
+        file.write_all(kept.as_bytes()).map_err(io)?;
+        file.sync_all().map_err(io)?;
+        std::fs::rename(&temporary, path).map_err(io)?;
+        Ok(true)
     }
 
     /// The file's entries, after its permissions are checked; none for a
@@ -238,17 +414,18 @@ impl TokenFile {
     }
 
     /// The entry whose token this is.
-    fn find(&self, token: &str) -> Option<&Entry> {
+    fn find(&self, token: &str) -> Option<Entry> {
         let presented: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         let mut found = None;
         // Every entry is compared, matched or not, so the time taken does not
         // say which entry (or how much of one) matched.
-        for entry in &self.entries {
+        let entries = self.entries.read().unwrap_or_else(PoisonError::into_inner);
+        for entry in entries.iter() {
             if constant_time_eq(&presented, &entry.hash) {
                 found = Some(entry);
             }
         }
-        found
+        found.cloned()
     }
 }
 
@@ -271,6 +448,10 @@ impl Authenticator for TokenFile {
             }
             Ok(Some(principal))
         })
+    }
+
+    fn changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        Some(self.changes.subscribe())
     }
 }
 

@@ -135,6 +135,11 @@ async fn open(
         .extensions()
         .get::<Authenticated>()
         .and_then(|caller| caller.0.clone());
+    // The caller's session ends the stream too: a revoked token's streams
+    // end within the token file's reload period.
+    if let Some(session) = request.extensions().get::<spool_http::session::Session>() {
+        closing = session.ending();
+    }
     let (connection, mut outgoing) = dispatcher.connect(principal);
     let subscribed = connection
         .request(

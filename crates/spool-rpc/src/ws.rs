@@ -125,6 +125,11 @@ fn upgrade(
         .extensions()
         .get::<Authenticated>()
         .and_then(|caller| caller.0.clone());
+    // The caller's session ends the WebSocket too (a revoked token).
+    let closing = request
+        .extensions()
+        .get::<spool_http::session::Session>()
+        .map_or(closing, spool_http::session::Session::ending);
     let upgrading = hyper::upgrade::on(&mut request);
     tokio::spawn(async move {
         match upgrading.await {

@@ -100,6 +100,15 @@ pub trait Authenticator: Send + Sync + 'static {
         &'a self,
         credentials: &'a Credentials,
     ) -> BoxFuture<'a, Result<Option<Principal>, AuthError>>;
+
+    /// Changes whenever what this authenticator admits may have changed
+    /// (a token file reloaded after a revocation): a transport holding a
+    /// long-lived session (a stream, a WebSocket) checks its credentials
+    /// again then, and ends the session when they no longer pass. `None`
+    /// (the default): what it admits never changes.
+    fn changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        None
+    }
 }
 
 /// A host's channel: its namespace of addresses, mapped to runs. A chat

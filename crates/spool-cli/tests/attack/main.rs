@@ -12,6 +12,8 @@
 #[path = "../support/server.rs"]
 mod server;
 
+mod browser;
+
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;

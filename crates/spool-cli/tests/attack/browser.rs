@@ -1,0 +1,463 @@
+//! The browser section: what a page in the user's browser can send to a
+//! `spool serve` on loopback, over raw sockets, byte for byte as a browser
+//! sends it. Cross-origin POSTs in every content type a form or a `no-cors`
+//! fetch can send, rebinding `Host` values on every surface, cross-origin
+//! WebSocket upgrades, a token offered as a subprotocol, bytes that are not
+//! UTF-8, over-long fields, and a revoked token's open streams.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::Command;
+
+use super::{PATIENCE, Reply, exchange, get, post};
+use crate::server::{serve, terminate};
+
+/// A raw request with `headers` (each `Name: value`) and `body`.
+fn raw(method: &str, path: &str, headers: &[&str], body: &[u8]) -> Vec<u8> {
+    let mut head = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
+    for header in headers {
+        head.push_str(header);
+        head.push_str("\r\n");
+    }
+    if !body.is_empty() || method == "POST" {
+        head.push_str(&format!("Content-Length: {}\r\n", body.len()));
+    }
+    head.push_str("\r\n");
+    let mut raw = head.into_bytes();
+    raw.extend_from_slice(body);
+    raw
+}
+
+fn refused_with(reply: &Reply, status: u16, code: &str, what: &str) {
+    assert_eq!(reply.status, status, "{what}: {}", reply.body);
+    assert_eq!(reply.json()["code"], code, "{what}: {}", reply.body);
+}
+
+fn run_count(addr: &str) -> usize {
+    let listed = get(addr, "/spool/v1/runs");
+    assert_eq!(listed.status, 200, "{}", listed.body);
+    listed.json()["runs"].as_array().unwrap().len()
+}
+
+/// A token made by `spool token new NAME` in `file`.
+fn token(file: &std::path::Path, name: &str, admin: bool) -> String {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_spool"));
+    command
+        .args(["token", "new", name, "--token-file"])
+        .arg(file);
+    if admin {
+        command.arg("--admin");
+    }
+    let output = command.output().unwrap();
+    assert!(output.status.success(), "{output:?}");
+    String::from_utf8(output.stdout).unwrap().trim().to_owned()
+}
+
+#[test]
+fn a_cross_origin_post_in_every_content_type_a_page_can_send_starts_no_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let running = serve(dir.path(), &[]);
+    let addr = running.addr.as_str();
+    let host = format!("Host: {addr}");
+    let body = br#"{"text": "rm -rf"}"#;
+    // What an HTML form (three enctypes) and a `no-cors` fetch send.
+    for content_type in [
+        "text/plain",
+        "text/plain;charset=UTF-8",
+        "application/x-www-form-urlencoded",
+        "multipart/form-data; boundary=----x",
+    ] {
+        let content = format!("Content-Type: {content_type}");
+        let reply = exchange(
+            addr,
+            &raw(
+                "POST",
+                "/spool/v1/runs",
+                &[&host, "Origin: http://evil.example", &content],
+                body,
+            ),
+        );
+        refused_with(&reply, 403, "origin_not_allowed", content_type);
+        // The same body with no Origin at all (a browser that leaves it
+        // out, or a privacy extension that strips it) is refused on its
+        // content type.
+        let reply = exchange(
+            addr,
+            &raw("POST", "/spool/v1/runs", &[&host, &content], body),
+        );
+        assert!(
+            matches!(reply.status, 415 | 501),
+            "{content_type}: {} {}",
+            reply.status,
+            reply.body
+        );
+    }
+    // A fetch in `cors` mode with a JSON body from another origin: its
+    // preflight, and the request itself, are refused.
+    let preflight = exchange(
+        addr,
+        &raw(
+            "OPTIONS",
+            "/spool/v1/runs",
+            &[
+                &host,
+                "Origin: http://evil.example",
+                "Access-Control-Request-Method: POST",
+                "Access-Control-Request-Headers: content-type",
+            ],
+            b"",
+        ),
+    );
+    refused_with(&preflight, 403, "origin_not_allowed", "preflight");
+    let sent = exchange(
+        addr,
+        &raw(
+            "POST",
+            "/spool/v1/runs",
+            &[&host, "Origin: null", "Content-Type: application/json"],
+            body,
+        ),
+    );
+    refused_with(
+        &sent,
+        403,
+        "origin_not_allowed",
+        "a sandboxed page's null origin",
+    );
+    assert_eq!(run_count(addr), 0, "no run was started");
+    // The server's own origin (a page it serves) and curl are served.
+    let own = exchange(
+        addr,
+        &raw(
+            "POST",
+            "/spool/v1/runs",
+            &[
+                &host,
+                &format!("Origin: http://{addr}"),
+                "Content-Type: application/json",
+            ],
+            body,
+        ),
+    );
+    assert_eq!(own.status, 200, "{}", own.body);
+    assert_eq!(
+        post(addr, "/spool/v1/runs", r#"{"text": "hi"}"#).status,
+        200
+    );
+    assert_eq!(run_count(addr), 2);
+    terminate(running);
+}
+
+#[test]
+fn a_rebinding_host_is_refused_on_every_surface_and_loopback_names_are_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let running = serve(dir.path(), &[]);
+    let addr = running.addr.as_str();
+    let port = addr.rsplit_once(':').unwrap().1;
+    let rebound = format!("Host: evil.example:{port}");
+    for path in [
+        "/spool/v1/health",
+        "/spool/v1/runs",
+        "/spool/v1/info",
+        "/version",
+        "/events",
+        "/stream",
+        "/ws",
+    ] {
+        let reply = exchange(addr, &raw("GET", path, &[&rebound], b""));
+        refused_with(&reply, 403, "host_not_allowed", path);
+    }
+    let reply = exchange(
+        addr,
+        &raw(
+            "POST",
+            "/spool/v1/runs",
+            &[&rebound, "Content-Type: application/json"],
+            br#"{"text": "x"}"#,
+        ),
+    );
+    refused_with(&reply, 403, "host_not_allowed", "POST /runs");
+    for name in ["localhost", "127.0.0.1", "[::1]"] {
+        let host = format!("Host: {name}:{port}");
+        let reply = exchange(addr, &raw("GET", "/spool/v1/health", &[&host], b""));
+        assert_eq!(reply.status, 200, "{name}: {}", reply.body);
+    }
+    terminate(running);
+
+    // A name the operator allows is served too.
+    let dir = tempfile::tempdir().unwrap();
+    let running = serve(dir.path(), &["--allow-host", "spool.test"]);
+    let reply = exchange(
+        &running.addr,
+        &raw("GET", "/spool/v1/health", &["Host: spool.test"], b""),
+    );
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    terminate(running);
+}
+
+/// The head of a WebSocket handshake's reply.
+fn upgrade(addr: &str, headers: &[&str]) -> (u16, String) {
+    let mut socket = TcpStream::connect(addr).unwrap();
+    socket.set_read_timeout(Some(PATIENCE)).unwrap();
+    let mut head = String::from(
+        "GET /ws HTTP/1.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n",
+    );
+    for header in headers {
+        head.push_str(header);
+        head.push_str("\r\n");
+    }
+    head.push_str("\r\n");
+    socket.write_all(head.as_bytes()).unwrap();
+    let mut reader = BufReader::new(socket);
+    let mut reply = String::new();
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap() == 0 || line == "\r\n" {
+            break;
+        }
+        reply.push_str(&line);
+    }
+    let status = reply.split(' ').nth(1).unwrap().parse().unwrap();
+    (status, reply.to_ascii_lowercase())
+}
+
+#[test]
+fn a_cross_origin_websocket_upgrade_is_refused_before_it_upgrades() {
+    let dir = tempfile::tempdir().unwrap();
+    let running = serve(dir.path(), &[]);
+    let addr = running.addr.as_str();
+    let host = format!("Host: {addr}");
+    let (status, head) = upgrade(addr, &[&host, "Origin: http://evil.example"]);
+    assert_eq!(status, 403, "{head}");
+    assert!(!head.contains("upgrade: websocket"), "{head}");
+    let (status, head) = upgrade(addr, &[&host, &format!("Origin: http://{addr}")]);
+    assert_eq!(status, 101, "the server's own page upgrades: {head}");
+    terminate(running);
+}
+
+#[test]
+fn a_token_offered_as_a_websocket_subprotocol_admits_and_is_never_echoed() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    let secret = token(&tokens, "browser", false);
+    let running = serve(dir.path(), &["--token-file", tokens.to_str().unwrap()]);
+    let addr = running.addr.as_str();
+    let host = format!("Host: {addr}");
+    let offer = format!("Sec-WebSocket-Protocol: spool.v1, spool.bearer.{secret}");
+    let (status, head) = upgrade(addr, &[&host, &offer]);
+    assert_eq!(status, 101, "{head}");
+    assert!(
+        head.contains("sec-websocket-protocol: spool.v1\r\n"),
+        "{head}"
+    );
+    assert!(!head.contains(&secret), "the token is never echoed: {head}");
+    let (status, head) = upgrade(
+        addr,
+        &[
+            &host,
+            "Sec-WebSocket-Protocol: spool.v1, spool.bearer.not-the-token",
+        ],
+    );
+    assert_eq!(status, 401, "{head}");
+    // Never from the URL: a token in the query admits nothing.
+    let reply = exchange(
+        addr,
+        &raw(
+            "GET",
+            &format!("/spool/v1/runs?token={secret}"),
+            &[&host],
+            b"",
+        ),
+    );
+    refused_with(&reply, 401, "unauthenticated", "a token in the query");
+    terminate(running);
+}
+
+#[test]
+fn a_body_that_is_not_utf8_and_fields_over_their_limits_are_refused_with_named_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let running = serve(dir.path(), &[]);
+    let addr = running.addr.as_str();
+    let host = format!("Host: {addr}");
+    let json = "Content-Type: application/json";
+    let mut latin1 = br#"{"text": "caf"#.to_vec();
+    latin1.extend_from_slice(&[0xe9, b'"', b'}']);
+    for path in ["/spool/v1/runs", "/spool/v1/addresses/a"] {
+        let reply = exchange(addr, &raw("POST", path, &[&host, json], &latin1));
+        refused_with(&reply, 400, "bad_request", path);
+    }
+    let fields = [
+        ("address", "a".repeat(100_000), "address_too_long"),
+        ("title", "t".repeat(1025), "title_too_long"),
+    ];
+    for (field, value, code) in fields {
+        let body = serde_json::json!({"text": "x", field: value}).to_string();
+        let reply = post(addr, "/spool/v1/runs", &body);
+        refused_with(&reply, 400, code, field);
+    }
+    assert_eq!(run_count(addr), 0, "nothing was stored");
+    terminate(running);
+}
+
+#[test]
+fn an_allowed_origin_gets_cors_answers_with_its_preflight_and_never_a_wildcard() {
+    let dir = tempfile::tempdir().unwrap();
+    let running = serve(dir.path(), &["--allow-origin", "http://app.example:3000"]);
+    let addr = running.addr.as_str();
+    let host = format!("Host: {addr}");
+    let origin = "Origin: http://app.example:3000";
+    let mut socket = TcpStream::connect(addr).unwrap();
+    socket.set_read_timeout(Some(PATIENCE)).unwrap();
+    socket
+        .write_all(&raw(
+            "OPTIONS",
+            "/spool/v1/runs/run_x/respond",
+            &[
+                &host,
+                origin,
+                "Access-Control-Request-Method: POST",
+                "Access-Control-Request-Headers: authorization, content-type",
+            ],
+            b"",
+        ))
+        .unwrap();
+    let mut head = String::new();
+    socket.read_to_string(&mut head).unwrap();
+    let head = head.to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 204"), "{head}");
+    assert!(
+        head.contains("access-control-allow-origin: http://app.example:3000\r\n"),
+        "{head}"
+    );
+    assert!(
+        head.contains("access-control-allow-methods: post\r\n"),
+        "{head}"
+    );
+    assert!(
+        head.contains("access-control-allow-headers: authorization, content-type"),
+        "{head}"
+    );
+    assert!(!head.contains("access-control-allow-origin: *"), "{head}");
+    assert!(!head.contains("access-control-allow-credentials"), "{head}");
+    let mut socket = TcpStream::connect(addr).unwrap();
+    socket.set_read_timeout(Some(PATIENCE)).unwrap();
+    socket
+        .write_all(&raw(
+            "POST",
+            "/spool/v1/runs",
+            &[&host, origin, "Content-Type: application/json"],
+            br#"{"text": "hi"}"#,
+        ))
+        .unwrap();
+    let mut reply = String::new();
+    socket.read_to_string(&mut reply).unwrap();
+    let lower = reply.to_ascii_lowercase();
+    assert!(lower.starts_with("http/1.1 200"), "{reply}");
+    assert!(
+        lower.contains("access-control-allow-origin: http://app.example:3000\r\n"),
+        "{reply}"
+    );
+    assert!(lower.contains("vary: origin"), "{reply}");
+    terminate(running);
+}
+
+/// Reads an open stream until the server ends it; `false` if it is still
+/// open after the patience runs out.
+fn ends(mut socket: TcpStream) -> bool {
+    socket.set_read_timeout(Some(PATIENCE)).unwrap();
+    let mut buffer = [0_u8; 4096];
+    loop {
+        match socket.read(&mut buffer) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(_) => return false,
+        }
+    }
+}
+
+/// Opens `path` as a streaming GET with `token`, and reads its head.
+fn open_stream(addr: &str, path: &str, token: &str) -> TcpStream {
+    let mut socket = TcpStream::connect(addr).unwrap();
+    socket.set_read_timeout(Some(PATIENCE)).unwrap();
+    write!(
+        socket,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAuthorization: Bearer {token}\r\n\r\n"
+    )
+    .unwrap();
+    let mut first = [0_u8; 12];
+    socket.read_exact(&mut first).unwrap();
+    assert_eq!(&first, b"HTTP/1.1 200", "{path}");
+    socket
+}
+
+#[test]
+fn a_revoked_token_is_refused_and_the_streams_it_opened_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    let kept = token(&tokens, "kept", false);
+    let revoked = token(&tokens, "revoked", false);
+    let running = serve(dir.path(), &["--token-file", tokens.to_str().unwrap()]);
+    let addr = running.addr.as_str();
+    let auth = format!("Authorization: Bearer {kept}");
+    let started = exchange(
+        addr,
+        &raw(
+            "POST",
+            "/spool/v1/runs",
+            &[
+                &format!("Host: {addr}"),
+                &auth,
+                "Content-Type: application/json",
+            ],
+            br#"{"text": "hi"}"#,
+        ),
+    );
+    assert_eq!(started.status, 200, "{}", started.body);
+    let run = started.json()["run_id"].as_str().unwrap().to_owned();
+    let http = open_stream(
+        addr,
+        &format!("/spool/v1/runs/{run}/stream?cursor=0"),
+        &revoked,
+    );
+    let sse = open_stream(addr, &format!("/events?run_id={run}"), &revoked);
+    let still = open_stream(addr, &format!("/spool/v1/runs/{run}/stream"), &kept);
+    let output = Command::new(env!("CARGO_BIN_EXE_spool"))
+        .args(["token", "revoke", "revoked", "--token-file"])
+        .arg(&tokens)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    assert!(ends(http), "the HTTP stream of a revoked token ends");
+    assert!(ends(sse), "the SSE stream of a revoked token ends");
+    let reply = exchange(
+        addr,
+        format!("GET /spool/v1/runs HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAuthorization: Bearer {revoked}\r\n\r\n").as_bytes(),
+    );
+    refused_with(&reply, 401, "unauthenticated", "the revoked token");
+    // The other token's stream is untouched: it is still open.
+    still
+        .set_read_timeout(Some(std::time::Duration::from_millis(300)))
+        .unwrap();
+    let mut still = still;
+    let mut buffer = [0_u8; 1];
+    let open = match still.read(&mut buffer) {
+        Ok(n) => n > 0,
+        Err(error) => matches!(
+            error.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ),
+    };
+    assert!(open, "the kept token's stream stays open");
+    let listed = Command::new(env!("CARGO_BIN_EXE_spool"))
+        .args(["token", "list", "--token-file"])
+        .arg(&tokens)
+        .output()
+        .unwrap();
+    let listed = String::from_utf8(listed.stdout).unwrap();
+    assert!(listed.starts_with("kept\tsha256:"), "{listed}");
+    assert!(
+        !listed.contains(&kept) && !listed.contains("revoked"),
+        "{listed}"
+    );
+    terminate(running);
+}

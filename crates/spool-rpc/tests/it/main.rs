@@ -16,6 +16,7 @@ use spool_runtime::Runtime;
 use spool_runtime::engines::ScriptedEngine;
 use tokio::sync::mpsc;
 
+mod access;
 mod http;
 mod state;
 

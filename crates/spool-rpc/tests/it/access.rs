@@ -1,0 +1,187 @@
+//! Ownership over JSON-RPC: under `RunAccess::Owner` every method answers
+//! another principal's run as one that does not exist, and listings leave
+//! it out, as the HTTP channel does (the runtime's one check).
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+use spool_journal::Principal;
+use spool_journal::store::memory::MemoryJournal;
+use spool_rpc::Dispatcher;
+use spool_runtime::{RunAccess, Runtime};
+
+use crate::PATIENCE;
+
+fn token(id: &str, admin: bool) -> Principal {
+    let mut principal = Principal {
+        authenticator: "token".into(),
+        kind: "token".into(),
+        id: id.into(),
+        ..Principal::default()
+    };
+    if admin {
+        principal.attributes.insert("admin".into(), "true".into());
+    }
+    principal
+}
+
+/// One request from a connection of `who`; its result or error object.
+async fn call(
+    dispatcher: &Dispatcher,
+    who: &Principal,
+    method: &str,
+    params: Value,
+) -> Result<Value, Value> {
+    let (connection, _outgoing) = dispatcher.connect(Some(who.clone()));
+    let answer = tokio::time::timeout(PATIENCE, connection.request(method, params))
+        .await
+        .expect("an answer in time");
+    connection.close().await;
+    answer.map_err(|error| serde_json::to_value(error).unwrap())
+}
+
+/// A dispatcher under owner access, and a run alice made through it.
+async fn alices_run() -> (Dispatcher, String) {
+    let runtime = Runtime::builder(Arc::new(MemoryJournal::new())).build();
+    let dispatcher = Dispatcher::new(runtime).with_run_access(RunAccess::Owner);
+    let started = call(
+        &dispatcher,
+        &token("alice", false),
+        "submit.run",
+        json!({"text": "mine", "address": "alice-home"}),
+    )
+    .await
+    .unwrap();
+    (dispatcher, started["run_id"].as_str().unwrap().to_owned())
+}
+
+fn not_found(answer: Result<Value, Value>, method: &str) {
+    let error = answer.expect_err(method);
+    assert_eq!(error["code"], -32002, "{method}: {error}");
+    assert_eq!(error["data"]["code"], "run_not_found", "{method}: {error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_principals_run_is_not_found_by_every_method_that_names_a_run() {
+    let (dispatcher, run) = alices_run().await;
+    let bob = token("bob", false);
+    let by_run = json!({"run_id": run});
+    for method in ["run.get", "state.snapshot", "subscribe"] {
+        not_found(
+            call(&dispatcher, &bob, method, by_run.clone()).await,
+            method,
+        );
+    }
+    not_found(
+        call(
+            &dispatcher,
+            &bob,
+            "submit.run",
+            json!({"text": "yours now", "run_id": run}),
+        )
+        .await,
+        "submit.run {run_id}",
+    );
+    not_found(
+        call(
+            &dispatcher,
+            &bob,
+            "run.respond",
+            json!({"run_id": run, "responses": [{"text": "x"}]}),
+        )
+        .await,
+        "run.respond",
+    );
+    // Through its address too: the address is not found, and not taken.
+    not_found(
+        call(
+            &dispatcher,
+            &bob,
+            "submit.run",
+            json!({"text": "hi", "address": "alice-home"}),
+        )
+        .await,
+        "submit.run {address}",
+    );
+    // Cancel answers as for an unknown run: a harmless no-op.
+    let cancelled = call(&dispatcher, &bob, "run.cancel", by_run.clone())
+        .await
+        .unwrap();
+    assert_eq!(cancelled["status"], "not_active", "{cancelled}");
+    // And the run did not move: alice's only turn, completed.
+    let alice = token("alice", false);
+    let view = call(&dispatcher, &alice, "run.get", by_run.clone())
+        .await
+        .unwrap();
+    assert_eq!(view["state"], "completed", "{view}");
+    assert_eq!(view["response"], "echo: mine", "{view}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_creator_and_an_administrator_reach_the_run_and_listings_hold_only_what_the_caller_may_see()
+ {
+    let (dispatcher, run) = alices_run().await;
+    let by_run = json!({"run_id": run});
+    for who in [token("alice", false), token("root", true)] {
+        for method in ["run.get", "state.snapshot", "subscribe"] {
+            let answer = call(&dispatcher, &who, method, by_run.clone()).await;
+            assert!(answer.is_ok(), "{} {method}: {answer:?}", who.id);
+        }
+    }
+    let ids = |listed: Value| -> Vec<String> {
+        listed["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let bob = token("bob", false);
+    let bobs = call(&dispatcher, &bob, "submit.run", json!({"text": "bob's"}))
+        .await
+        .unwrap();
+    let bobs = bobs["run_id"].as_str().unwrap().to_owned();
+    let listed = |who: Principal| {
+        let dispatcher = dispatcher.clone();
+        async move {
+            ids(call(&dispatcher, &who, "run.list", json!({}))
+                .await
+                .unwrap())
+        }
+    };
+    assert_eq!(listed(token("alice", false)).await, vec![run.clone()]);
+    assert_eq!(listed(bob).await, vec![bobs.clone()]);
+    let all = listed(token("root", true)).await;
+    assert!(all.contains(&run) && all.contains(&bobs), "{all:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fields_over_their_limits_are_invalid_params_naming_the_code() {
+    let runtime = Runtime::builder(Arc::new(MemoryJournal::new())).build();
+    let dispatcher = Dispatcher::new(runtime);
+    let who = token("alice", false);
+    for (params, code) in [
+        (
+            json!({"text": "x", "address": "a".repeat(513)}),
+            "address_too_long",
+        ),
+        (
+            json!({"text": "x", "title": "t".repeat(1025)}),
+            "title_too_long",
+        ),
+        (
+            json!({"text": "x", "operation_id": "o".repeat(257)}),
+            "operation_id_too_long",
+        ),
+    ] {
+        let error = call(&dispatcher, &who, "submit.run", params)
+            .await
+            .unwrap_err();
+        assert_eq!(error["code"], -32602, "{error}");
+        assert_eq!(error["data"]["code"], code, "{error}");
+    }
+    let listed = call(&dispatcher, &who, "run.list", json!({}))
+        .await
+        .unwrap();
+    assert_eq!(listed["runs"], json!([]), "nothing was stored");
+}

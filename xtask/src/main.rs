@@ -10,6 +10,7 @@ use std::process::{Command, ExitCode};
 use anyhow::{Context, Result, bail};
 
 mod api;
+mod browser;
 mod clients;
 mod e2e_llm;
 mod e2e_otel;
@@ -23,14 +24,18 @@ const USAGE: &str = "usage: cargo xtask <command>
 
 commands:
   ci                   fmt check, clippy, nextest, doctests, rustdoc, tidy,
-                       api, examples, openapi, clients, e2e-otel,
-                       bench --quick (what CI runs)
+                       api, examples, openapi, clients, browser,
+                       e2e-otel, bench --quick (what CI runs)
   examples             run the four examples under examples/ and check what
                        they print
   api [--bless]        compare each library's public API with api/*.txt
                        (--bless: write them)
   clients              drive spool serve's JSON-RPC framings with Python's
                        websockets (installed by pip under target/) and curl
+  browser              load pages on an allowed and a foreign origin in
+                       Chromium (Debian's, installed when missing) driven by
+                       Playwright (installed by pip under target/) against
+                       spool serve: the foreign one starts no run
   e2e-otel             send a spool run's telemetry to rotel, a real
                        OpenTelemetry collector (installed by pip under
                        target/), and check what it received
@@ -55,6 +60,7 @@ fn main() -> ExitCode {
         Some("tidy") => tidy::run(&root()),
         Some("openapi") => openapi::run(&root()),
         Some("clients") => clients::run(&root()),
+        Some("browser") => browser::run(&root()),
         Some("e2e-otel") => e2e_otel::run(&root()),
         Some("examples") => examples::run(&root()),
         Some("api") => api::run(&root(), args.get(1).map(String::as_str) == Some("--bless")),
@@ -172,6 +178,7 @@ fn ci() -> Result<()> {
     examples::run(&root)?;
     openapi::run(&root)?;
     clients::run(&root)?;
+    browser::run(&root)?;
     e2e_otel::run(&root)?;
     // The benchmarks must keep working; their figures are not judged here.
     bench(&["--quick".to_owned()])?;

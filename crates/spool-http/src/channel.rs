@@ -519,12 +519,12 @@ impl HttpChannel {
                     self.trigger.as_ref(),
                     caller.principal.as_ref().filter(|_| caller.verified),
                     &name,
-                    &text,
+                    text,
                 )
                 .await;
             }
             (Route::Runs, Method::GET) => self.list(query.as_deref(), &caller).await,
-            (Route::Runs, _) => self.start(&text, caller).await,
+            (Route::Runs, _) => self.start(text, caller).await,
             (Route::Address(address), Method::GET) => self.address(&address, false, &caller).await,
             (Route::Address(address), _) => self.address(&address, true, &caller).await,
             (Route::Run(id), Method::GET) => match run_id(&id) {
@@ -536,12 +536,12 @@ impl HttpChannel {
                 Err(message) => return body::error(ErrorCode::InvalidRunId, message),
             },
             (Route::Run(id), _) => match run_id(&id) {
-                Ok(run) => self.message(&run, &text, caller).await,
+                Ok(run) => self.message(&run, text, caller).await,
                 Err(message) => return body::error(ErrorCode::InvalidRunId, message),
             },
             (Route::RunAction(id, action), _) => match run_id(&id) {
                 Ok(run) => {
-                    self.action(&run, &action, &text, query.as_deref(), tap, &caller.session)
+                    self.action(&run, &action, text, query.as_deref(), tap, &caller.session)
                         .await
                 }
                 Err(message) => return body::error(ErrorCode::InvalidRunId, message),

@@ -84,14 +84,13 @@ impl Session {
                     // The authenticator is gone: nothing changes now.
                     return sender.closed().await;
                 }
-                match authenticator.authenticate(&credentials).await {
-                    Err(AuthError::Unauthenticated) => {
-                        tracing::info!(target: "spool::http", "a session's credentials were revoked; it ends");
-                        break;
-                    }
-                    // A failing authenticator is not a revocation: the
-                    // next change asks again.
-                    Ok(_) | Err(_) => {}
+                // A failing authenticator is not a revocation: the next
+                // change asks again.
+                if let Err(AuthError::Unauthenticated) =
+                    authenticator.authenticate(&credentials).await
+                {
+                    tracing::info!(target: "spool::http", "a session's credentials were revoked; it ends");
+                    break;
                 }
             }
             let _ = sender.send(true);

@@ -142,6 +142,17 @@ macro_rules! to_and_from_http {
 
 to_and_from_http!(RunState, SuspendKind, TurnPolicy);
 
+/// The longest address (the name within its namespace) any transport
+/// takes, in bytes of UTF-8: `address_too_long` past it.
+pub const MAX_ADDRESS_BYTES: usize = 512;
+/// The longest run title, in bytes of UTF-8: `title_too_long` past it.
+pub const MAX_TITLE_BYTES: usize = 1024;
+/// The longest operation id, in bytes of UTF-8: `operation_id_too_long`
+/// past it.
+pub const MAX_OPERATION_ID_BYTES: usize = 256;
+/// The longest surface kind (`dm`, `thread`), in bytes of UTF-8.
+pub const MAX_KIND_BYTES: usize = 128;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -188,14 +199,3 @@ mod tests {
         );
     }
 }
-
-/// The longest address (the name within its namespace) any transport
-/// takes, in bytes of UTF-8: `address_too_long` past it.
-pub const MAX_ADDRESS_BYTES: usize = 512;
-/// The longest run title, in bytes of UTF-8: `title_too_long` past it.
-pub const MAX_TITLE_BYTES: usize = 1024;
-/// The longest operation id, in bytes of UTF-8: `operation_id_too_long`
-/// past it.
-pub const MAX_OPERATION_ID_BYTES: usize = 256;
-/// The longest surface kind (`dm`, `thread`), in bytes of UTF-8.
-pub const MAX_KIND_BYTES: usize = 128;

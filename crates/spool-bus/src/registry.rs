@@ -53,9 +53,49 @@ fn alive(pid: u32) -> bool {
 ///
 /// When the file exists and cannot be read.
 pub fn read(path: &Path) -> std::io::Result<Instances> {
+    private(path)?;
     match std::fs::read(path) {
         Ok(bytes) => Ok(parse(&bytes)),
         Err(error) if error.kind() == ErrorKind::NotFound => Ok(Instances::new()),
+        Err(error) => Err(error),
+    }
+}
+
+/// Refuses a registry another user could read or have written: the file
+/// or its directory owned by someone else, the file open to its group or
+/// others, or the directory writable by them. Such a registry could hand
+/// out this user's secrets, or send delegations (prompts and secrets) to a
+/// port another user listens on. A missing file or directory is fine: it
+/// is made private.
+fn private(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    // The owner of `/proc/self` is this process's user.
+    let me = std::fs::metadata("/proc/self")?.uid();
+    let refuse = |what: &Path, why: &str| {
+        Err(std::io::Error::new(
+            ErrorKind::PermissionDenied,
+            format!(
+                "the bus registry {} {why}: only its owner may read or change it (chmod 700 the directory, 600 the file)",
+                what.display()
+            ),
+        ))
+    };
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        match std::fs::metadata(dir) {
+            Ok(meta) if meta.uid() != me => return refuse(dir, "is another user's directory"),
+            Ok(meta) if meta.mode() & 0o022 != 0 => {
+                return refuse(dir, "is in a directory others can write");
+            }
+            Ok(_) => {}
+            Err(error) if error.kind() == ErrorKind::NotFound => return Ok(()),
+            Err(error) => return Err(error),
+        }
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.uid() != me => refuse(path, "is another user's file"),
+        Ok(meta) if meta.mode() & 0o077 != 0 => refuse(path, "may be read or written by others"),
+        Ok(_) => Ok(()),
+        Err(error) if error.kind() == ErrorKind::NotFound => Ok(()),
         Err(error) => Err(error),
     }
 }
@@ -83,6 +123,7 @@ pub fn update(path: &Path, change: impl FnOnce(&mut Instances)) -> std::io::Resu
             .mode(0o700)
             .create(dir)?;
     }
+    private(path)?;
     let lock = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)

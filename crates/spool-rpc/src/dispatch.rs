@@ -208,6 +208,10 @@ struct ConnectionInner {
     legacy_ids: AtomicU64,
 }
 
+/// The most entries a `channels` list may have: there are two channels,
+/// and a client may name each under its seed alias too.
+pub const MAX_CHANNELS: usize = 8;
+
 /// Why a method failed, as JSON-RPC says it.
 struct Failure(ErrorObject);
 
@@ -1037,6 +1041,11 @@ impl Channels {
             events: false,
             state: false,
         };
+        if names.len() > MAX_CHANNELS {
+            return Err(invalid_params(format!(
+                "`channels` names at most {MAX_CHANNELS} channels"
+            )));
+        }
         for name in names {
             match name.as_str() {
                 rpc::CHANNEL_EVENTS => channels.events = true,

@@ -115,11 +115,15 @@ async fn open(
         return body::error(ErrorCode::BadRequest, "`run_id` is required");
     };
     // A reconnecting SSE client says where it was.
-    let resume = request
-        .headers()
-        .get("last-event-id")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
+    // A header used as data is refused when it is not text, never
+    // skipped: a client that sent a position must not be served another.
+    let resume = match request.headers().get("last-event-id").map(|v| v.to_str()) {
+        None => None,
+        Some(Ok(id)) => Some(id.to_owned()),
+        Some(Err(_)) => {
+            return body::error(ErrorCode::BadRequest, "`Last-Event-ID` is not ASCII text");
+        }
+    };
     let cursor = match resume.or(cursor).map(|c| c.parse::<u64>()) {
         None => None,
         Some(Ok(cursor)) => Some(cursor),

@@ -32,5 +32,5 @@ pub mod stdio;
 pub mod ws;
 
 pub use dispatch::{
-    Connection, Dispatcher, MAX_IN_FLIGHT, METHODS, OUTBOX, Outgoing, capabilities,
+    Connection, Dispatcher, MAX_CHANNELS, MAX_IN_FLIGHT, METHODS, OUTBOX, Outgoing, capabilities,
 };

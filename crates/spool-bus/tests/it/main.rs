@@ -386,6 +386,8 @@ mod client {
 }
 
 mod registry {
+    use std::os::unix::fs::PermissionsExt;
+
     use spool_bus::registry;
 
     #[test]
@@ -406,7 +408,6 @@ mod registry {
         let instances = registry::read(&path).unwrap();
         assert_eq!(instances.len(), 20, "{instances:?}");
         assert_eq!(instances["instance-7"].port, 7007);
-        use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
         let dir_mode = std::fs::metadata(path.parent().unwrap())
@@ -415,6 +416,34 @@ mod registry {
             .mode()
             & 0o777;
         assert_eq!(dir_mode, 0o700);
+    }
+
+    #[test]
+    fn a_registry_others_can_read_or_in_a_directory_others_can_write_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bus-registry.json");
+        registry::register(&path, "live", 7002, "s").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let error = registry::read(&path).unwrap_err();
+        assert_eq!(
+            error.kind(),
+            std::io::ErrorKind::PermissionDenied,
+            "{error}"
+        );
+        assert!(
+            error.to_string().contains("read or written by others"),
+            "{error}"
+        );
+        assert!(registry::register(&path, "other", 7003, "t").is_err());
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let error = registry::read(&path).unwrap_err();
+        assert!(
+            error.to_string().contains("directory others can write"),
+            "{error}"
+        );
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+        assert_eq!(registry::read(&path).unwrap().len(), 1);
     }
 
     #[test]
@@ -427,6 +456,7 @@ mod registry {
                 "garbled": {"port": "not a port"}}"#,
         )
         .unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert_eq!(
             registry::read(&path).unwrap().len(),
             1,

@@ -185,3 +185,19 @@ async fn fields_over_their_limits_are_invalid_params_naming_the_code() {
         .unwrap();
     assert_eq!(listed["runs"], json!([]), "nothing was stored");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_channels_list_over_its_limit_is_invalid_params() {
+    let (dispatcher, run) = alices_run().await;
+    let channels: Vec<&str> =
+        std::iter::repeat_n("spool:events", spool_rpc::MAX_CHANNELS + 1).collect();
+    let error = call(
+        &dispatcher,
+        &token("alice", false),
+        "subscribe",
+        json!({"run_id": run, "channels": channels}),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(error["code"], -32602, "{error}");
+}

@@ -739,3 +739,34 @@ async fn one_conversation_gets_the_same_answers_and_events_over_every_framing() 
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_last_event_id_that_is_not_text_is_400_never_ignored() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let runtime = crate::echo();
+    let server = server(&runtime, None).await;
+    let run = runtime
+        .start(spool_runtime::StartRequest {
+            text: "hi".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let spool_runtime::Accepted::Started { run, .. } = run else {
+        panic!("a fresh run starts");
+    };
+    let mut socket = tokio::net::TcpStream::connect(&server.addr).await.unwrap();
+    let mut request =
+        format!("GET /events?run_id={run} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nLast-Event-ID: ").into_bytes();
+    request.extend_from_slice(&[0xff, 0xfe]);
+    request.extend_from_slice(b"\r\n\r\n");
+    socket.write_all(&request).await.unwrap();
+    let mut reply = Vec::new();
+    tokio::time::timeout(crate::PATIENCE, socket.read_to_end(&mut reply))
+        .await
+        .expect("an answer in time")
+        .unwrap();
+    let reply = String::from_utf8(reply).unwrap();
+    assert!(reply.starts_with("HTTP/1.1 400"), "{reply}");
+    assert!(reply.contains("\"code\":\"bad_request\""), "{reply}");
+}

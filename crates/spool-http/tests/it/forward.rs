@@ -181,3 +181,43 @@ async fn a_command_waiting_on_a_node_that_stopped_answering_ends_when_its_run_mo
     drop(paused);
     b.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_browsers_command_forwarded_to_the_runs_node_is_answered_with_its_origins_cors() {
+    let a = Server::start(echo_runtime()).await;
+    let run = a.new_run(r#"{"text": "one"}"#).await;
+    let placement = placed_on(&a.addr);
+    let b = Server::start_with(echo_runtime(), move |c| {
+        c.with_placement(placement).with_guard(
+            spool_http::guard::Guard::new()
+                .allow_origin("http://app.example")
+                .unwrap(),
+        )
+    })
+    .await;
+    // From B's own page, and from an origin B allows: A, which allows
+    // neither, answers B's forwarded command as the node's, not the page's.
+    for origin in [
+        format!("http://{}", b.addr),
+        "http://app.example".to_owned(),
+    ] {
+        let reply = request(
+            &b.addr,
+            "POST",
+            &format!("/spool/v1/runs/{run}"),
+            Some(br#"{"text": "two"}"#),
+            &[("Origin", &origin)],
+        )
+        .await;
+        assert_eq!(reply.status, 200, "{origin}: {:?}", reply.json());
+        assert_eq!(reply.json()["response"], "echo: two");
+        let cors = reply.header("access-control-allow-origin");
+        if origin == "http://app.example" {
+            assert_eq!(cors, Some("http://app.example"));
+        } else {
+            assert_eq!(cors, None, "a same-origin reply needs none");
+        }
+    }
+    a.stop().await;
+    b.stop().await;
+}

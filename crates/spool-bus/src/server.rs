@@ -131,16 +131,13 @@ impl BusServer {
 
     async fn route(&self, request: Request<Incoming>) -> Response<Body> {
         let started = Instant::now();
-        let methods = [Method::GET, Method::POST];
-        match self
-            .inner
-            .guard
-            .check(request.method(), request.headers(), &methods)
-        {
+        match self.inner.guard.check(request.method(), request.headers()) {
             Verdict::Pass(_) => {}
             // The bus allows no foreign origin, so a preflight that passed
-            // came from the server's own: nothing to grant a page.
-            Verdict::Preflight(reply) => return reply,
+            // came from the server's own.
+            Verdict::Preflight(origin) => {
+                return spool_http::guard::preflight(&origin, &[Method::GET, Method::POST]);
+            }
             Verdict::Refuse(refusal) => {
                 let code = match &refusal {
                     Refusal::Origin(_) => ErrorCode::OriginNotAllowed,

@@ -313,13 +313,12 @@ impl HttpChannel {
     /// Answers one request: the origin, host and content-type rules
     /// first, then its route.
     pub async fn handle(&self, request: Request<Incoming>) -> Response<Body> {
-        let methods = self.methods(request.uri().path());
-        let pass = match self
-            .guard
-            .check(request.method(), request.headers(), &methods)
-        {
+        let pass = match self.guard.check(request.method(), request.headers()) {
             crate::guard::Verdict::Pass(pass) => pass,
-            crate::guard::Verdict::Preflight(reply) => return reply,
+            crate::guard::Verdict::Preflight(origin) => {
+                let methods = self.methods(request.uri().path());
+                return crate::guard::preflight(&origin, &methods);
+            }
             crate::guard::Verdict::Refuse(refusal) => return refused(&refusal),
         };
         let mut reply = self.route(request).await;

@@ -169,9 +169,9 @@ const PREFLIGHT_MAX_AGE: &str = "600";
 pub enum Verdict {
     /// Serve the request; decorate its reply with the [`Pass`].
     Pass(Pass),
-    /// A CORS preflight from an allowed origin: send this reply, serve
-    /// nothing.
-    Preflight(Response<Body>),
+    /// A CORS preflight from this allowed origin: answer it with
+    /// [`preflight`] and the route's methods, serve nothing.
+    Preflight(HeaderValue),
     /// Refuse the request with this.
     Refuse(Refusal),
 }
@@ -249,10 +249,9 @@ impl Guard {
         self.origins.is_empty() && self.hosts.is_empty()
     }
 
-    /// Checks a request's head. `methods` are the methods its route
-    /// takes, named in a preflight's answer.
+    /// Checks a request's head.
     #[must_use]
-    pub fn check(&self, method: &Method, headers: &HeaderMap, methods: &[Method]) -> Verdict {
+    pub fn check(&self, method: &Method, headers: &HeaderMap) -> Verdict {
         // The host first: a rebinding page's request is refused whatever
         // it claims to be from.
         let host = match headers.get(header::HOST).map(HeaderValue::to_str) {
@@ -276,7 +275,7 @@ impl Guard {
             if method == Method::OPTIONS
                 && headers.contains_key(header::ACCESS_CONTROL_REQUEST_METHOD)
             {
-                return Verdict::Preflight(preflight(origin, methods));
+                return Verdict::Preflight(origin.clone());
             }
         }
         if let Some(refusal) = media_type(method, headers) {
@@ -324,8 +323,10 @@ enum Foreign {
     Allowed,
 }
 
-/// The reply to a preflight from an allowed origin.
-fn preflight(origin: &HeaderValue, methods: &[Method]) -> Response<Body> {
+/// The reply to a preflight from an allowed `origin` (what
+/// [`Verdict::Preflight`] carries) for a route that takes `methods`.
+#[must_use]
+pub fn preflight(origin: &HeaderValue, methods: &[Method]) -> Response<Body> {
     let mut reply = body::empty(StatusCode::NO_CONTENT);
     let allowed: Vec<&str> = methods.iter().map(Method::as_str).collect();
     let headers = reply.headers_mut();
@@ -498,7 +499,7 @@ mod tests {
             "[::1]:8080",
             "[::1]",
         ] {
-            let verdict = guard.check(&Method::GET, &headers(&[("host", host)]), &[]);
+            let verdict = guard.check(&Method::GET, &headers(&[("host", host)]));
             assert_eq!(refusal(verdict), None, "{host}");
         }
         for host in [
@@ -511,7 +512,7 @@ mod tests {
             "",
             "localhost:port",
         ] {
-            let verdict = guard.check(&Method::GET, &headers(&[("host", host)]), &[]);
+            let verdict = guard.check(&Method::GET, &headers(&[("host", host)]));
             assert_eq!(refusal(verdict), Some("host_not_allowed"), "{host}");
         }
     }
@@ -520,7 +521,7 @@ mod tests {
     fn an_allowed_host_is_served_on_loopback_and_narrows_a_network_listener() {
         let guard = Guard::new().allow_host("spool.internal").unwrap();
         let get = |guard: &Guard, host: &str| {
-            refusal(guard.check(&Method::GET, &headers(&[("host", host)]), &[]))
+            refusal(guard.check(&Method::GET, &headers(&[("host", host)])))
         };
         assert_eq!(get(&guard, "spool.internal:8080"), None);
         let network = guard.clone().reached(Reach::Network, false);
@@ -541,7 +542,6 @@ mod tests {
             guard.check(
                 &Method::GET,
                 &headers(&[("host", "127.0.0.1:8080"), ("origin", origin)]),
-                &[],
             )
         };
         assert_eq!(
@@ -577,11 +577,11 @@ mod tests {
                 ("origin", "http://app.example"),
                 ("access-control-request-method", "POST"),
             ]),
-            &[Method::GET, Method::POST],
         );
-        let Verdict::Preflight(reply) = verdict else {
+        let Verdict::Preflight(origin) = verdict else {
             panic!("a preflight is answered");
         };
+        let reply = preflight(&origin, &[Method::GET, Method::POST]);
         let h = reply.headers();
         assert_eq!(h[header::ACCESS_CONTROL_ALLOW_ORIGIN], "http://app.example");
         assert_eq!(h[header::ACCESS_CONTROL_ALLOW_METHODS], "GET, POST");
@@ -602,7 +602,7 @@ mod tests {
             if let Some(t) = content_type {
                 pairs.push(("content-type", t));
             }
-            refusal(guard.check(&Method::POST, &headers(&pairs), &[]))
+            refusal(guard.check(&Method::POST, &headers(&pairs)))
         };
         for kind in [
             "text/plain",

@@ -392,7 +392,7 @@ impl HttpChannel {
                 .max_by_key(|(prefix, _)| prefix.len());
             if let Some((_, handler)) = mounted {
                 let mut request = request;
-                let principal = caller.principal.filter(|_| caller.verified);
+                let principal = caller.proven().cloned();
                 request.extensions_mut().insert(Authenticated(principal));
                 request.extensions_mut().insert(caller.session);
                 return handler(request).await;
@@ -516,7 +516,7 @@ impl HttpChannel {
                 return crate::schedules::trigger(
                     self.schedules.as_ref(),
                     self.trigger.as_ref(),
-                    caller.principal.as_ref().filter(|_| caller.verified),
+                    caller.proven(),
                     &name,
                     text,
                 )
@@ -907,7 +907,7 @@ impl HttpChannel {
         let address = Address::new(NAMESPACE, name);
         let view = if ensure {
             // A run made here belongs to the caller, when it was proven.
-            let creator = caller.principal.clone().filter(|_| caller.verified);
+            let creator = caller.proven().cloned();
             self.runtime.ensure_as(&address, creator).await?
         } else {
             self.runtime.lookup(&address).await?

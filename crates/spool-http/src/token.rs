@@ -22,16 +22,20 @@ use sha2::{Digest, Sha256};
 use spool_journal::Principal;
 use spool_runtime::{AuthError, Authenticator, BoxFuture, Credentials};
 
-/// A token file, loaded.
+/// A token file, loaded. Clones share it: a reload is seen by all.
 #[derive(Clone)]
 pub struct TokenFile {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
     path: PathBuf,
     /// Replaced whole when the file is read again.
-    entries: Arc<RwLock<Vec<Entry>>>,
+    entries: RwLock<Vec<Entry>>,
     /// What the file looked like when it was last read.
-    stamp: Arc<RwLock<Option<Stamp>>>,
+    stamp: RwLock<Option<Stamp>>,
     /// Counts the reloads: sessions check their credentials again on each.
-    changes: Arc<tokio::sync::watch::Sender<u64>>,
+    changes: tokio::sync::watch::Sender<u64>,
 }
 
 /// A file's identity and last change, to notice it was rewritten.
@@ -82,10 +86,14 @@ struct Entry {
 impl std::fmt::Debug for TokenFile {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Names only: hashes stay out of logs too.
-        let entries = self.entries.read().unwrap_or_else(PoisonError::into_inner);
+        let entries = self
+            .inner
+            .entries
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
         let names: Vec<&str> = entries.iter().map(|e| e.name.as_str()).collect();
         f.debug_struct("TokenFile")
-            .field("path", &self.path)
+            .field("path", &self.inner.path)
             .field("names", &names)
             .finish()
     }
@@ -147,10 +155,12 @@ impl TokenFile {
             return Err(TokenFileError::Empty(path.to_owned()));
         }
         Ok(Self {
-            path: path.to_owned(),
-            entries: Arc::new(RwLock::new(entries)),
-            stamp: Arc::new(RwLock::new(stamp)),
-            changes: Arc::new(tokio::sync::watch::channel(0).0),
+            inner: Arc::new(Inner {
+                path: path.to_owned(),
+                entries: RwLock::new(entries),
+                stamp: RwLock::new(stamp),
+                changes: tokio::sync::watch::channel(0).0,
+            }),
         })
     }
 
@@ -163,14 +173,18 @@ impl TokenFile {
     /// When the changed file cannot be read, is open to others or is
     /// malformed: the tokens read before stay in force.
     pub fn reload(&self) -> Result<bool, TokenFileError> {
-        let stamp = Stamp::of(&self.path);
-        if *self.stamp.read().unwrap_or_else(PoisonError::into_inner) == stamp {
+        let inner = &self.inner;
+        let stamp = Stamp::of(&inner.path);
+        if *inner.stamp.read().unwrap_or_else(PoisonError::into_inner) == stamp {
             return Ok(false);
         }
-        let entries = Self::entries(&self.path)?;
-        *self.entries.write().unwrap_or_else(PoisonError::into_inner) = entries;
-        *self.stamp.write().unwrap_or_else(PoisonError::into_inner) = stamp;
-        self.changes.send_modify(|n| *n += 1);
+        let entries = Self::entries(&inner.path)?;
+        *inner
+            .entries
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = entries;
+        *inner.stamp.write().unwrap_or_else(PoisonError::into_inner) = stamp;
+        inner.changes.send_modify(|n| *n += 1);
         Ok(true)
     }
 
@@ -179,37 +193,27 @@ impl TokenFile {
     /// cannot be read keeps the tokens read before, and says why in the
     /// log once per change.
     pub fn watch(&self, period: Duration) -> tokio::task::JoinHandle<()> {
-        let weak = Arc::downgrade(&self.entries);
-        let file = Self {
-            path: self.path.clone(),
-            entries: Arc::new(RwLock::new(Vec::new())),
-            stamp: Arc::clone(&self.stamp),
-            changes: Arc::clone(&self.changes),
-        };
+        let weak = Arc::downgrade(&self.inner);
         tokio::spawn(async move {
             let mut said: Option<Option<Stamp>> = None;
             loop {
                 tokio::time::sleep(period).await;
                 // The file's users are gone: so is the watch.
-                let Some(entries) = weak.upgrade() else {
-                    return;
-                };
-                let file = Self {
-                    entries,
-                    ..file.clone()
-                };
+                let Some(inner) = weak.upgrade() else { return };
+                let file = Self { inner };
                 match file.reload() {
                     Ok(true) => {
                         let count = file
+                            .inner
                             .entries
                             .read()
                             .unwrap_or_else(PoisonError::into_inner)
                             .len();
-                        tracing::info!(target: "spool::http", path = %file.path.display(), tokens = count, "the token file was read again");
+                        tracing::info!(target: "spool::http", path = %file.inner.path.display(), tokens = count, "the token file was read again");
                     }
                     Ok(false) => {}
                     Err(error) => {
-                        let now = Stamp::of(&file.path);
+                        let now = Stamp::of(&file.inner.path);
                         if said != Some(now) {
                             tracing::error!(target: "spool::http", %error, "the token file changed and cannot be used; the tokens read before stay in force");
                             said = Some(now);
@@ -419,7 +423,11 @@ impl TokenFile {
         let mut found = None;
         // Every entry is compared, matched or not, so the time taken does not
         // say which entry (or how much of one) matched.
-        let entries = self.entries.read().unwrap_or_else(PoisonError::into_inner);
+        let entries = self
+            .inner
+            .entries
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
         for entry in entries.iter() {
             if constant_time_eq(&presented, &entry.hash) {
                 found = Some(entry);
@@ -451,7 +459,7 @@ impl Authenticator for TokenFile {
     }
 
     fn changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
-        Some(self.changes.subscribe())
+        Some(self.inner.changes.subscribe())
     }
 }
 

@@ -308,7 +308,15 @@ async fn under_owner_access_a_run_exists_only_for_its_creator_and_administrators
         ("GET", format!("/spool/v1/runs/{run}/snapshot"), ""),
         ("GET", format!("/spool/v1/runs/{run}/stream"), ""),
         ("POST", format!("/spool/v1/runs/{run}/reset"), "{}"),
+        ("POST", format!("/spool/v1/runs/{run}/clear"), "{}"),
+        ("POST", format!("/spool/v1/runs/{run}/compact"), "{}"),
+        (
+            "POST",
+            format!("/spool/v1/runs/{run}/respond"),
+            r#"{"responses": [{"text": "yes"}]}"#,
+        ),
         ("GET", "/spool/v1/addresses/alice-desk".to_owned(), ""),
+        ("POST", "/spool/v1/addresses/alice-desk".to_owned(), ""),
         (
             "POST",
             "/spool/v1/runs".to_owned(),

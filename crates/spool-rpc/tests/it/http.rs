@@ -770,3 +770,64 @@ async fn a_last_event_id_that_is_not_text_is_400_never_ignored() {
     assert!(reply.starts_with("HTTP/1.1 400"), "{reply}");
     assert!(reply.contains("\"code\":\"bad_request\""), "{reply}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_owner_access_the_event_framings_find_only_the_callers_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tokens");
+    let alice = TokenFile::issue(&path, "alice").unwrap();
+    let bob = TokenFile::issue(&path, "bob").unwrap();
+    let tokens = Arc::new(TokenFile::load(&path).unwrap());
+    let runtime = crate::echo();
+    let listener = Listener::tcp("127.0.0.1:0").await.unwrap();
+    let (stop, closing) = watch::channel(false);
+    let access = spool_runtime::RunAccess::Owner;
+    let dispatcher = spool_rpc::Dispatcher::new(runtime.clone()).with_run_access(access);
+    let mut channel = HttpChannel::new(runtime.clone(), closing.clone())
+        .with_authenticator(tokens.clone())
+        .with_run_access(access);
+    for (prefix, handler) in spool_rpc::http::routes(&dispatcher, &closing) {
+        channel = channel.mount(prefix, handler).unwrap();
+    }
+    let addr = listener.describe();
+    let mut until = closing;
+    tokio::spawn(spool_http::serve(listener, channel.handler(), async move {
+        let _ = until.wait_for(|stop| *stop).await;
+    }));
+    // Alice's run, made as the channel makes it: her proven principal.
+    let principal = spool_runtime::Authenticator::authenticate(
+        tokens.as_ref(),
+        &spool_runtime::Credentials {
+            headers: vec![("authorization".into(), format!("Bearer {alice}"))],
+            peer: None,
+        },
+    )
+    .await
+    .unwrap();
+    let started = runtime
+        .start(spool_runtime::StartRequest {
+            text: "mine".into(),
+            principal,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let spool_runtime::Accepted::Started { run, .. } = started else {
+        panic!("a fresh run starts");
+    };
+    for path in [
+        format!("/events?run_id={run}"),
+        format!("/stream?run_id={run}"),
+    ] {
+        let (status, _) = get(&addr, &path, &[("authorization", &format!("Bearer {bob}"))]).await;
+        assert_eq!(status, 404, "bob: {path}");
+        let (status, _) = get(
+            &addr,
+            &path,
+            &[("authorization", &format!("Bearer {alice}"))],
+        )
+        .await;
+        assert_eq!(status, 200, "alice: {path}");
+    }
+    drop(stop);
+}

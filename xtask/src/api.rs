@@ -19,11 +19,12 @@ use serde_json::Value;
 use crate::{cargo, section};
 
 /// The libraries whose API is held to a snapshot.
-const LIBRARIES: [&str; 10] = [
+const LIBRARIES: [&str; 11] = [
     "spool-wire",
     "spool-journal",
     "spool-journal-pg",
     "spool-runtime",
+    "spool-edge",
     "spool-http",
     "spool-engines",
     "spool-rpc",

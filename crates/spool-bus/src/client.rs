@@ -136,7 +136,7 @@ pub async fn talk(
     };
     let delegation = match delegation {
         Some(id) => id,
-        None => match spool_http::token::fresh_token() {
+        None => match spool_edge::token::fresh_token() {
             Ok(hex) => format!("delegation_{hex}"),
             Err(error) => {
                 return local(

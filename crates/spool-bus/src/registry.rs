@@ -38,7 +38,7 @@ pub type Instances = BTreeMap<String, Entry>;
 /// The registry's default path.
 #[must_use]
 pub fn default_path() -> PathBuf {
-    spool_http::server::user_runtime_dir().join("bus-registry.json")
+    spool_runtime::dirs::user_runtime_dir().join("bus-registry.json")
 }
 
 /// Whether process `pid` is alive.

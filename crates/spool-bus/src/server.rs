@@ -18,9 +18,9 @@ use http::{Method, Request, Response, StatusCode, header};
 use hyper::body::Incoming;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
-use spool_http::body::{self, Body};
-use spool_http::guard::{Guard, Refusal, Verdict};
-use spool_http::server::Handler;
+use spool_edge::body::{self, Body};
+use spool_edge::guard::{Guard, Refusal, Verdict};
+use spool_edge::server::Handler;
 use spool_journal::fold::Status;
 use spool_journal::{Event, Principal, RunId, Seq};
 use spool_runtime::hub::StreamItem;
@@ -119,7 +119,7 @@ impl BusServer {
         }
     }
 
-    /// The routes, to serve with `spool_http::serve`.
+    /// The routes, to serve with `spool_edge::serve`.
     #[must_use]
     pub fn handler(&self) -> Handler {
         let server = self.clone();
@@ -136,7 +136,7 @@ impl BusServer {
             // The bus allows no foreign origin, so a preflight that passed
             // came from the server's own.
             Verdict::Preflight(origin) => {
-                return spool_http::guard::preflight(&origin, &[Method::GET, Method::POST]);
+                return spool_edge::guard::preflight(&origin, &[Method::GET, Method::POST]);
             }
             Verdict::Refuse(refusal) => {
                 let code = match &refusal {
@@ -306,7 +306,7 @@ fn elapsed(started: Instant) -> u64 {
 /// Compares a bearer with the secret in time that depends on neither:
 /// their digests, as the HTTP channel compares its tokens.
 fn same_secret(bearer: &str, secret: &str) -> bool {
-    spool_http::token::constant_time_eq(
+    spool_edge::token::constant_time_eq(
         &Sha256::digest(bearer.as_bytes()).into(),
         &Sha256::digest(secret.as_bytes()).into(),
     )

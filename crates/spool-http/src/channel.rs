@@ -11,20 +11,20 @@ use spool_journal::event::Answer;
 use spool_journal::fold::Status;
 use spool_journal::{Address, Principal, RunId, Seq};
 use spool_runtime::{
-    Accepted, Authenticator, Credentials, ErrorKind, MessageRequest, RunView, Runtime,
-    RuntimeError, StartRequest,
+    Accepted, Authenticator, Credentials, ErrorKind, MessageRequest, Runtime, RuntimeError,
+    StartRequest,
 };
 use spool_wire::http::{
     self as wire, AddressReply, CancelReply, CancelStatus, ErrorCode, Info, MessageRun, Respond,
-    RunReply, SnapshotReply, StartRun, Usage,
+    SnapshotReply, StartRun,
 };
 use tokio::sync::watch;
 
 use crate::body::{self, Body};
 
-/// The namespace HTTP addresses live in.
-pub const NAMESPACE: &str = "http";
 use crate::stream::{OpenStream, Parts, StreamBody};
+/// The namespace HTTP addresses live in.
+pub use spool_edge::tables::HTTP_NAMESPACE as NAMESPACE;
 
 /// The HTTP channel: a runtime, an optional authenticator, and what
 /// `/info` says.
@@ -103,12 +103,7 @@ impl std::fmt::Debug for HttpChannel {
     }
 }
 
-/// The caller the authenticator proved, put in a mounted handler's
-/// request extensions (`None`: no authenticator, or an unattributed
-/// caller), so a host route (a transport mounted beside the channel) holds
-/// callers to what the channel does.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Authenticated(pub Option<Principal>);
+pub use spool_edge::tables::{Authenticated, error_code, reply};
 
 /// What a route needs to know about the caller.
 struct Caller {
@@ -460,7 +455,7 @@ impl HttpChannel {
         // socket itself (`crate::tap`).
         let tap = parts
             .extensions
-            .get::<Arc<crate::tap::Tap>>()
+            .get::<Arc<spool_edge::tap::Tap>>()
             .filter(|_| parts.version == http::Version::HTTP_11 && method == Method::GET)
             .cloned();
         let bytes = if method == Method::POST {
@@ -930,7 +925,7 @@ impl HttpChannel {
         action: &str,
         text: &str,
         query: Option<&str>,
-        tap: Option<Arc<crate::tap::Tap>>,
+        tap: Option<Arc<spool_edge::tap::Tap>>,
         session: &crate::session::Session,
     ) -> Result<Response<Body>, RuntimeError> {
         match action {
@@ -1057,7 +1052,7 @@ impl HttpChannel {
         &self,
         run: &RunId,
         query: Option<&str>,
-        tap: Option<Arc<crate::tap::Tap>>,
+        tap: Option<Arc<spool_edge::tap::Tap>>,
         session: &crate::session::Session,
     ) -> Result<Response<Body>, RuntimeError> {
         let cursor = match cursor(query) {
@@ -1138,14 +1133,7 @@ fn method_not_allowed(method: &Method, path: &str, allowed: &[Method]) -> Respon
 }
 
 /// Whether `caller` is `owner`, or an administrator.
-/// The WebSocket subprotocol a browser offers with its token: a browser
-/// cannot set `Authorization` on a WebSocket, and a token in the URL would
-/// land in logs and history. The server chooses [`WS_PROTOCOL`] and never
-/// echoes this one.
-pub const WS_BEARER_PREFIX: &str = "spool.bearer.";
-
-/// The WebSocket subprotocol the server chooses when it is offered.
-pub const WS_PROTOCOL: &str = "spool.v1";
+pub use spool_edge::tables::{WS_BEARER_PREFIX, WS_PROTOCOL};
 
 /// A request's credentials: its headers, and for a WebSocket handshake
 /// without `Authorization` the token of a `spool.bearer.<token>`
@@ -1342,29 +1330,6 @@ fn principal_of(auth: wire::Principal) -> Principal {
     }
 }
 
-/// A run view as the channel's reply.
-#[must_use]
-pub fn reply(view: &RunView) -> RunReply {
-    RunReply {
-        run_id: view.run_id.to_string(),
-        state: view.status.state().into(),
-        turn_id: view.turn_id.as_ref().map(ToString::to_string),
-        cursor: view.cursor.map(|s| s.0),
-        response: view.response.clone(),
-        suspend: view.suspend.as_ref().map(|s| wire::Suspend {
-            kind: s.kind.into(),
-            prompt: s.prompt.clone(),
-            options: s.options.clone(),
-            tool_call_id: s.call_id.clone(),
-            turn_id: Some(s.turn_id.to_string()),
-        }),
-        usage: view.usage.map(|u| Usage {
-            input_tokens: u.input_tokens,
-            output_tokens: u.output_tokens,
-        }),
-    }
-}
-
 /// The seed's turn policy in the runtime's vocabulary. The decoders refuse
 /// an unknown policy with `unknown_turn_policy` first; this refuses what
 /// is left, should that check ever move.
@@ -1375,32 +1340,6 @@ fn turn_policy(
         .map(spool_wire::run::TurnPolicy::try_from)
         .transpose()
         .map_err(|unknown| RuntimeError::BadRequest(unknown.to_string()))
-}
-
-/// The channel's code for a runtime error's kind: the HTTP channel's half
-/// of the runtime's error table.
-#[must_use]
-pub fn error_code(kind: ErrorKind) -> ErrorCode {
-    match kind {
-        ErrorKind::RunNotFound | ErrorKind::AddressNotFound => ErrorCode::RunNotFound,
-        // The seed has no first-wins rule; a turn in progress is what
-        // `run_active` says.
-        ErrorKind::RunActive | ErrorKind::TurnInProgress => ErrorCode::RunActive,
-        ErrorKind::RunWaiting => ErrorCode::RunWaiting,
-        ErrorKind::RunNotWaiting => ErrorCode::RunNotWaiting,
-        ErrorKind::RunRetired => ErrorCode::RunRetired,
-        ErrorKind::InvalidAnswer | ErrorKind::BadRequest => ErrorCode::BadRequest,
-        ErrorKind::CompactionUnsupported => ErrorCode::CompactionUnsupported,
-        ErrorKind::EngineFailed => ErrorCode::EngineFailed,
-        ErrorKind::ConversationCorrupt => ErrorCode::ConversationCorrupt,
-        ErrorKind::OwnedElsewhere => ErrorCode::RunOwnedElsewhere,
-        ErrorKind::Storage => ErrorCode::JournalUnavailable,
-        ErrorKind::AddressTooLong => ErrorCode::AddressTooLong,
-        ErrorKind::TitleTooLong => ErrorCode::TitleTooLong,
-        ErrorKind::OperationIdTooLong => ErrorCode::OperationIdTooLong,
-        // Kinds added later map to `internal` until the channel names them.
-        ErrorKind::Internal | _ => ErrorCode::Internal,
-    }
 }
 
 /// How long a client is told to wait before retrying while the journal

@@ -45,7 +45,7 @@ use spool_runtime::hub::{Resting, StreamItem, Subscription};
 use tokio::sync::{Notify, watch};
 
 use crate::stream::{Parts, SharedLines};
-use crate::tap::Tap;
+use spool_edge::tap::Tap;
 
 /// How many bytes a stream may have waiting for its socket before it
 /// leaves its run's driver to go on at its own pace. A stalled socket
@@ -589,8 +589,9 @@ fn give(slot: &Slot, batches: &[Batch], framed: &mut Option<Bytes>, reader: &mut
         && queue.batches.is_empty()
         && tap.flushed()
     {
-        let framed = framed
-            .get_or_insert_with(|| crate::tap::chunk(batches.iter().map(|batch| &batch.bytes[..])));
+        let framed = framed.get_or_insert_with(|| {
+            spool_edge::tap::chunk(batches.iter().map(|batch| &batch.bytes[..]))
+        });
         // Would block, or broken: the batches are queued below, and the
         // stream's task writes them or finds the connection gone.
         if let Ok(n) = tap.try_write(framed) {
@@ -628,7 +629,7 @@ fn give(slot: &Slot, batches: &[Batch], framed: &mut Option<Bytes>, reader: &mut
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tap::{SharedTcp, chunk};
+    use spool_edge::tap::{SharedTcp, chunk};
     use spool_journal::store::memory::MemoryJournal;
     use spool_runtime::{Accepted, MessageRequest, Runtime, StartRequest};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

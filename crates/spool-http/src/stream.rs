@@ -423,7 +423,7 @@ pub(crate) struct StreamBody {
     /// The connection's socket, when the run's driver may write to it:
     /// marked busy whenever a frame goes to hyper, so that nothing the
     /// driver writes overtakes it.
-    tap: Option<Arc<crate::tap::Tap>>,
+    tap: Option<Arc<spool_edge::tap::Tap>>,
 }
 
 enum Mode {
@@ -585,7 +585,7 @@ pub(crate) struct Parts {
     pub(crate) shared: Arc<SharedLines>,
     pub(crate) fanouts: Arc<Fanouts>,
     /// The connection's socket, when its run's driver may write to it.
-    pub(crate) tap: Option<Arc<crate::tap::Tap>>,
+    pub(crate) tap: Option<Arc<spool_edge::tap::Tap>>,
     /// Counts the stream as open while it lives.
     pub(crate) _open: OpenStream,
 }

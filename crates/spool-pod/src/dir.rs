@@ -49,7 +49,7 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> DirError + '_ {
 /// or `<temp>/spool-<uid>/pods`.
 #[must_use]
 pub fn default_root() -> PathBuf {
-    spool_http::server::user_runtime_dir().join("pods")
+    spool_runtime::dirs::user_runtime_dir().join("pods")
 }
 
 /// What `status.json` holds.

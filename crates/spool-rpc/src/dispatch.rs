@@ -17,7 +17,7 @@ use bytes::Bytes;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
-use spool_http::lines::LineCache;
+use spool_edge::lines::LineCache;
 use spool_journal::event::Answer;
 use spool_journal::{Address, Principal, RunId, Seq, TurnId};
 use spool_runtime::hub::{LiveDelta, StreamItem};
@@ -413,7 +413,7 @@ impl Connection {
                 let RunParams { run_id: id } = params(&raw)?;
                 let run = self.reached(&id).await?;
                 let view = self.runtime().get(&run).await.map_err(runtime_error)?;
-                Ok(to_value(&spool_http::channel::reply(&view)))
+                Ok(to_value(&spool_edge::tables::reply(&view)))
             }
             "run.list" => self.list(params(&raw)?).await,
             rpc::METHOD_STATE_SNAPSHOT => {
@@ -421,7 +421,7 @@ impl Connection {
                 let run = self.reached(&id).await?;
                 let snapshot = self.runtime().snapshot(&run).await.map_err(runtime_error)?;
                 Ok(to_value(&SnapshotReply {
-                    run: spool_http::channel::reply(&snapshot.view),
+                    run: spool_edge::tables::reply(&snapshot.view),
                     messages: snapshot.messages,
                 }))
             }
@@ -505,7 +505,7 @@ impl Connection {
                 let address = submit
                     .address
                     .as_ref()
-                    .map(|name| Address::new(spool_http::channel::NAMESPACE, name.clone()));
+                    .map(|name| Address::new(spool_edge::tables::HTTP_NAMESPACE, name.clone()));
                 let before = match &address {
                     Some(address) => match runtime.lookup(address).await {
                         // A message through an address bound to another's
@@ -550,7 +550,7 @@ impl Connection {
                 .map_err(runtime_error)?,
             Accepted::Replayed { run, .. } => runtime.get(run).await.map_err(runtime_error)?,
         };
-        Ok(to_value(&spool_http::channel::reply(&view)))
+        Ok(to_value(&spool_edge::tables::reply(&view)))
     }
 
     /// Sends `turn`'s events (from after `before`) until the turn reaches a
@@ -847,7 +847,7 @@ impl Connection {
             .await
             .map_err(runtime_error)?;
         let view = self.runtime().get(&run).await.map_err(runtime_error)?;
-        Ok(to_value(&spool_http::channel::reply(&view)))
+        Ok(to_value(&spool_edge::tables::reply(&view)))
     }
 
     async fn cancel(&self, cancel: CancelParams) -> Result<Value, Failure> {
@@ -1100,7 +1100,7 @@ fn internal() -> ErrorObject {
 /// branches on one vocabulary. Internal details go to the log.
 fn runtime_error(error: RuntimeError) -> Failure {
     let kind = error.kind();
-    let http = spool_http::channel::error_code(kind);
+    let http = spool_edge::tables::error_code(kind);
     let code = match kind {
         ErrorKind::RunNotFound | ErrorKind::AddressNotFound => codes::RUN_NOT_FOUND,
         ErrorKind::BadRequest

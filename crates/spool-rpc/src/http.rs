@@ -18,9 +18,9 @@ use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use hyper::body::Incoming;
 use serde_json::json;
-use spool_http::body::{self, Body, ChannelBody};
-use spool_http::channel::Authenticated;
-use spool_http::server::Handler;
+use spool_edge::body::{self, Body, ChannelBody};
+use spool_edge::server::Handler;
+use spool_edge::tables::Authenticated;
 use spool_wire::http::ErrorCode;
 use tokio::sync::watch;
 
@@ -141,7 +141,7 @@ async fn open(
         .and_then(|caller| caller.0.clone());
     // The caller's session ends the stream too: a revoked token's streams
     // end within the token file's reload period.
-    if let Some(session) = request.extensions().get::<spool_http::session::Session>() {
+    if let Some(session) = request.extensions().get::<spool_edge::session::Session>() {
         closing = session.ending();
     }
     let (connection, mut outgoing) = dispatcher.connect(principal);

@@ -89,7 +89,7 @@ impl Patcher {
     /// The document as `state.snapshot` answers it.
     fn document_value(&self) -> Value {
         serde_json::to_value(SnapshotReply {
-            run: spool_http::channel::reply(&self.document.view()),
+            run: spool_edge::tables::reply(&self.document.view()),
             messages: self.document.conversation().messages(),
         })
         .expect("a snapshot is plain JSON")
@@ -97,7 +97,7 @@ impl Patcher {
 
     fn current(&self) -> Shown {
         let view = self.document.view();
-        let Ok(Value::Object(fields)) = serde_json::to_value(spool_http::channel::reply(&view))
+        let Ok(Value::Object(fields)) = serde_json::to_value(spool_edge::tables::reply(&view))
         else {
             unreachable!("a run reply is a JSON object")
         };

@@ -22,9 +22,9 @@ use futures_util::{SinkExt, StreamExt};
 use http::{HeaderValue, Request, Response, StatusCode, header};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
-use spool_http::body::{self, Body};
-use spool_http::channel::Authenticated;
-use spool_http::server::Handler;
+use spool_edge::body::{self, Body};
+use spool_edge::server::Handler;
+use spool_edge::tables::Authenticated;
 use spool_wire::http::ErrorCode;
 use spool_wire::line::DEFAULT_MAX_LINE_BYTES;
 use spool_wire::rpc::{Envelope, ErrorObject, Id, Response as RpcResponse, codes};
@@ -120,7 +120,7 @@ fn upgrade(
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .any(|p| p.trim() == spool_http::channel::WS_PROTOCOL);
+        .any(|p| p.trim() == spool_edge::tables::WS_PROTOCOL);
     let principal = request
         .extensions()
         .get::<Authenticated>()
@@ -128,8 +128,8 @@ fn upgrade(
     // The caller's session ends the WebSocket too (a revoked token).
     let closing = request
         .extensions()
-        .get::<spool_http::session::Session>()
-        .map_or(closing, spool_http::session::Session::ending);
+        .get::<spool_edge::session::Session>()
+        .map_or(closing, spool_edge::session::Session::ending);
     let upgrading = hyper::upgrade::on(&mut request);
     tokio::spawn(async move {
         match upgrading.await {
@@ -159,7 +159,7 @@ fn upgrade(
     if chosen {
         headers.insert(
             header::SEC_WEBSOCKET_PROTOCOL,
-            HeaderValue::from_static(spool_http::channel::WS_PROTOCOL),
+            HeaderValue::from_static(spool_edge::tables::WS_PROTOCOL),
         );
     }
     reply

@@ -17,6 +17,7 @@ pub mod access;
 pub mod agent;
 mod budget;
 pub mod channel;
+pub mod dirs;
 mod driver;
 pub mod engine;
 pub mod engines;

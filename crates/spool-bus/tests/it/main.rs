@@ -40,10 +40,10 @@ fn settings() -> Settings {
 
 /// A server on a free loopback port; it stops when the sender is dropped.
 async fn serve(server: &BusServer) -> (String, watch::Sender<bool>) {
-    let listener = spool_http::Listener::tcp("127.0.0.1:0").await.unwrap();
+    let listener = spool_edge::Listener::tcp("127.0.0.1:0").await.unwrap();
     let addr = listener.describe();
     let (stop, mut stopped) = watch::channel(false);
-    tokio::spawn(spool_http::serve(listener, server.handler(), async move {
+    tokio::spawn(spool_edge::serve(listener, server.handler(), async move {
         let _ = stopped.wait_for(|s| *s).await;
     }));
     (addr, stop)

@@ -35,21 +35,7 @@ pub type Handler = Arc<
     dyn Fn(Request<Incoming>) -> spool_runtime::BoxFuture<'static, Response<Body>> + Send + Sync,
 >;
 
-/// Where a user's local sockets and discovery files go (a pod's socket,
-/// the bus registry): `$XDG_RUNTIME_DIR/spool`, or `<temp>/spool-<uid>`
-/// where there is no `XDG_RUNTIME_DIR`.
-#[must_use]
-pub fn user_runtime_dir() -> std::path::PathBuf {
-    use std::os::unix::fs::MetadataExt;
-    match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
-        Some(dir) => std::path::PathBuf::from(dir).join("spool"),
-        None => {
-            // The owner of `/proc/self` is this process's user.
-            let uid = std::fs::metadata("/proc/self").map_or(0, |m| m.uid());
-            std::env::temp_dir().join(format!("spool-{uid}"))
-        }
-    }
-}
+pub use spool_runtime::dirs::user_runtime_dir;
 
 /// Where the server listens.
 #[derive(Debug)]
@@ -128,7 +114,7 @@ pub struct Exposed(pub String);
 /// Refuses a TCP address that is not loopback when nothing authenticates
 /// callers. A Unix socket is private to its owner (created 0600), and
 /// loopback to this machine's users; anything else needs an
-/// authenticator. [`crate::HttpChannel::serve`] checks this; a host that
+/// authenticator. `HttpChannel::serve` (spool-http) checks this; a host that
 /// binds before building its channel can check first.
 ///
 /// # Errors
@@ -165,7 +151,7 @@ impl Listener {
 /// Serves `handler` on `listener` until `shutdown` completes, then shuts
 /// down gracefully. The low-level path: it does not know whether
 /// `handler` authenticates, so it checks nothing; serving a channel with
-/// [`crate::HttpChannel::serve`] refuses an exposed listener without an
+/// `HttpChannel::serve` (spool-http) refuses an exposed listener without an
 /// authenticator.
 ///
 /// # Errors

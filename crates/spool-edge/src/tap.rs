@@ -2,7 +2,7 @@
 //!
 //! hyper serves the connection through [`SharedTcp`]; the same socket is
 //! the [`Tap`] a stream's request carries. Once a stream has caught up and
-//! joined its run's driver (`crate::fanout`), the driver writes each batch
+//! joined its run's driver (the HTTP channel's fan-out), the driver writes each batch
 //! straight to the socket, framed as the HTTP/1.1 chunk hyper would have
 //! written, in one loop over its streams: a commit then costs each stream
 //! one write, and no task of its own. The driver writes only while hyper
@@ -25,7 +25,7 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 /// A connection's socket, shared by hyper and its stream's driver: the
 /// write side (the read side is hyper's alone).
 #[derive(Debug)]
-pub(crate) struct Tap {
+pub struct Tap {
     socket: OwnedWriteHalf,
     /// hyper has written out everything it was given: bytes written to
     /// the socket now come after all of it.
@@ -35,18 +35,18 @@ pub(crate) struct Tap {
 impl Tap {
     /// Marks that hyper has bytes to write: a response about to start, or
     /// a batch handed to it.
-    pub(crate) fn busy(&self) {
+    pub fn busy(&self) {
         self.flushed.store(false, Ordering::Release);
     }
 
     /// Whether bytes written to the socket now would follow everything
     /// hyper was given.
-    pub(crate) fn flushed(&self) -> bool {
+    pub fn flushed(&self) -> bool {
         self.flushed.load(Ordering::Acquire)
     }
 
     /// Writes what the socket takes now, without waiting: how many bytes.
-    pub(crate) fn try_write(&self, bytes: &[u8]) -> std::io::Result<usize> {
+    pub fn try_write(&self, bytes: &[u8]) -> std::io::Result<usize> {
         self.socket.try_write(bytes)
     }
 
@@ -56,11 +56,7 @@ impl Tap {
 
     /// Writes what the socket takes, waiting (with `cx`) until it takes
     /// some: how many bytes.
-    pub(crate) fn poll_write(
-        &self,
-        cx: &mut Context<'_>,
-        bytes: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
+    pub fn poll_write(&self, cx: &mut Context<'_>, bytes: &[u8]) -> Poll<std::io::Result<usize>> {
         self.poll_write_with(cx, |socket| socket.try_write(bytes))
     }
 
@@ -83,7 +79,7 @@ impl Tap {
 
 /// `parts`, one after another, as one HTTP/1.1 chunk, the way hyper
 /// frames a body's data.
-pub(crate) fn chunk<'a>(parts: impl Iterator<Item = &'a [u8]> + Clone) -> Bytes {
+pub fn chunk<'a>(parts: impl Iterator<Item = &'a [u8]> + Clone) -> Bytes {
     let len: usize = parts.clone().map(<[u8]>::len).sum();
     let size = format!("{len:X}\r\n");
     let mut framed = BytesMut::with_capacity(size.len() + len + 2);
@@ -97,7 +93,7 @@ pub(crate) fn chunk<'a>(parts: impl Iterator<Item = &'a [u8]> + Clone) -> Bytes 
 
 /// The connection as hyper reads and writes it.
 #[derive(Debug)]
-pub(crate) struct SharedTcp {
+pub struct SharedTcp {
     /// Read as tokio reads a socket: into the buffer's spare room without
     /// initializing it first (zeroing hyper's read buffer on every read
     /// made every open connection's pages resident).
@@ -107,7 +103,7 @@ pub(crate) struct SharedTcp {
 
 impl SharedTcp {
     /// `socket`, and its tap for the connection's requests.
-    pub(crate) fn new(socket: TcpStream) -> (Self, Arc<Tap>) {
+    pub fn new(socket: TcpStream) -> (Self, Arc<Tap>) {
         let (read, write) = socket.into_split();
         let tap = Arc::new(Tap {
             socket: write,

@@ -474,19 +474,6 @@ pub const TRIGGER_ATTRIBUTE: &str = "trigger";
 /// attribute `SCOPE = "true"` of the token's principal.
 pub const SCOPES: &[&str] = &[ADMIN_ATTRIBUTE, TRIGGER_ATTRIBUTE];
 
-/// The trigger authorizer `spool serve` uses with a token file: a token
-/// with the `trigger` scope, or an administrator's.
-#[must_use]
-pub fn trigger_authorizer() -> crate::schedules::TriggerAuthorizer {
-    std::sync::Arc::new(|principal| {
-        principal.is_some_and(|p| {
-            [TRIGGER_ATTRIBUTE, ADMIN_ATTRIBUTE]
-                .iter()
-                .any(|scope| p.attributes.get(*scope).is_some_and(|v| v == "true"))
-        })
-    })
-}
-
 /// Whether two digests are equal, in time that depends on neither.
 #[must_use]
 pub fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {

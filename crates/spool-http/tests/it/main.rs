@@ -12,4 +12,5 @@ mod openapi;
 mod remote;
 mod schedules;
 mod server;
+mod streams;
 mod token;

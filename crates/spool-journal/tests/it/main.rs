@@ -11,6 +11,7 @@ mod crash;
 mod cursor;
 mod events;
 mod fold;
+mod layout;
 mod props;
 mod sqlite;
 mod support;

@@ -390,6 +390,22 @@ fn open_stream(addr: &str, path: &str, token: &str) -> TcpStream {
     socket
 }
 
+/// Opens `/ws` with `token` as a browser would offer it (a subprotocol),
+/// and reads the handshake's head.
+fn open_websocket(addr: &str, token: &str) -> TcpStream {
+    let mut socket = TcpStream::connect(addr).unwrap();
+    socket.set_read_timeout(Some(PATIENCE)).unwrap();
+    write!(
+        socket,
+        "GET /ws HTTP/1.1\r\nHost: {addr}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Protocol: spool.v1, spool.bearer.{token}\r\n\r\n"
+    )
+    .unwrap();
+    let mut first = [0_u8; 12];
+    socket.read_exact(&mut first).unwrap();
+    assert_eq!(&first, b"HTTP/1.1 101", "the WebSocket opens");
+    socket
+}
+
 #[test]
 fn a_revoked_token_is_refused_and_the_streams_it_opened_end() {
     let dir = tempfile::tempdir().unwrap();
@@ -421,6 +437,7 @@ fn a_revoked_token_is_refused_and_the_streams_it_opened_end() {
     );
     let sse = open_stream(addr, &format!("/events?run_id={run}"), &revoked);
     let still = open_stream(addr, &format!("/spool/v1/runs/{run}/stream"), &kept);
+    let websocket = open_websocket(addr, &revoked);
     let output = Command::new(env!("CARGO_BIN_EXE_spool"))
         .args(["token", "revoke", "revoked", "--token-file"])
         .arg(&tokens)
@@ -429,6 +446,7 @@ fn a_revoked_token_is_refused_and_the_streams_it_opened_end() {
     assert!(output.status.success(), "{output:?}");
     assert!(ends(http), "the HTTP stream of a revoked token ends");
     assert!(ends(sse), "the SSE stream of a revoked token ends");
+    assert!(ends(websocket), "the WebSocket of a revoked token ends");
     let reply = exchange(
         addr,
         format!("GET /spool/v1/runs HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAuthorization: Bearer {revoked}\r\n\r\n").as_bytes(),

@@ -207,7 +207,7 @@ impl Guard {
     pub fn allow_host(mut self, host: &str) -> Result<Self, GuardError> {
         let name = parse_host(host)
             .filter(|(_, port)| port.is_none())
-            .map(|(name, _)| name)
+            .map(|(name, _)| name.to_ascii_lowercase())
             .ok_or_else(|| GuardError::Host(host.to_owned()))?;
         if !self.hosts.contains(&name) {
             self.hosts.push(name);
@@ -292,11 +292,15 @@ impl Guard {
         let Some((name, _)) = parse_host(value) else {
             return false;
         };
-        if self.hosts.contains(&name) {
+        if self
+            .hosts
+            .iter()
+            .any(|host| host.eq_ignore_ascii_case(name))
+        {
             return true;
         }
         match self.reach {
-            Reach::Loopback => is_loopback_name(&name),
+            Reach::Loopback => is_loopback_name(name),
             // Tokens guard a network listener; names narrow it only when
             // the operator gave some.
             Reach::Network => self.hosts.is_empty(),
@@ -381,11 +385,14 @@ fn media_type(method: &Method, headers: &HeaderMap) -> Option<Refusal> {
         return Some(Refusal::MediaType("(not ASCII)".into()));
     };
     let mut parts = value.split(';');
-    let essence = parts.next().unwrap_or_default().trim().to_ascii_lowercase();
-    let json = essence == "application/json"
+    let essence = parts.next().unwrap_or_default().trim();
+    let json = essence.eq_ignore_ascii_case("application/json")
         || essence
-            .strip_prefix("application/")
-            .is_some_and(|sub| sub.ends_with("+json") && !sub.contains('/'));
+            .get(..12)
+            .is_some_and(|kind| kind.eq_ignore_ascii_case("application/"))
+            && essence.len() > 17
+            && essence[essence.len() - 5..].eq_ignore_ascii_case("+json")
+            && !essence[12..].contains('/');
     // JSON is UTF-8 (RFC 8259): a charset that says otherwise means the
     // bytes would be read as something they are not.
     let utf8 = parts.all(|parameter| match parameter.split_once('=') {
@@ -409,32 +416,36 @@ fn normalize_origin(origin: &str) -> Option<String> {
         _ => return None,
     };
     let (name, port) = parse_host(rest)?;
+    let name = name.to_ascii_lowercase();
     Some(match port {
         Some(port) if port != default_port => format!("{scheme}://{name}:{port}"),
         _ => format!("{scheme}://{name}"),
     })
 }
 
-/// A `Host` value (or an origin's authority) as its lowercased name and
-/// its port: `[::1]:8080` is `([::1], 8080)`. `None` for an empty name, a
-/// port that is not a number, or anything with a path, user or query.
-fn parse_host(value: &str) -> Option<(String, Option<u16>)> {
+/// A `Host` value (or an origin's authority) as its name, as written but
+/// for a trailing dot (`localhost.` names `localhost`), and its port:
+/// `[::1]:8080` is `("[::1]", 8080)`. `None` for an empty name, a port that
+/// is not a number, or anything with a path, user or query. Nothing is
+/// allocated: every request passes here.
+fn parse_host(value: &str) -> Option<(&str, Option<u16>)> {
     let value = value.trim();
     if value.is_empty() || value.contains(['/', '@', '?', '#', ' ', '\\']) {
         return None;
     }
-    let (name, port) = if let Some(rest) = value.strip_prefix('[') {
-        let (address, after) = rest.split_once(']')?;
-        address.parse::<std::net::Ipv6Addr>().ok()?;
+    let (name, port) = if value.starts_with('[') {
+        let end = value.find(']')?;
+        let (name, after) = value.split_at(end + 1);
+        name[1..end].parse::<std::net::Ipv6Addr>().ok()?;
         let port = match after {
             "" => None,
             after => Some(after.strip_prefix(':')?),
         };
-        (format!("[{}]", address.to_ascii_lowercase()), port)
+        (name, port)
     } else {
         match value.rsplit_once(':') {
-            Some((name, port)) => (name.to_owned(), Some(port)),
-            None => (value.to_owned(), None),
+            Some((name, port)) => (name, Some(port)),
+            None => (value, None),
         }
     };
     if name.is_empty() || (!name.starts_with('[') && name.contains(':')) {
@@ -444,16 +455,13 @@ fn parse_host(value: &str) -> Option<(String, Option<u16>)> {
         None => None,
         Some(port) => Some(port.parse::<u16>().ok()?),
     };
-    // A trailing dot names the same host (`localhost.`).
-    let name = name.to_ascii_lowercase();
-    let name = name.strip_suffix('.').unwrap_or(&name).to_owned();
-    Some((name, port))
+    Some((name.strip_suffix('.').unwrap_or(name), port))
 }
 
 /// `localhost`, an IPv4 address in 127.0.0.0/8, or `[::1]`. A rebinding
 /// page can only send a name it controls, never these.
 fn is_loopback_name(name: &str) -> bool {
-    if name == "localhost" {
+    if name.eq_ignore_ascii_case("localhost") {
         return true;
     }
     if let Some(v6) = name.strip_prefix('[').and_then(|n| n.strip_suffix(']')) {

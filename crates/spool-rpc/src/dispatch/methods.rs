@@ -371,9 +371,23 @@ impl Connection {
 
     pub(super) async fn respond(&self, respond: RespondParams) -> Result<Value, Failure> {
         let run = self.reached(&respond.run_id).await?;
-        let turn = respond
-            .turn_id
-            .as_deref()
+        // The turn may be named beside the answers or inside each of them
+        // (as the HTTP channel takes it): one meaning, and answers that
+        // name different turns are refused, as over HTTP.
+        let mut named = respond
+            .responses
+            .iter()
+            .filter_map(|answer| answer.turn_id.as_deref())
+            .chain(respond.turn_id.as_deref());
+        let turn = named.next();
+        if let Some(first) = turn
+            && named.any(|other| other != first)
+        {
+            return Err(invalid_params(
+                "the answers name different turns; answer one turn at a time",
+            ));
+        }
+        let turn = turn
             .map(TurnId::new)
             .transpose()
             .map_err(|e| invalid_params(format!("`turn_id`: {e}")))?;

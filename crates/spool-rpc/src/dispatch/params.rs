@@ -48,6 +48,9 @@ pub(super) struct AnswerParams {
     pub(super) text: String,
     #[serde(default)]
     pub(super) approved: Option<bool>,
+    /// The turn the answer is for, as the HTTP channel's answers name it.
+    #[serde(default)]
+    pub(super) turn_id: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -172,6 +172,58 @@ async fn a_parked_turn_answers_waiting_and_run_respond_resumes_it() {
 }
 
 #[tokio::test]
+async fn run_respond_takes_the_turn_inside_each_answer_as_the_http_channel_does_and_refuses_two_turns()
+ {
+    let runtime = scripted(
+        r#"{"tool_calls":[{"id":"q","name":"ask_human","arguments":{"prompt":"Which region?"}}]}
+{"text":"Deploying to eu-west-1."}"#,
+    );
+    let mut client = Client::new(&runtime);
+    let parked = client
+        .call(1, "submit.run", json!({"text": "deploy"}))
+        .await;
+    let run = parked["result"]["run_id"].clone();
+    let turn = parked["result"]["turn_id"].clone();
+    // Two turns named: refused, and nothing is answered.
+    let refused = client
+        .call(
+            2,
+            "run.respond",
+            json!({"run_id": run, "turn_id": "turn_other", "responses": [{"text": "eu-west-1", "turn_id": turn}]}),
+        )
+        .await;
+    assert_eq!(refused["error"]["code"], -32602, "{refused}");
+    let waiting = client.call(3, "run.get", json!({"run_id": run})).await;
+    assert_eq!(waiting["result"]["state"], "waiting");
+    // A stale turn inside the answer is the stale turn it is.
+    let stale = client
+        .call(
+            4,
+            "run.respond",
+            json!({"run_id": run, "responses": [{"text": "eu-west-1", "turn_id": "turn_stale"}]}),
+        )
+        .await;
+    assert_eq!(stale["error"]["data"]["code"], "run_not_waiting", "{stale}");
+    // The seed's shape: the turn inside the answer.
+    let answered = client
+        .call(
+            5,
+            "run.respond",
+            json!({"run_id": run, "responses": [{"text": "eu-west-1", "turn_id": turn}]}),
+        )
+        .await;
+    assert!(answered.get("result").is_some(), "{answered}");
+    let run_id = RunId::new(run.as_str().unwrap()).unwrap();
+    let turn_id = spool_journal::TurnId::new(turn.as_str().unwrap()).unwrap();
+    tokio::time::timeout(PATIENCE, runtime.wait_for(&run_id, &turn_id))
+        .await
+        .unwrap()
+        .unwrap();
+    let done = client.call(6, "run.get", json!({"run_id": run})).await;
+    assert_eq!(done["result"]["response"], "Deploying to eu-west-1.");
+}
+
+#[tokio::test]
 async fn errors_use_the_seeds_codes_and_carry_the_http_channels_code() {
     let runtime =
         scripted(r#"{"tool_calls":[{"id":"q","name":"ask_human","arguments":{"prompt":"?"}}]}"#);

@@ -180,8 +180,13 @@ pub enum Probe {
     Silent(String),
 }
 
-/// Asks `addr` who it is: its health check's fingerprint (`kind:
-/// "spool"`, `status: "ok"`, the name), within [`HEALTH_TIMEOUT`].
+/// Asks `addr` who it is: its health check's fingerprint (`status:
+/// "ok"`, the instance's name, and a `kind` naming the program, Spool's
+/// `"spool"` or a reference implementation's own), within
+/// [`HEALTH_TIMEOUT`]. The name is what keeps the secret from a stranger
+/// holding the port; the kind is not held to Spool's, so an instance of
+/// the seed's reference implementation is reached too (mixed old and new
+/// processes, as the seed wants).
 pub async fn probe(addr: SocketAddr, instance: &str) -> Probe {
     let target = Target {
         addr,
@@ -200,7 +205,9 @@ pub async fn probe(addr: SocketAddr, instance: &str) -> Probe {
     };
     let fingerprint: Value = serde_json::from_slice(&health).unwrap_or(Value::Null);
     if status == 200
-        && fingerprint["kind"] == "spool"
+        && fingerprint["kind"]
+            .as_str()
+            .is_some_and(|kind| !kind.is_empty())
         && fingerprint["status"] == "ok"
         && fingerprint["instance"] == instance
     {

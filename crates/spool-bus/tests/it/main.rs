@@ -497,6 +497,44 @@ mod registry {
     }
 }
 
+/// A health check that answers as the seed's reference implementation
+/// does, with its own `kind`, on a free loopback port; its address.
+async fn reference_health(instance: &'static str, kind: &'static str) -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let mut request = [0_u8; 1024];
+            let _ = socket.read(&mut request).await;
+            let body = json!({"status": "ok", "kind": kind, "instance": instance}).to_string();
+            let reply = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = socket.write_all(reply.as_bytes()).await;
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reference_instance_whose_health_names_another_kind_is_reached_and_a_stranger_is_not() {
+    use spool_bus::client::{Probe, probe};
+    let reference = reference_health("worker", "cc-telegram-bridge").await;
+    assert_eq!(probe(reference, "worker").await, Probe::Itself);
+    // The name is what keeps the secret from a stranger holding the port.
+    assert!(matches!(
+        probe(reference, "reviewer").await,
+        Probe::Elsewhere(_)
+    ));
+    let nameless = reference_health("worker", "").await;
+    assert!(matches!(
+        probe(nameless, "worker").await,
+        Probe::Elsewhere(_)
+    ));
+}
+
 /// One raw request, its status line and body: what a browser would send,
 /// headers and all.
 async fn raw(addr: &str, head: &str, body: &str) -> (u16, Value) {

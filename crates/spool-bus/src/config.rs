@@ -154,10 +154,28 @@ impl BusSection {
     ///
     /// A message naming the key that is wrong.
     pub fn from_definition(definition: &AgentDefinition) -> Result<Option<Self>, String> {
+        Self::from_definition_as(definition, None)
+    }
+
+    /// [`BusSection::from_definition`], with `instance` (a command line's
+    /// `--instance`) in place of the table's own: a `[bus]` table may
+    /// leave its name to the flag.
+    ///
+    /// # Errors
+    ///
+    /// A message naming the key that is wrong.
+    pub fn from_definition_as(
+        definition: &AgentDefinition,
+        instance: Option<&str>,
+    ) -> Result<Option<Self>, String> {
         let Some(table) = &definition.bus else {
             return Ok(None);
         };
-        let section = Self::deserialize(toml::Value::Table(table.clone()))
+        let mut table = table.clone();
+        if let Some(instance) = instance {
+            table.insert("instance".into(), toml::Value::String(instance.into()));
+        }
+        let section = Self::deserialize(toml::Value::Table(table))
             .map_err(|e| format!("`[bus]`: {}", e.to_string().trim()))?;
         section.check(definition)?;
         Ok(Some(section))
@@ -224,6 +242,24 @@ mod tests {
     fn section(toml: &str) -> Result<Option<BusSection>, String> {
         let definition = AgentDefinition::from_toml(toml).map_err(|e| e.to_string())?;
         BusSection::from_definition(&definition)
+    }
+
+    #[test]
+    fn a_bus_table_without_instance_takes_the_flags_name_and_is_refused_without_one() {
+        let definition = AgentDefinition::from_toml("[bus]\npeers = [\"worker\"]\n").unwrap();
+        assert!(BusSection::from_definition(&definition).is_err());
+        let named = BusSection::from_definition_as(&definition, Some("reviewer"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(named.instance, "reviewer");
+        assert_eq!(named.peers, ["worker"]);
+        // The flag overrides the table's own name, as each flag overrides
+        // its key.
+        let definition = AgentDefinition::from_toml("[bus]\ninstance = \"a\"\n").unwrap();
+        let named = BusSection::from_definition_as(&definition, Some("b"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(named.instance, "b");
     }
 
     #[test]

@@ -48,6 +48,11 @@ pub(crate) struct BusArgs {
 impl BusArgs {
     /// Lays the flags over `[bus]` (making one when the file has none and
     /// a flag names the instance).
+    /// `--instance`, when given.
+    pub(crate) fn instance(&self) -> Option<&str> {
+        self.instance.as_deref()
+    }
+
     pub(crate) fn apply(&self, section: &mut Option<BusSection>) -> anyhow::Result<()> {
         if let Some(instance) = &self.instance {
             section

@@ -195,7 +195,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         );
         return Ok(ExitCode::from(2));
     }
-    let mut agent = load_agent(args.agent.as_deref(), args.model.as_ref())?;
+    let mut agent = load_agent_as(
+        args.agent.as_deref(),
+        args.model.as_ref(),
+        args.bus.instance(),
+    )?;
     args.bus.apply(&mut agent.bus)?;
     let guard = guard(
         &agent.loaded.definition,
@@ -458,6 +462,16 @@ pub(crate) fn load_agent(
     path: Option<&Path>,
     model: Option<&spool_engines::Spec>,
 ) -> anyhow::Result<Agent> {
+    load_agent_as(path, model, None)
+}
+
+/// [`load_agent`], with `instance` (`--instance`) as the bus instance's
+/// name: a `[bus]` table may leave its name to the flag.
+pub(crate) fn load_agent_as(
+    path: Option<&Path>,
+    model: Option<&spool_engines::Spec>,
+    instance: Option<&str>,
+) -> anyhow::Result<Agent> {
     let mut loaded = AgentDefinition::load(path)?;
     let spec = match model {
         Some(model) => {
@@ -491,7 +505,7 @@ pub(crate) fn load_agent(
             std::env::var(name).ok()
         })
         .with_context(|| format!("engine `{spec}`"))?;
-    let bus = spool_bus::config::BusSection::from_definition(&loaded.definition)
+    let bus = spool_bus::config::BusSection::from_definition_as(&loaded.definition, instance)
         .map_err(anyhow::Error::msg)?;
     Ok(Agent {
         loaded,

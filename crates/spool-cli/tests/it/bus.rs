@@ -331,3 +331,26 @@ fn two_instances_delegating_to_each_other_stop_at_the_maximum_depth() {
     assert!(terminate(reviewer).success());
     assert!(terminate(worker).success());
 }
+
+#[test]
+fn a_bus_table_without_instance_is_served_under_the_instance_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = dir.path().join("run").join("bus-registry.json");
+    std::fs::write(
+        dir.path().join("spool.toml"),
+        format!(
+            "[bus]\nlisten = \"127.0.0.1:0\"\npeers = [\"reviewer\"]\nregistry = \"{}\"\n",
+            registry.display()
+        ),
+    )
+    .unwrap();
+    let server = serve(dir.path(), &["--instance", "worker"]);
+    assert!(
+        server
+            .notes
+            .iter()
+            .any(|line| line.starts_with("spool: bus worker on ")),
+        "{:?}",
+        server.notes
+    );
+}

@@ -320,7 +320,19 @@ async fn delegate(
     budget: Option<Arc<Ledger>>,
     request: BusRequest,
 ) -> Result<String, (ErrorCode, String)> {
-    let internal = |error: RuntimeError| (ErrorCode::InternalError, error.to_string());
+    // A request the runtime refuses as malformed (a delegation id over its
+    // length limit) is the caller's to fix, not worth a retry; anything
+    // else is the target's failure.
+    let internal = |error: RuntimeError| {
+        let code = match error.kind() {
+            spool_runtime::ErrorKind::BadRequest
+            | spool_runtime::ErrorKind::AddressTooLong
+            | spool_runtime::ErrorKind::TitleTooLong
+            | spool_runtime::ErrorKind::OperationIdTooLong => ErrorCode::InvalidRequest,
+            _ => ErrorCode::InternalError,
+        };
+        (code, error.to_string())
+    };
     let delegation = request
         .ext
         .as_ref()

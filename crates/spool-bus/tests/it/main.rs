@@ -244,6 +244,19 @@ async fn the_same_delegation_sent_twice_runs_once_and_answers_the_same() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delegation_id_over_its_limit_is_invalid_request_and_not_retried() {
+    let runtime = runtime(None);
+    let (addr, _stop) = serve(&BusServer::new(runtime.clone(), settings())).await;
+    let mut long = request("reviewer", 1);
+    long["ext"] = json!({"spool": {"delegation_id": "d".repeat(257)}});
+    let (_, body) = talk(&addr, Some(SECRET), &long).await;
+    assert_eq!(body["success"], false, "{body}");
+    assert_eq!(body["errorCode"], "invalid_request", "{body}");
+    assert_eq!(body["retryable"], false, "{body}");
+    assert!(runtime.list().await.unwrap().is_empty(), "nothing was run");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delegation_that_parks_answers_workflow_state_naming_its_run() {
     let script =
         r#"{"tool_calls":[{"id":"q","name":"ask_human","arguments":{"prompt":"Which region?"}}]}"#;

@@ -104,7 +104,8 @@ impl Channels {
             )));
         }
         for name in names {
-            match name.as_str() {
+            // The seed's `vx:*` names are aliases of Spool's.
+            match rpc::canonical_channel(name) {
                 rpc::CHANNEL_EVENTS => channels.events = true,
                 rpc::CHANNEL_STATE => channels.state = true,
                 other => {

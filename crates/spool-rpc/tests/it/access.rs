@@ -1,6 +1,8 @@
 //! Ownership over JSON-RPC: under `RunAccess::Owner` every method answers
 //! another principal's run as one that does not exist, and listings leave
 //! it out, as the HTTP channel does (the runtime's one check).
+//! Also what a subscription may name: its channels, the seed's `vx:*`
+//! names among them.
 
 use std::sync::Arc;
 
@@ -200,4 +202,31 @@ async fn a_channels_list_over_its_limit_is_invalid_params() {
     .await
     .unwrap_err();
     assert_eq!(error["code"], -32602, "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_seeds_vx_channel_names_subscribe_as_spools_own() {
+    let (dispatcher, run) = alices_run().await;
+    let subscribed = call(
+        &dispatcher,
+        &token("alice", false),
+        "subscribe",
+        json!({"run_id": run, "channels": ["vx:events", "vx:state"]}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        subscribed["channels"],
+        json!(["spool:events", "spool:state"]),
+        "{subscribed}"
+    );
+    let unknown = call(
+        &dispatcher,
+        &token("alice", false),
+        "subscribe",
+        json!({"run_id": run, "channels": ["vx:nothing"]}),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(unknown["code"], -32602, "{unknown}");
 }

@@ -47,6 +47,28 @@ pub const CHANNEL_SUBMIT: &str = "spool:submit";
 /// The four channels, in the order `/version` lists them.
 pub const CHANNELS: [&str; 4] = [CHANNEL_EVENTS, CHANNEL_STATE, CHANNEL_RPC, CHANNEL_SUBMIT];
 
+/// A channel's name as Spool spells it: the seed's `vx:*` names are
+/// aliases of Spool's `spool:*` ones, so a client written against the
+/// seed subscribes unchanged; any other name is given back as it is.
+///
+/// ```
+/// use spool_wire::rpc::{CHANNEL_EVENTS, canonical_channel};
+/// assert_eq!(canonical_channel("vx:events"), CHANNEL_EVENTS);
+/// assert_eq!(canonical_channel("spool:events"), CHANNEL_EVENTS);
+/// assert_eq!(canonical_channel("other"), "other");
+/// ```
+#[must_use]
+pub fn canonical_channel(name: &str) -> &str {
+    match name.strip_prefix("vx:") {
+        Some(rest) => CHANNELS
+            .iter()
+            .find(|channel| channel.strip_prefix("spool:") == Some(rest))
+            .copied()
+            .unwrap_or(name),
+        None => name,
+    }
+}
+
 /// Notification carrying one [`WireEvent`].
 pub const METHOD_EVENTS_APPEND: &str = "events.append";
 /// Request for the current run state.

@@ -440,6 +440,14 @@ impl Runtime {
         output: serde_json::Value,
         operator: Option<String>,
     ) -> Result<(), RuntimeError> {
+        // What an operator records is held to what a tool's output is: a
+        // one-key object under a sentinel's reserved name would be misread
+        // as a suspension, a sleep or a failure on replay.
+        if spool_wire::sentinel::Sentinel::is_reserved(&output) {
+            return Err(RuntimeError::BadRequest(
+                "the output is a one-key object under a reserved sentinel name; wrap it or rename the key".into(),
+            ));
+        }
         self.settle(
             run,
             call_id,

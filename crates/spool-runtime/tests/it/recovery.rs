@@ -142,6 +142,49 @@ async fn a_write_interrupted_mid_call_waits_for_an_operator_and_never_runs_again
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operators_resolve_under_a_reserved_sentinel_name_is_refused_and_the_run_keeps_waiting()
+{
+    let crash = Crashable::new(
+        r#"{"tool_calls": [{"id": "c1", "name": "gated", "arguments": {}}]}
+{"text": "done after reconciliation"}"#,
+        Effect::Write,
+        vec![],
+    );
+    let (run, turn) = tokio::task::block_in_place(|| crash.start_and_crash());
+    let runtime = crash.runtime(Arc::new(tokio::sync::Notify::new()));
+    runtime.recover().await.unwrap();
+    settle(&runtime, &run, &turn).await;
+    for reserved in [
+        serde_json::json!({"__spool_suspend": {"kind": "question", "prompt": "?"}}),
+        serde_json::json!({"__spool_sleep": {"until": "2030-01-01T00:00:00Z"}}),
+        serde_json::json!({"__spool_error": "boom"}),
+    ] {
+        let refused = runtime
+            .resolve(&run, "c1", reserved.clone(), Some("ops".into()))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            refused.kind(),
+            spool_runtime::ErrorKind::BadRequest,
+            "{reserved}"
+        );
+    }
+    let view = runtime.get(&run).await.unwrap();
+    assert_eq!(view.status, Status::Waiting(SuspendKind::Reconciliation));
+    // The same value wrapped is ordinary output.
+    runtime
+        .resolve(
+            &run,
+            "c1",
+            serde_json::json!({"result": {"__spool_error": "boom"}}),
+            Some("ops".into()),
+        )
+        .await
+        .unwrap();
+    until(&runtime, &run, |view| view.status == Status::Completed).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_abandoned_write_fails_the_turn_rather_than_guess() {
     let crash = Crashable::new(
         r#"{"tool_calls": [{"id": "c1", "name": "gated", "arguments": {}}]}"#,

@@ -108,6 +108,14 @@ pub trait Tool: Send + Sync + 'static {
         None
     }
 
+    /// Whether an `idempotent` call must carry a key
+    /// ([`Tool::idempotency_key`] finds one in its input). A call without
+    /// one is refused as `invalid_input`, never run unclaimed: without its
+    /// key a retry after a crash could run it twice.
+    fn keyed(&self) -> bool {
+        false
+    }
+
     /// Runs the call. `cancel` fires when the turn is cancelled.
     fn call<'a>(
         &'a self,

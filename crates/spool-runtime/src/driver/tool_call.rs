@@ -217,6 +217,17 @@ impl Inner {
                 0,
             );
         }
+        if request.effect == Effect::Idempotent && tool.keyed() && request.idempotency_key.is_none()
+        {
+            return failed(
+                FailureKind::InvalidInput,
+                format!(
+                    "`{}` needs an idempotency key in its input, and this call has none",
+                    request.tool
+                ),
+                0,
+            );
+        }
         if let (Effect::Idempotent, Some(key)) = (request.effect, &request.idempotency_key) {
             let claim_key = ClaimKey {
                 tool: request.tool.clone(),

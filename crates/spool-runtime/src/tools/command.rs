@@ -98,6 +98,10 @@ impl Tool for CommandTool {
         self.definition.attempts
     }
 
+    fn keyed(&self) -> bool {
+        self.definition.idempotency_key.is_some()
+    }
+
     fn idempotency_key(&self, input: &Value) -> Option<String> {
         let pointer = self.definition.idempotency_key.as_deref()?;
         match input.pointer(pointer)? {

@@ -14,6 +14,7 @@ mod first_wins;
 mod gate;
 mod hub;
 mod incremental;
+mod keys;
 mod recovery;
 mod schedules;
 mod steering;

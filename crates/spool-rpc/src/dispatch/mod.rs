@@ -422,7 +422,13 @@ impl Connection {
             }
             "run.list" => self.list(params(&raw)?).await,
             rpc::METHOD_STATE_SNAPSHOT => {
-                let RunParams { run_id: id } = params(&raw)?;
+                // The seed calls `state.snapshot()` with no params: the
+                // run this connection follows, when it follows one.
+                let SnapshotParams { run_id } = params(&raw)?;
+                let id = match run_id {
+                    Some(id) => id,
+                    None => self.subscribed_run()?,
+                };
                 let run = self.reached(&id).await?;
                 let snapshot = self.runtime().snapshot(&run).await.map_err(runtime_error)?;
                 Ok(to_value(&SnapshotReply {
@@ -459,6 +465,27 @@ impl Connection {
 
     fn runtime(&self) -> &Runtime {
         &self.inner.runtime
+    }
+
+    /// The one run this connection subscribes to: what `state.snapshot`
+    /// without a `run_id` answers.
+    fn subscribed_run(&self) -> Result<String, Failure> {
+        let subscriptions = self
+            .inner
+            .subscriptions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut runs = subscriptions.keys();
+        match (runs.next(), runs.next()) {
+            (Some(run), None) => Ok(run.to_string()),
+            (None, _) => Err(invalid_params(
+                "`state.snapshot` without `run_id` answers the run this connection subscribes to, and it subscribes to none: subscribe first, or name the run",
+            )),
+            (Some(_), Some(_)) => Err(invalid_params(format!(
+                "this connection subscribes to {} runs: name one with `run_id`",
+                subscriptions.len()
+            ))),
+        }
     }
 
     /// The run named `id`, when this connection's caller may reach it:

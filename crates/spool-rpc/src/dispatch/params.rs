@@ -32,6 +32,15 @@ pub(super) struct RunParams {
     pub(super) run_id: String,
 }
 
+/// `state.snapshot`'s params: the run, or none for the one the
+/// connection subscribes to.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct SnapshotParams {
+    #[serde(default)]
+    pub(super) run_id: Option<String>,
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RespondParams {

@@ -154,3 +154,44 @@ async fn state_patches_applied_to_a_snapshot_or_to_nothing_give_the_snapshot_tak
     follow(&mut fresh, &mut document, None, end_cursor).await;
     assert_eq!(document, end, "from nothing");
 }
+
+#[tokio::test]
+async fn state_snapshot_without_a_run_answers_the_one_run_the_connection_subscribes_to() {
+    let runtime = runtime();
+    let mut client = Client::new(&runtime);
+    // The seed's own call, `state.snapshot()`, with no params at all.
+    client
+        .send(json!({"jsonrpc": "2.0", "id": 1, "method": "state.snapshot"}))
+        .await;
+    let none = client.until_response(1).await.1;
+    assert_eq!(
+        none["error"]["code"], -32602,
+        "subscribed to nothing: {none}"
+    );
+    let run = client.call(2, "submit.run", json!({"text": "hi"})).await["result"]["run_id"].clone();
+    let subscribed = client
+        .call(
+            3,
+            "subscribe",
+            json!({"run_id": run, "channels": ["spool:state"]}),
+        )
+        .await;
+    assert!(subscribed.get("result").is_some(), "{subscribed}");
+    client
+        .send(json!({"jsonrpc": "2.0", "id": 4, "method": "state.snapshot"}))
+        .await;
+    let snapshot = client.until_response(4).await.1;
+    assert_eq!(snapshot["result"]["run_id"], run, "{snapshot}");
+    // Two runs followed: which one is for the caller to say.
+    let other =
+        client.call(5, "submit.run", json!({"text": "two"})).await["result"]["run_id"].clone();
+    client
+        .call(
+            6,
+            "subscribe",
+            json!({"run_id": other, "channels": ["spool:state"]}),
+        )
+        .await;
+    let two = client.call(7, "state.snapshot", json!({})).await;
+    assert_eq!(two["error"]["code"], -32602, "{two}");
+}

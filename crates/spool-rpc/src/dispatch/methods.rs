@@ -280,15 +280,20 @@ impl Connection {
             .await
             .map_err(runtime_error)?;
         let token = self.inner.closed.child_token();
+        let carried = Arc::new(std::sync::atomic::AtomicU8::new(channels.bits()));
+        let following = Following {
+            token: token.clone(),
+            channels: Arc::clone(&carried),
+        };
         if let Some(previous) = self
             .inner
             .subscriptions
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(run.clone(), token.clone())
+            .insert(run.clone(), following)
         {
             // One subscription per run and connection: the new one wins.
-            previous.cancel();
+            previous.token.cancel();
         }
         let connection = self.clone();
         let subscribed = run.clone();
@@ -314,6 +319,9 @@ impl Connection {
                     }
                     continue;
                 }
+                // What the subscription carries now: `unsubscribe` may
+                // have left one of its channels.
+                let channels = Channels::from_bits(carried.load(Ordering::SeqCst));
                 let flow = match item {
                     StreamItem::Event(envelope) => {
                         // A position's events go out before its patch: a
@@ -325,7 +333,9 @@ impl Connection {
                         } else {
                             mapper.advance(&envelope);
                         }
-                        if let Some(patch) = patcher.as_mut().and_then(|p| p.apply(&envelope)) {
+                        if let Some(patch) = patcher.as_mut().and_then(|p| p.apply(&envelope))
+                            && channels.state
+                        {
                             connection
                                 .notify_at(
                                     envelope.seq.0,
@@ -361,7 +371,7 @@ impl Connection {
                 .unwrap_or_else(PoisonError::into_inner);
             if subscriptions
                 .get(&subscribed)
-                .is_some_and(|t| t.is_cancelled() || t == &token)
+                .is_some_and(|f| f.token.is_cancelled() || f.token == token)
             {
                 subscriptions.remove(&subscribed);
             }

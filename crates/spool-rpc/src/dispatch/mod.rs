@@ -185,6 +185,14 @@ impl Dispatcher {
     }
 }
 
+/// One subscription of a connection: what ends it, and the channels it
+/// carries now (`unsubscribe` may leave one of two).
+#[derive(Clone, Debug)]
+struct Following {
+    token: CancellationToken,
+    channels: Arc<std::sync::atomic::AtomicU8>,
+}
+
 /// One client's connection: its requests, its subscriptions, its outbox.
 #[derive(Clone, Debug)]
 pub struct Connection {
@@ -200,7 +208,7 @@ struct ConnectionInner {
     access: RunAccess,
     outbox: mpsc::Sender<Outgoing>,
     /// Subscriptions by run, each ended by its token.
-    subscriptions: Mutex<HashMap<RunId, CancellationToken>>,
+    subscriptions: Mutex<HashMap<RunId, Following>>,
     /// Requests being answered: they end by themselves.
     requests: TaskTracker,
     /// Subscriptions being served: they end when told.
@@ -437,20 +445,7 @@ impl Connection {
                 }))
             }
             "subscribe" => self.subscribe(params(&raw)?).await,
-            "unsubscribe" => {
-                let RunParams { run_id: id } = params(&raw)?;
-                let run = run_id(&id)?;
-                let ended = self
-                    .inner
-                    .subscriptions
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .remove(&run);
-                if let Some(token) = &ended {
-                    token.cancel();
-                }
-                Ok(json!({"unsubscribed": ended.is_some()}))
-            }
+            "unsubscribe" => self.unsubscribe(params(&raw)?),
             "getCapabilities" => Ok(to_value(&capabilities())),
             "ping" => Ok(json!("pong")),
             other => Err(Failure(ErrorObject::with_reason(
@@ -465,6 +460,31 @@ impl Connection {
 
     fn runtime(&self) -> &Runtime {
         &self.inner.runtime
+    }
+
+    /// `unsubscribe`: leaves the channels named (every channel when none
+    /// are), and ends the subscription once it carries none.
+    fn unsubscribe(&self, unsubscribe: Unsubscribe) -> Result<Value, Failure> {
+        let run = run_id(&unsubscribe.run_id)?;
+        let leaving = match &unsubscribe.channels {
+            Some(names) => Channels::of(Some(names))?.bits(),
+            None => u8::MAX,
+        };
+        let mut subscriptions = self
+            .inner
+            .subscriptions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let Some(following) = subscriptions.get(&run) else {
+            return Ok(json!({"unsubscribed": false, "channels": []}));
+        };
+        let before = following.channels.fetch_and(!leaving, Ordering::SeqCst);
+        let left = Channels::from_bits(before & !leaving);
+        if left.bits() == 0 {
+            following.token.cancel();
+            subscriptions.remove(&run);
+        }
+        Ok(json!({"unsubscribed": before & leaving != 0, "channels": left.names()}))
     }
 
     /// The one run this connection subscribes to: what `state.snapshot`

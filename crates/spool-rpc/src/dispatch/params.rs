@@ -77,6 +77,16 @@ pub(super) struct ListParams {
     pub(super) limit: Option<usize>,
 }
 
+/// `unsubscribe`'s params: the run, and the channels to leave (all of
+/// them when none are named).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Unsubscribe {
+    pub(super) run_id: String,
+    #[serde(default)]
+    pub(super) channels: Option<Vec<String>>,
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct Subscribe {
@@ -130,6 +140,19 @@ impl Channels {
             return Err(invalid_params("`channels` names no channel"));
         }
         Ok(channels)
+    }
+
+    /// As one number, to share with a running subscription.
+    pub(super) fn bits(self) -> u8 {
+        u8::from(self.events) | (u8::from(self.state) << 1)
+    }
+
+    /// From [`Channels::bits`].
+    pub(super) fn from_bits(bits: u8) -> Self {
+        Self {
+            events: bits & 1 != 0,
+            state: bits & 2 != 0,
+        }
     }
 
     pub(super) fn names(self) -> Vec<&'static str> {

@@ -324,6 +324,61 @@ async fn subscribe_sends_a_runs_events_from_a_cursor_and_unsubscribe_ends_them()
 }
 
 #[tokio::test]
+async fn unsubscribing_from_one_channel_of_two_keeps_the_other() {
+    let runtime = echo();
+    let mut driver = Client::new(&runtime);
+    let first = driver.call(1, "submit.run", json!({"text": "one"})).await;
+    let run = first["result"]["run_id"].clone();
+    let mut follower = Client::new(&runtime);
+    let subscribed = follower
+        .call(
+            1,
+            "subscribe",
+            json!({"run_id": run, "cursor": first["result"]["cursor"], "channels": ["spool:events", "spool:state"]}),
+        )
+        .await;
+    assert_eq!(
+        subscribed["result"]["channels"],
+        json!(["spool:events", "spool:state"])
+    );
+    let left = follower
+        .call(
+            2,
+            "unsubscribe",
+            json!({"run_id": run, "channels": ["spool:events"]}),
+        )
+        .await;
+    assert_eq!(left["result"]["unsubscribed"], true, "{left}");
+    assert_eq!(left["result"]["channels"], json!(["spool:state"]));
+    // The next turn reaches the follower as state patches only.
+    let second = driver
+        .call(2, "submit.run", json!({"text": "two", "run_id": run}))
+        .await;
+    let end = second["result"]["cursor"].as_u64().unwrap();
+    loop {
+        let message = follower.next().await;
+        assert_ne!(message["method"], "events.append", "{message}");
+        if message["method"] == "state.patch" && message["params"]["to"].as_u64() == Some(end) {
+            break;
+        }
+    }
+    // Leaving the last channel ends the subscription.
+    let ended = follower
+        .call(
+            3,
+            "unsubscribe",
+            json!({"run_id": run, "channels": ["vx:state"]}),
+        )
+        .await;
+    assert_eq!(ended["result"]["unsubscribed"], true, "{ended}");
+    assert_eq!(ended["result"]["channels"], json!([]));
+    let again = follower
+        .call(4, "unsubscribe", json!({"run_id": run}))
+        .await;
+    assert_eq!(again["result"]["unsubscribed"], false, "{again}");
+}
+
+#[tokio::test]
 async fn closing_a_connection_answers_the_requests_in_progress_first() {
     let runtime = echo();
     let mut client = Client::new(&runtime);

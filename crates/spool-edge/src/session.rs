@@ -64,6 +64,9 @@ impl Session {
         let (Some(authenticator), Some(mut changes)) = (self.authenticator.clone(), changes) else {
             return self.closing.clone();
         };
+        // Checked once at the start too: a revocation read between the
+        // request's authentication and this subscription is not missed.
+        changes.mark_changed();
         let (sender, ending) = watch::channel(*self.closing.borrow());
         let credentials = self.credentials.clone();
         let mut closing = self.closing.clone();

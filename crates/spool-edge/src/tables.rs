@@ -28,6 +28,17 @@ pub const WS_BEARER_PREFIX: &str = "spool.bearer.";
 /// The WebSocket subprotocol the server chooses when it is offered.
 pub const WS_PROTOCOL: &str = "spool.v1";
 
+/// The subprotocols a WebSocket handshake offers (`Sec-WebSocket-Protocol`,
+/// comma-separated, over one header or several), trimmed.
+pub fn ws_protocols(headers: &http::HeaderMap) -> impl Iterator<Item = &str> {
+    headers
+        .get_all(http::header::SEC_WEBSOCKET_PROTOCOL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+}
+
 /// A run view as the channel's reply.
 #[must_use]
 pub fn reply(view: &RunView) -> RunReply {

@@ -115,12 +115,8 @@ fn upgrade(
     // A browser accepts only a subprotocol it offered: `spool.v1` is
     // chosen when offered, and a `spool.bearer.<token>` offer (read by the
     // channel's authenticator) is never echoed.
-    let chosen = headers
-        .get_all(header::SEC_WEBSOCKET_PROTOCOL)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|p| p.trim() == spool_edge::tables::WS_PROTOCOL);
+    let chosen =
+        spool_edge::tables::ws_protocols(headers).any(|p| p == spool_edge::tables::WS_PROTOCOL);
     let principal = request
         .extensions()
         .get::<Authenticated>()

@@ -57,12 +57,8 @@ pub(super) fn credentials(headers: &http::HeaderMap) -> Credentials {
         })
         .collect();
     if !headers.contains_key(header::AUTHORIZATION)
-        && let Some(token) = headers
-            .get_all(header::SEC_WEBSOCKET_PROTOCOL)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .find_map(|p| p.trim().strip_prefix(WS_BEARER_PREFIX))
+        && let Some(token) =
+            spool_edge::tables::ws_protocols(headers).find_map(|p| p.strip_prefix(WS_BEARER_PREFIX))
     {
         pairs.push(("authorization".into(), format!("Bearer {token}")));
     }

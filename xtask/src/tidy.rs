@@ -45,10 +45,10 @@ const LAYERS: &[(&str, &[&str])] = &[
         &["spool-edge", "spool-runtime", "spool-journal", "spool-wire"],
     ),
     // OTLP's LogRecords are the JSON-RPC events' own: the mapping lives
-    // once, in spool-rpc.
+    // once, in the edge (`spool_edge::records`).
     (
         "spool-otel",
-        &["spool-rpc", "spool-runtime", "spool-journal", "spool-wire"],
+        &["spool-edge", "spool-runtime", "spool-journal", "spool-wire"],
     ),
     ("spool-cli", &["*"]),
     ("spool-bench", &["*"]),

@@ -14,6 +14,7 @@
 pub mod body;
 pub mod guard;
 pub mod lines;
+pub mod records;
 mod refusals;
 pub mod server;
 pub mod session;

@@ -9,6 +9,7 @@
 
 pub mod channel;
 pub mod client;
+pub mod events;
 mod fanout;
 pub mod forward;
 pub mod schedules;
@@ -16,9 +17,9 @@ pub mod stream;
 
 pub use channel::HttpChannel;
 pub use client::{Client, ClientError};
+pub use events::stream_lines;
 pub use forward::Placement;
 pub use spool_edge::{Listener, TokenFile, body, guard, lines, serve, server, session, tls};
-pub use stream::stream_lines;
 
 /// The built-in authenticator (`spool_edge::token`), and the trigger
 /// authorizer `spool serve` uses with it.

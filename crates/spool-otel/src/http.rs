@@ -65,7 +65,7 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for HttpSpans {
         let (route, run) = route(&path);
         let trace = run
             .as_ref()
-            .and_then(|run| TraceId::from_hex(&spool_rpc::events::trace_id(run)).ok())
+            .and_then(|run| TraceId::from_hex(&spool_edge::records::trace_id(run)).ok())
             .unwrap_or_else(|| TraceId::from(fastrand::u128(1..)));
         let mut attributes = vec![
             KeyValue::new("http.request.method", method.clone()),

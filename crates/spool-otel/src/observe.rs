@@ -1,7 +1,12 @@
-//! From committed journal events to spans, LogRecords and metrics.
+//! From committed journal events to spans, LogRecords and metrics: the
+//! OpenTelemetry table over [`spool_runtime::activity`] (the LogRecords
+//! are the JSON-RPC events, `spool_edge::records`).
+//!
+//! A tool call's span lasts until its result is known: a question's wait
+//! and a sleep are child spans of the call that asked or slept.
 //!
 //! Every id comes from the run, as the JSON-RPC events' do
-//! (`spool_rpc::events`): the trace is the run, a model call's span is
+//! (`spool_edge::records`): the trace is the run, a model call's span is
 //! `model:<seq of its request>`, a tool call's `tool:<call id>`, and a
 //! turn's `turn:<turn id>`, so a span and the LogRecords of its task carry
 //! the same ids on every server and after a restart. A span is made when
@@ -23,9 +28,10 @@ use opentelemetry::{InstrumentationScope, KeyValue};
 use opentelemetry_sdk::logs::{SdkLogRecord, SdkLogger, SdkLoggerProvider};
 use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks};
 use serde_json::Value;
-use spool_journal::{Envelope, Event, RunId};
-use spool_rpc::events::{Mapper, span_id, trace_id};
-use spool_wire::sentinel::Sentinel;
+use spool_edge::records::{Mapper, span_id, trace_id};
+use spool_journal::event::ModelCallCompleted;
+use spool_journal::{Envelope, RunId};
+use spool_runtime::activity::{Activity, Reader, ToolOutcome, TurnOutcome};
 
 use crate::export::Queue;
 
@@ -67,6 +73,8 @@ impl Agent {
 #[derive(Debug)]
 struct Track {
     mapper: Mapper,
+    /// The run's activity, for the spans.
+    reader: Reader,
     /// The run's trace id, computed once.
     trace: TraceId,
     /// The current turn's span id, computed once per turn.
@@ -88,6 +96,7 @@ impl Track {
     fn new(run: &RunId) -> Self {
         Self {
             mapper: Mapper::new(run),
+            reader: Reader::new(),
             trace: TraceId::from_hex(&trace_id(run)).unwrap_or(TraceId::INVALID),
             turn_span: SpanId::INVALID,
             turn: None,
@@ -290,32 +299,142 @@ impl Observer {
                 }
             }
         };
-        match &envelope.event {
-            Event::RunCreated(_) => {
-                if let Some(metrics) = metrics {
-                    metrics.runs_started.add(1, &[]);
+        for fact in track.reader.envelope(envelope) {
+            match fact {
+                Activity::Created(_) => {
+                    if let Some(metrics) = metrics {
+                        metrics.runs_started.add(1, &[]);
+                    }
                 }
+                Activity::TurnStarted { started, .. } => {
+                    park(track, false);
+                    track.turn_span = span(run, &format!("turn:{}", started.turn_id));
+                    track.turn = Some((started.turn_id.as_str().to_owned(), at));
+                }
+                Activity::ModelCallStarted { call } => track.model = Some((call.0, at)),
+                Activity::ModelCallEnded { call, done } => {
+                    let seq = call.map_or(envelope.seq.0.saturating_sub(1), |call| call.0);
+                    self.model_span(track, run, seq, at, Some(done), made);
+                }
+                Activity::ModelCallInterrupted { call } => {
+                    self.model_span(track, run, call.0, at, None, made);
+                }
+                Activity::ToolCallStarted(requested) => {
+                    track.tools.insert(
+                        requested.call_id.clone(),
+                        (at, requested.tool.clone(), requested.input.clone()),
+                    );
+                }
+                Activity::ToolCallEnded {
+                    call_id, outcome, ..
+                } => {
+                    if let ToolOutcome::Woke { early, .. } = outcome {
+                        park(track, false);
+                        self.sleep_span(track, run, &call_id, at, early, made);
+                    }
+                    let status = if outcome.is_error() {
+                        Status::error(outcome.text())
+                    } else {
+                        Status::Unset
+                    };
+                    let output = match &outcome {
+                        ToolOutcome::Output(output) => Some(Cow::Borrowed(*output)),
+                        ToolOutcome::Resolved(resolved) => Some(Cow::Borrowed(&*resolved.output)),
+                        ToolOutcome::Abandoned(_) | ToolOutcome::Interrupted => None,
+                        other => Some(Cow::Owned(Value::String(other.text()))),
+                    };
+                    self.tool_span(
+                        track,
+                        run,
+                        (&call_id, outcome.name()),
+                        at,
+                        output.as_deref(),
+                        status,
+                        made,
+                    );
+                }
+                Activity::Suspended(suspended) => {
+                    park(track, true);
+                    track.suspended = Some((
+                        at,
+                        suspended.kind.as_str().to_owned(),
+                        suspended.call_id.clone(),
+                    ));
+                }
+                Activity::BudgetStopped(_) => park(track, true),
+                Activity::Resumed { .. } => {
+                    park(track, false);
+                    if let Some((start, kind, call)) = track.suspended.take() {
+                        let mut attributes =
+                            vec![KeyValue::new("spool.suspend.kind", kind.clone())];
+                        // A question's wait is part of its tool call.
+                        let parent = match &call {
+                            Some(call) => {
+                                attributes.push(KeyValue::new("gen_ai.tool.call.id", call.clone()));
+                                span(run, &format!("tool:{call}"))
+                            }
+                            None => track.turn_span,
+                        };
+                        made.spans.push(self.span(
+                            (track.trace, parent),
+                            span(run, &format!("suspend:{}", envelope.seq.0)),
+                            format!("suspended {kind}"),
+                            SpanKind::Internal,
+                            (start, at, false),
+                            attributes,
+                            Status::Unset,
+                        ));
+                    }
+                }
+                Activity::SleepStarted(sleep) => {
+                    park(track, true);
+                    track.sleeps.insert(sleep.call_id.clone(), at);
+                }
+                Activity::TurnEnded(outcome) => {
+                    let (name, status) = match outcome {
+                        TurnOutcome::Completed(_) => ("completed", Status::Ok),
+                        TurnOutcome::Failed(failed) => (
+                            "failed",
+                            Status::error(format!("{}: {}", failed.code.as_str(), failed.message)),
+                        ),
+                        TurnOutcome::Cancelled(_) => ("cancelled", Status::Unset),
+                    };
+                    // A turn that ends while parked is no longer parked.
+                    park(track, false);
+                    track.suspended = None;
+                    track.sleeps.clear();
+                    self.turn_span(track, run, outcome.turn().as_str(), at, name, status, made);
+                }
+                _ => {}
             }
-            Event::TurnStarted(started) => {
-                park(track, false);
-                track.turn_span = span(run, &format!("turn:{}", started.turn_id));
-                track.turn = Some((started.turn_id.as_str().to_owned(), at));
-            }
-            Event::ModelCallRequested(_) => {
-                track.model = Some((envelope.seq.0, at));
-            }
-            Event::ModelCallCompleted(done) => {
-                let (seq, start, resumed) = match track.model.take() {
-                    Some((seq, start)) => (seq, start, false),
-                    None => (envelope.seq.0.saturating_sub(1), at, true),
-                };
-                let mut attributes = vec![
-                    KeyValue::new("gen_ai.operation.name", "chat"),
-                    KeyValue::new("gen_ai.provider.name", self.agent.provider.clone()),
-                    KeyValue::new("gen_ai.request.model", self.agent.model.clone()),
-                    KeyValue::new("gen_ai.response.model", self.agent.model.clone()),
-                    KeyValue::new("gen_ai.conversation.id", run.as_str().to_owned()),
-                ];
+        }
+    }
+
+    /// A model call's span: answered (`done`) or interrupted by its turn's
+    /// end.
+    fn model_span(
+        &self,
+        track: &mut Track,
+        run: &RunId,
+        seq: u64,
+        at: SystemTime,
+        done: Option<&ModelCallCompleted>,
+        made: &mut Made,
+    ) {
+        let (start, resumed) = match track.model.take() {
+            Some((_, start)) => (start, false),
+            None => (at, true),
+        };
+        let mut attributes = vec![
+            KeyValue::new("gen_ai.operation.name", "chat"),
+            KeyValue::new("gen_ai.provider.name", self.agent.provider.clone()),
+            KeyValue::new("gen_ai.request.model", self.agent.model.clone()),
+            KeyValue::new("gen_ai.response.model", self.agent.model.clone()),
+            KeyValue::new("gen_ai.conversation.id", run.as_str().to_owned()),
+        ];
+        let mut status = Status::Unset;
+        match done {
+            Some(done) => {
                 if let Some(usage) = done.usage {
                     attributes.push(KeyValue::new(
                         "gen_ai.usage.input_tokens",
@@ -325,7 +444,7 @@ impl Observer {
                         "gen_ai.usage.output_tokens",
                         i64::try_from(usage.output_tokens).unwrap_or(i64::MAX),
                     ));
-                    if let Some(metrics) = metrics {
+                    if let Some(metrics) = &self.metrics {
                         metrics.tokens.record(usage.input_tokens, &self.tokens[0]);
                         metrics.tokens.record(usage.output_tokens, &self.tokens[1]);
                     }
@@ -338,148 +457,53 @@ impl Observer {
                         ),
                     ));
                 }
-                if let Some(metrics) = metrics {
-                    metrics
-                        .model_duration
-                        .record(seconds(start, at), &self.model);
-                }
-                made.spans.push(self.span(
-                    (track.trace, track.turn_span),
-                    span(run, &format!("model:{seq}")),
-                    format!("chat {}", self.agent.model),
-                    SpanKind::Client,
-                    (start, at, resumed),
-                    attributes,
-                    Status::Unset,
-                ));
             }
-            Event::ToolCallRequested(requested) => {
-                track.tools.insert(
-                    requested.call_id.clone(),
-                    (at, requested.tool.clone(), requested.input.clone()),
-                );
+            None => {
+                status = Status::error("the turn ended before the model's answer");
             }
-            Event::ToolCallCompleted(done) => {
-                let output: &Value = &done.output;
-                let status = match Sentinel::decode(output) {
-                    Ok(Some(Sentinel::Failure(failure))) => Status::error(failure.message),
-                    _ => Status::Unset,
-                };
-                self.tool_span(track, run, &done.call_id, at, Some(output), status, made);
-            }
-            Event::ToolCallResolved(resolved) => {
-                let output: &Value = &resolved.output;
-                self.tool_span(
-                    track,
-                    run,
-                    &resolved.call_id,
-                    at,
-                    Some(output),
-                    Status::Unset,
-                    made,
-                );
-            }
-            Event::ToolCallAbandoned(abandoned) => {
-                let why = abandoned
-                    .reason
-                    .clone()
-                    .unwrap_or_else(|| "abandoned".into());
-                self.tool_span(
-                    track,
-                    run,
-                    &abandoned.call_id,
-                    at,
-                    None,
-                    Status::error(why),
-                    made,
-                );
-            }
-            Event::Suspended(suspended) => {
-                park(track, true);
-                track.suspended = Some((
-                    at,
-                    suspended.kind.as_str().to_owned(),
-                    suspended.call_id.clone(),
-                ));
-            }
-            Event::BudgetExceeded(_) => park(track, true),
-            Event::Resumed(_) => {
-                park(track, false);
-                if let Some((start, kind, call)) = track.suspended.take() {
-                    let mut attributes = vec![KeyValue::new("spool.suspend.kind", kind.clone())];
-                    if let Some(call) = &call {
-                        attributes.push(KeyValue::new("gen_ai.tool.call.id", call.clone()));
-                    }
-                    made.spans.push(self.span(
-                        (track.trace, track.turn_span),
-                        span(run, &format!("suspend:{}", envelope.seq.0)),
-                        format!("suspended {kind}"),
-                        SpanKind::Internal,
-                        (start, at, false),
-                        attributes,
-                        Status::Unset,
-                    ));
-                }
-            }
-            Event::SleepStarted(sleep) => {
-                park(track, true);
-                track.sleeps.insert(sleep.call_id.clone(), at);
-            }
-            Event::SleepCompleted(woke) => {
-                park(track, false);
-                let (start, resumed) = match track.sleeps.remove(&woke.call_id) {
-                    Some(start) => (start, false),
-                    None => (at, true),
-                };
-                made.spans.push(self.span(
-                    (track.trace, track.turn_span),
-                    span(run, &format!("sleep:{}", woke.call_id)),
-                    "sleep".into(),
-                    SpanKind::Internal,
-                    (start, at, resumed),
-                    vec![
-                        KeyValue::new("gen_ai.tool.call.id", woke.call_id.clone()),
-                        KeyValue::new("spool.sleep.early", woke.woken_at.is_some()),
-                    ],
-                    Status::Unset,
-                ));
-            }
-            Event::TurnCompleted(done) => {
-                self.turn_span(
-                    track,
-                    run,
-                    done.turn_id.as_str(),
-                    at,
-                    "completed",
-                    Status::Ok,
-                    made,
-                );
-            }
-            Event::TurnFailed(failed) => {
-                let status = Status::error(format!("{}: {}", failed.code.as_str(), failed.message));
-                self.turn_span(
-                    track,
-                    run,
-                    failed.turn_id.as_str(),
-                    at,
-                    "failed",
-                    status,
-                    made,
-                );
-            }
-            Event::TurnCancelled(cancelled) => {
-                self.turn_span(
-                    track,
-                    run,
-                    cancelled.turn_id.as_str(),
-                    at,
-                    "cancelled",
-                    Status::Unset,
-                    made,
-                );
-            }
-            _ => {}
         }
+        if let Some(metrics) = &self.metrics {
+            metrics
+                .model_duration
+                .record(seconds(start, at), &self.model);
+        }
+        made.spans.push(self.span(
+            (track.trace, track.turn_span),
+            span(run, &format!("model:{seq}")),
+            format!("chat {}", self.agent.model),
+            SpanKind::Client,
+            (start, at, resumed),
+            attributes,
+            status,
+        ));
+    }
+
+    /// A sleep's span, a child of the tool call that slept.
+    fn sleep_span(
+        &self,
+        track: &mut Track,
+        run: &RunId,
+        call_id: &str,
+        at: SystemTime,
+        early: bool,
+        made: &mut Made,
+    ) {
+        let (start, resumed) = match track.sleeps.remove(call_id) {
+            Some(start) => (start, false),
+            None => (at, true),
+        };
+        made.spans.push(self.span(
+            (track.trace, span(run, &format!("tool:{call_id}"))),
+            span(run, &format!("sleep:{call_id}")),
+            "sleep".into(),
+            SpanKind::Internal,
+            (start, at, resumed),
+            vec![
+                KeyValue::new("gen_ai.tool.call.id", call_id.to_owned()),
+                KeyValue::new("spool.sleep.early", early),
+            ],
+            Status::Unset,
+        ));
     }
 
     #[allow(
@@ -490,7 +514,7 @@ impl Observer {
         &self,
         track: &mut Track,
         run: &RunId,
-        call_id: &str,
+        (call_id, outcome): (&str, &'static str),
         at: SystemTime,
         output: Option<&Value>,
         status: Status,
@@ -505,6 +529,7 @@ impl Observer {
             KeyValue::new("gen_ai.tool.name", tool.clone()),
             KeyValue::new("gen_ai.tool.call.id", call_id.to_owned()),
             KeyValue::new("gen_ai.tool.type", "function"),
+            KeyValue::new("spool.tool.outcome", outcome),
         ];
         if self.capture_content {
             if let Some(input) = input {

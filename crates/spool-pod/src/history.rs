@@ -1,8 +1,12 @@
 //! `get_history`: the session's conversation (the HTTP snapshot's
 //! `messages`) as the protocol's items: user and assistant messages,
 //! tool calls, tool results and reasoning, in the order they happened.
+//! An answered question is its tool call's result, as the live
+//! `tool_result` event said.
 
 use serde_json::Value;
+use spool_journal::event::Answer;
+use spool_runtime::view::answers_output;
 use spool_wire::pod::{ContentPart, HistoryItem, ItemStatus, Role};
 
 /// The items of a conversation for display (`{"role", "content": [parts]}`
@@ -22,6 +26,19 @@ pub fn items(messages: &[Value]) -> Vec<HistoryItem> {
             .map(Vec::as_slice)
             .unwrap_or_default();
         match role {
+            // A person's answer to a tool call's question is that call's
+            // result, as the `tool_result` event said when it came.
+            "user" if message.get("tool_call_id").is_some() => {
+                let answers: Vec<Answer> = message
+                    .get("answers")
+                    .and_then(|answers| serde_json::from_value(answers.clone()).ok())
+                    .unwrap_or_default();
+                items.push(HistoryItem::ToolResult {
+                    id: None,
+                    call_id: string(message, "tool_call_id"),
+                    output: answers_output(&answers),
+                });
+            }
             "user" | "assistant" => {
                 let role = if role == "user" {
                     Role::User

@@ -25,7 +25,8 @@
 #![warn(missing_docs)]
 
 mod dispatch;
-pub mod events;
+/// The LogRecords a run's activity becomes, shared with the OTLP exporter.
+pub use spool_edge::records as events;
 pub mod http;
 pub mod state;
 pub mod stdio;

@@ -14,6 +14,7 @@
 #![warn(missing_docs)]
 
 pub mod access;
+pub mod activity;
 pub mod agent;
 mod budget;
 pub mod channel;

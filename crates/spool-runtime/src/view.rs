@@ -6,7 +6,9 @@ use spool_journal::event::{Answer, Suspended, Usage};
 use spool_journal::fold::{State, Status};
 use spool_journal::{Envelope, Event, RunId, Seq, TurnId};
 use spool_wire::run::SuspendKind;
-use spool_wire::sentinel::{self, Sentinel};
+use spool_wire::sentinel;
+
+use crate::activity::{Activity, Reader, ToolOutcome};
 
 use crate::runs::Locked;
 
@@ -96,8 +98,10 @@ pub(crate) fn display_messages(log: &[Envelope]) -> Vec<Value> {
 ///
 /// It is not the model's context: a compaction summarizes the model's
 /// context and removes nothing from here; a clear starts it over. Recorded
-/// sentinels never appear: a tool's result is what the model was shown, a
-/// suspension's answer is the person's message.
+/// sentinels never appear: a tool's result is what the model was shown
+/// (an error for a malformed record or a call its turn ended before its
+/// result), a suspension's answer is the person's message, marked with the
+/// call it answered.
 ///
 /// The messages are a settled part, which only grows (until a clear), and
 /// a pending tail: input steered in while a model call is under way, shown
@@ -108,9 +112,7 @@ pub struct Conversation {
     /// Input steered in while a model call was under way: it reached the
     /// model after that call, so it is shown after the call's answer.
     pending: Vec<Value>,
-    model_call_open: bool,
-    suspended_call: Option<String>,
-    sleeping: Vec<(String, time::OffsetDateTime)>,
+    reader: Reader,
     clears: u64,
 }
 
@@ -129,86 +131,64 @@ fn tool_result_message(call_id: &str, content: String, is_error: bool) -> Value 
 impl Conversation {
     /// Folds the run's next event.
     pub fn apply(&mut self, envelope: &Envelope) {
-        match &envelope.event {
-            Event::TurnStarted(started) => self.settled.push(user_message(&started.input)),
-            Event::InputSteered(steered) if self.model_call_open => {
-                self.pending.push(user_message(&steered.input));
-            }
-            Event::InputSteered(steered) => self.settled.push(user_message(&steered.input)),
-            Event::ModelCallRequested(_) => self.model_call_open = true,
-            Event::ModelCallCompleted(done) => {
-                self.model_call_open = false;
-                self.settled.push(assistant_message(&done.message));
-                self.settled.append(&mut self.pending);
-            }
-            Event::ToolCallCompleted(done) => match Sentinel::decode(&done.output) {
-                Ok(None) => self.settled.push(tool_result_message(
-                    &done.call_id,
-                    sentinel::content_string(&done.output),
-                    false,
-                )),
-                Ok(Some(Sentinel::Failure(failure))) => self.settled.push(tool_result_message(
-                    &done.call_id,
-                    format!("error: {}", failure.message),
-                    true,
-                )),
-                // A suspension's answer and a sleep's end come later.
-                Ok(Some(_)) | Err(_) => {}
-            },
-            Event::Suspended(suspended) => self.suspended_call.clone_from(&suspended.call_id),
-            Event::Resumed(resumed) => {
-                let text = resumed
-                    .answers
-                    .iter()
-                    .map(|a| a.text.as_str())
-                    .collect::<Vec<_>>()
-                    .join("\n");
-                let mut message = user_message(&text);
-                message["answers"] = serde_json::to_value(&resumed.answers).unwrap_or_default();
-                if let Some(call) = self.suspended_call.take() {
-                    message["tool_call_id"] = call.into();
+        let model_call_open = self.reader.model_call().is_some();
+        for fact in self.reader.envelope(envelope) {
+            match fact {
+                Activity::TurnStarted { started, .. } => {
+                    self.settled.push(user_message(&started.input));
                 }
-                self.settled.push(message);
-            }
-            Event::SleepStarted(sleep) => {
-                self.sleeping.push((sleep.call_id.clone(), sleep.wake_at));
-            }
-            Event::SleepCompleted(woke) => {
-                if let Some(at) = self
-                    .sleeping
-                    .iter()
-                    .position(|(call, _)| *call == woke.call_id)
-                {
-                    let (call, wake_at) = self.sleeping.swap_remove(at);
-                    let woke = woke.woken_at.unwrap_or(wake_at);
-                    self.settled.push(tool_result_message(
-                        &call,
-                        sentinel::content_string(&sentinel::slept_output(woke)),
-                        false,
-                    ));
+                Activity::Input {
+                    input,
+                    turn: Some(_),
+                } => {
+                    let message = user_message(input);
+                    if model_call_open {
+                        self.pending.push(message);
+                    } else {
+                        self.settled.push(message);
+                    }
                 }
+                Activity::ModelCallEnded { done, .. } => {
+                    self.settled.push(assistant_message(&done.message));
+                    self.settled.append(&mut self.pending);
+                }
+                // A person's answer is their message; the model was given
+                // it as the asking call's result.
+                Activity::Resumed { answers, .. } => {
+                    let text = answers
+                        .iter()
+                        .map(|a| a.text.as_str())
+                        .collect::<Vec<_>>()
+                        .join("\n");
+                    let mut message = user_message(&text);
+                    message["answers"] = serde_json::to_value(answers).unwrap_or_default();
+                    self.settled.push(message);
+                }
+                Activity::ToolCallEnded {
+                    outcome: ToolOutcome::Answered(_),
+                    call_id,
+                    ..
+                } => {
+                    if let Some(message) = self.settled.last_mut() {
+                        message["tool_call_id"] = call_id.as_ref().into();
+                    }
+                }
+                Activity::ToolCallEnded {
+                    call_id, outcome, ..
+                } => self.settled.push(tool_result_message(
+                    &call_id,
+                    outcome.text(),
+                    outcome.is_error(),
+                )),
+                Activity::ContextChanged { cleared: true } => {
+                    self.settled.clear();
+                    self.pending.clear();
+                    self.clears += 1;
+                }
+                // Ended without an answer: what was steered in stays shown.
+                Activity::TurnEnded(_) => self.settled.append(&mut self.pending),
+                _ => {}
             }
-            Event::ToolCallResolved(resolved) => self.settled.push(tool_result_message(
-                &resolved.call_id,
-                sentinel::content_string(&resolved.output),
-                false,
-            )),
-            Event::ToolCallAbandoned(abandoned) => self.settled.push(tool_result_message(
-                &abandoned.call_id,
-                "abandoned by an operator".into(),
-                true,
-            )),
-            Event::ContextCleared(_) => {
-                self.settled.clear();
-                self.pending.clear();
-                self.clears += 1;
-            }
-            // Ended without an answer: what was steered in stays shown.
-            Event::TurnFailed(_) | Event::TurnCancelled(_) => {
-                self.model_call_open = false;
-                self.settled.append(&mut self.pending);
-            }
-            _ => {}
         }
     }
 

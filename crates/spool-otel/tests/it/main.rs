@@ -7,6 +7,8 @@
 // test on the line that broke, which is what it is for.
 #![allow(clippy::unwrap_used)]
 
+mod activity;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -114,6 +116,18 @@ fn int(attributes: &[KeyValue], key: &str) -> Option<i64> {
     }
 }
 
+/// Telemetry sending to `endpoint` on the default settings.
+fn telemetry_to(endpoint: String, agent: Agent) -> Telemetry {
+    let section = TelemetrySection {
+        endpoint: Some(endpoint),
+        ..TelemetrySection::default()
+    };
+    let settings = Settings::resolve(Some(&section), &|_| None)
+        .unwrap()
+        .unwrap();
+    Telemetry::start(&settings, agent).unwrap()
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -122,18 +136,10 @@ fn hex(bytes: &[u8]) -> String {
 async fn a_runs_turn_model_calls_tool_calls_and_question_reach_a_collector_as_linked_spans_logs_and_metrics()
  {
     let (endpoint, mut received) = receiver().await;
-    let section = TelemetrySection {
-        endpoint: Some(endpoint),
-        ..TelemetrySection::default()
-    };
-    let settings = Settings::resolve(Some(&section), &|_| None)
-        .unwrap()
-        .unwrap();
-    let telemetry = Telemetry::start(
-        &settings,
+    let telemetry = telemetry_to(
+        endpoint,
         Agent::from_engine(Some("reviewer".into()), "scripted:script.jsonl"),
-    )
-    .unwrap();
+    );
     let script = [
         json!({"tool_calls": [{"id": "c1", "name": "add", "arguments": {"a": 2, "b": 3}}], "usage": {"input_tokens": 10, "output_tokens": 4}}),
         json!({"tool_calls": [{"id": "q1", "name": "ask_human", "arguments": {"prompt": "Deploy?"}}], "usage": {"input_tokens": 20, "output_tokens": 5}}),
@@ -221,7 +227,7 @@ async fn a_runs_turn_model_calls_tool_calls_and_question_reach_a_collector_as_li
     }
     assert_eq!(service.as_deref(), Some("spool"));
     // One trace: the run's, as its JSON-RPC events name it.
-    let trace = spool_rpc::events::trace_id(&run);
+    let trace = spool_edge::records::trace_id(&run);
     assert!(spans.iter().all(|s| hex(&s.trace_id) == trace));
     let by_name: HashMap<&str, Vec<&Span>> = spans.iter().fold(HashMap::new(), |mut map, span| {
         map.entry(span.name.as_str()).or_default().push(span);
@@ -280,12 +286,20 @@ async fn a_runs_turn_model_calls_tool_calls_and_question_reach_a_collector_as_li
     );
     assert_eq!(
         hex(&add.span_id),
-        spool_rpc::events::span_id(&run, "tool:c1")
+        spool_edge::records::span_id(&run, "tool:c1")
     );
     let asked = by_name["execute_tool ask_human"][0];
     assert_eq!(text(&asked.attributes, "gen_ai.tool.call.id"), Some("q1"));
+    assert_eq!(asked.parent_span_id, root.span_id);
+    // A question's wait is part of the tool call that asked it: the call's
+    // span lasts until the answer.
     let question = by_name["suspended question"][0];
-    assert_eq!(question.parent_span_id, root.span_id);
+    assert_eq!(question.parent_span_id, asked.span_id);
+    assert!(asked.end_time_unix_nano >= question.end_time_unix_nano);
+    assert_eq!(
+        text(&asked.attributes, "spool.tool.outcome"),
+        Some("answered")
+    );
     // The LogRecords are the JSON-RPC events: the run's trace, and a tool
     // call's records on the tool call's span.
     assert!(!logs.is_empty());

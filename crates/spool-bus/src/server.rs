@@ -370,44 +370,27 @@ async fn delegate(
         kind: Some("bus".into()),
         ..StartRequest::default()
     };
-    let (run, turn) = match runtime.start(start).await.map_err(internal)? {
-        Accepted::Started { run, turn } => (run, turn),
-        // The same id for another prompt is a caller's mistake, not the
-        // same delegation.
-        Accepted::Replayed { differs: true, .. } => {
-            return Err((
-                ErrorCode::InvalidRequest,
-                format!(
-                    "delegation id {} was sent before with another prompt",
-                    delegation.unwrap_or_default()
-                ),
-            ));
-        }
-        // The same delegation again: its run's outcome.
-        Accepted::Replayed { run, .. } => {
-            let view = runtime.get(&run).await.map_err(internal)?;
-            let turn = view.turn_id.ok_or_else(|| {
-                (
-                    ErrorCode::InternalError,
-                    format!("delegated run {run} has no turn"),
-                )
-            })?;
-            (run, turn)
-        }
-        other => {
-            return Err((
-                ErrorCode::InternalError,
-                format!("a delegation made no turn of its own: {other:?}"),
-            ));
-        }
-    };
+    let accepted = runtime.start(start).await.map_err(internal)?;
+    // A delegation id sent again is the same delegation: its run's
+    // outcome, whatever the prompt says now (one rule on every surface;
+    // the runtime logs a prompt that differs).
+    if !matches!(
+        accepted,
+        Accepted::Started { .. } | Accepted::Replayed { .. }
+    ) {
+        return Err((
+            ErrorCode::InternalError,
+            format!("a delegation made no turn of its own: {accepted:?}"),
+        ));
+    }
+    let run = accepted.run().clone();
     tracing::info!(
         from = %request.from_instance,
         depth = request.depth,
         run_id = %run,
         "bus: delegation accepted"
     );
-    let view = runtime.wait_for(&run, &turn).await.map_err(internal)?;
+    let view = runtime.settle(&accepted).await.map_err(internal)?;
     if let Some(ledger) = &budget {
         let usage = runtime.usage(&run).await.map_err(internal)?;
         match reservation {

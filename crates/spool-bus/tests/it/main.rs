@@ -238,6 +238,14 @@ async fn the_same_delegation_sent_twice_runs_once_and_answers_the_same() {
         1,
         "one run for one delegation"
     );
+    // The same id with another prompt is still that delegation (the rule
+    // every surface answers a replayed operation by): its outcome, no run.
+    let mut changed = first.clone();
+    changed["prompt"] = json!("something else");
+    let three = talk(&addr, Some(SECRET), &changed).await;
+    assert_eq!(three.0, 200, "{three:?}");
+    assert_eq!(three.1["text"], one.1["text"]);
+    assert_eq!(runtime.list().await.unwrap().len(), 1);
     // Without an id, each request is a delegation of its own.
     talk(&addr, Some(SECRET), &request("reviewer", 1)).await;
     assert_eq!(runtime.list().await.unwrap().len(), 2);

@@ -8,7 +8,6 @@ use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use hyper::body::Incoming;
 use serde_json::{Value, json};
 use spool_journal::event::Answer;
-use spool_journal::fold::Status;
 use spool_journal::{Address, Principal, RunId, Seq};
 use spool_runtime::{
     Accepted, Authenticator, Credentials, ErrorKind, MessageRequest, Runtime, RuntimeError,

@@ -157,12 +157,10 @@ impl HttpChannel {
     /// turn goes on by itself once the journal writes.
     pub(super) async fn answer(&self, accepted: Accepted) -> Result<Response<Body>, RuntimeError> {
         let mut reply = self.answer_at_boundary(&accepted).await?;
-        if let Accepted::Replayed { run, differs } = &accepted {
-            // The seed: a retry's changed text does not change the admitted
-            // operation. Said in the log, and every replay is marked.
-            if *differs {
-                tracing::warn!(target: "spool::http", run_id = %run, "an operation id was retried with a different request; its saved run is returned unchanged");
-            }
+        // The seed: a retry's changed text does not change the admitted
+        // operation (the runtime logs one that differs); every replay is
+        // marked.
+        if matches!(accepted, Accepted::Replayed { .. }) {
             reply
                 .headers_mut()
                 .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
@@ -174,29 +172,10 @@ impl HttpChannel {
         &self,
         accepted: &Accepted,
     ) -> Result<Response<Body>, RuntimeError> {
-        let (run, turn) = match accepted {
-            Accepted::Started { run, turn } | Accepted::Steered { run, turn } => {
-                (run, turn.clone())
-            }
-            // As the seed's reference does: the reply is the queued turn's,
-            // once it has run.
-            Accepted::Queued { run, queued } => {
-                let view = self.runtime.wait_for_queued(run, *queued).await?;
-                return Ok(body::json(StatusCode::OK, &reply(&view)));
-            }
-            // The first request for the operation answers at its turn's
-            // boundary; a replay racing it answers the same way.
-            Accepted::Replayed { run, .. } => {
-                let view = self.runtime.get(run).await?;
-                match (&view.status, &view.turn_id) {
-                    (Status::Running, Some(turn)) => (run, turn.clone()),
-                    _ => return Ok(body::json(StatusCode::OK, &reply(&view))),
-                }
-            }
-        };
-        match self.runtime.wait_for(run, &turn).await {
+        match self.runtime.settle(accepted).await {
             Ok(view) => Ok(body::json(StatusCode::OK, &reply(&view))),
             Err(error) if error.kind() == ErrorKind::Storage => {
+                let run = accepted.run();
                 tracing::warn!(target: "spool::http", run_id = %run, %error, "a turn was taken and waits for the journal");
                 let view = self.runtime.get(run).await?;
                 Ok(body::json(StatusCode::ACCEPTED, &reply(&view)))

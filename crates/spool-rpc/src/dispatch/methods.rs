@@ -81,15 +81,24 @@ impl Connection {
                 (before, runtime.start(request).await.map_err(runtime_error)?)
             }
         };
-        let view = match &accepted {
-            Accepted::Started { run, turn } | Accepted::Steered { run, turn } => {
-                self.stream_turn(run, turn, before, legacy).await?
+        // The turn the answer waits for is streamed to its boundary (a
+        // replay of a running operation from where the run is now); the
+        // rest settle as on every surface.
+        let pending = runtime
+            .pending_turn(&accepted)
+            .await
+            .map_err(runtime_error)?;
+        let view = match pending {
+            Some((run, turn)) => {
+                let from = match accepted {
+                    Accepted::Replayed { .. } => {
+                        runtime.get(&run).await.map_err(runtime_error)?.cursor
+                    }
+                    _ => before,
+                };
+                self.stream_turn(&run, &turn, from, legacy).await?
             }
-            Accepted::Queued { run, queued } => runtime
-                .wait_for_queued(run, *queued)
-                .await
-                .map_err(runtime_error)?,
-            Accepted::Replayed { run, .. } => runtime.get(run).await.map_err(runtime_error)?,
+            None => runtime.settle(&accepted).await.map_err(runtime_error)?,
         };
         Ok(to_value(&spool_edge::tables::reply(&view)))
     }

@@ -230,3 +230,35 @@ async fn the_seeds_vx_channel_names_subscribe_as_spools_own() {
     .unwrap_err();
     assert_eq!(unknown["code"], -32602, "{unknown}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operation_id_sent_again_with_another_text_answers_the_saved_run_without_a_turn() {
+    let runtime = Runtime::builder(Arc::new(MemoryJournal::new())).build();
+    let dispatcher = Dispatcher::new(runtime.clone());
+    let alice = token("alice", false);
+    let first = call(
+        &dispatcher,
+        &alice,
+        "submit.run",
+        json!({"text": "deploy", "operation_id": "op-1"}),
+    )
+    .await
+    .unwrap();
+    // The HTTP seed's rule, on every surface: a retry's changed text does
+    // not change the admitted operation.
+    let again = call(
+        &dispatcher,
+        &alice,
+        "submit.run",
+        json!({"text": "something else", "operation_id": "op-1"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(again["run_id"], first["run_id"]);
+    assert_eq!(again["response"], "echo: deploy");
+    assert_eq!(
+        again["cursor"], first["cursor"],
+        "no other turn was recorded"
+    );
+    assert_eq!(runtime.list().await.unwrap().len(), 1);
+}

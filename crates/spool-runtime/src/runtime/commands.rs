@@ -448,7 +448,7 @@ impl Runtime {
                 "the output is a one-key object under a reserved sentinel name; wrap it or rename the key".into(),
             ));
         }
-        self.settle(
+        self.reconcile(
             run,
             call_id,
             Event::ToolCallResolved(ToolCallResolved {
@@ -473,7 +473,7 @@ impl Runtime {
         reason: Option<String>,
         operator: Option<String>,
     ) -> Result<(), RuntimeError> {
-        self.settle(
+        self.reconcile(
             run,
             call_id,
             Event::ToolCallAbandoned(ToolCallAbandoned {
@@ -485,7 +485,12 @@ impl Runtime {
         .await
     }
 
-    async fn settle(&self, run: &RunId, call_id: &str, event: Event) -> Result<(), RuntimeError> {
+    async fn reconcile(
+        &self,
+        run: &RunId,
+        call_id: &str,
+        event: Event,
+    ) -> Result<(), RuntimeError> {
         let locked = self.inner.lock(run).await?;
         let waiting_on_it = locked.state().suspension.as_ref().is_some_and(|s| {
             s.kind == SuspendKind::Reconciliation && s.call_id.as_deref() == Some(call_id)

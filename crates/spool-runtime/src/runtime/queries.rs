@@ -356,6 +356,61 @@ impl Runtime {
         }
     }
 
+    /// The turn an accepted command's answer waits for: the turn it
+    /// started or steered into, or, for a replayed operation, its run's
+    /// turn while that still runs. `None` when the answer is ready now (a
+    /// replay of a settled run) or waits for queued input
+    /// ([`Runtime::settle`] waits for both).
+    ///
+    /// A replay is answered the same way on every surface: the saved run,
+    /// never another turn, whatever the retried request says (the HTTP
+    /// seed's rule); one that differs from the request that made the run
+    /// is logged here, once, as a warning.
+    ///
+    /// # Errors
+    ///
+    /// As [`Runtime::get`].
+    pub async fn pending_turn(
+        &self,
+        accepted: &crate::Accepted,
+    ) -> Result<Option<(RunId, TurnId)>, RuntimeError> {
+        use crate::Accepted;
+        match accepted {
+            Accepted::Started { run, turn } | Accepted::Steered { run, turn } => {
+                Ok(Some((run.clone(), turn.clone())))
+            }
+            Accepted::Queued { .. } => Ok(None),
+            Accepted::Replayed { run, differs } => {
+                if *differs {
+                    tracing::warn!(target: "spool::runtime", run_id = %run, "an operation id was retried with a different request; its saved run is answered unchanged");
+                }
+                let view = self.get(run).await?;
+                Ok(match (view.status, view.turn_id) {
+                    (Status::Running, Some(turn)) => Some((run.clone(), turn)),
+                    _ => None,
+                })
+            }
+        }
+    }
+
+    /// Settles an accepted command: the run once the turn its answer waits
+    /// for ([`Runtime::pending_turn`]) reaches a boundary, or once queued
+    /// input has run, or as it is. What every transport answers a command
+    /// with.
+    ///
+    /// # Errors
+    ///
+    /// As [`Runtime::wait_for`].
+    pub async fn settle(&self, accepted: &crate::Accepted) -> Result<RunView, RuntimeError> {
+        if let crate::Accepted::Queued { run, queued } = accepted {
+            return self.wait_for_queued(run, *queued).await;
+        }
+        match self.pending_turn(accepted).await? {
+            Some((run, turn)) => self.wait_for(&run, &turn).await,
+            None => self.get(accepted.run()).await,
+        }
+    }
+
     /// Whether the journal can write, as the runtime last saw it: a write
     /// that failed on storage makes it [`JournalHealth::Unavailable`]
     /// until a probe or another write succeeds. What a readiness check

@@ -303,6 +303,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         RunAccessArg::Owner => spool_runtime::RunAccess::Owner,
     };
     let rpc = spool_rpc::Dispatcher::new(runtime.clone()).with_run_access(access);
+    // Kept to stop the runtime's own tasks once nothing takes requests.
+    let lifecycle = runtime.clone();
     let mut channel = HttpChannel::new(runtime, closing.clone())
         .with_run_access(access)
         .with_guard(guard)
@@ -386,6 +388,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     if let Some(bus) = bus {
         let _ = bus.await;
     }
+    // Drivers, timers and schedules stop where they are (the journal keeps
+    // them for the next start); the journal closes as the last handle
+    // goes, and the SQLite store empties its write-ahead log then.
+    lifecycle.shutdown().await;
     Ok(ExitCode::SUCCESS)
 }
 

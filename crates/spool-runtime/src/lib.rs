@@ -31,6 +31,7 @@ mod runs;
 mod runtime;
 pub mod schedule;
 mod storage;
+mod tasks;
 pub mod tool;
 pub mod tools;
 pub mod view;

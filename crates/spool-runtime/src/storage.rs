@@ -153,11 +153,13 @@ impl Storage {
         if self.probing.swap(true, Ordering::AcqRel) {
             return;
         }
-        match (self.runtime.get(), tokio::runtime::Handle::try_current()) {
-            (Some(runtime), Ok(tokio)) => {
-                tokio.spawn(probe(runtime.clone()));
-            }
-            _ => self.probing.store(false, Ordering::Release),
+        let started = self
+            .runtime
+            .get()
+            .and_then(Weak::upgrade)
+            .is_some_and(|inner| inner.tasks.spawn(probe(Arc::downgrade(&inner))));
+        if !started {
+            self.probing.store(false, Ordering::Release);
         }
     }
 

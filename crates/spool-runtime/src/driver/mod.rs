@@ -39,6 +39,11 @@ impl Inner {
     /// told to look again before it stops.
     pub(crate) fn ensure_driver(self: Arc<Self>, run: &RunId) {
         self.storage.unstall(run);
+        // A runtime that is stopping starts nothing: the run waits in the
+        // journal for the next start's recovery.
+        if self.tasks.stopping() {
+            return;
+        }
         {
             let mut driving = self.driving.lock().unwrap_or_else(PoisonError::into_inner);
             if let Some(entry) = driving.get_mut(run) {
@@ -47,16 +52,19 @@ impl Inner {
             }
             driving.insert(run.clone(), Driving::default());
         }
-        let run = run.clone();
-        tokio::spawn(async move {
-            let driver = Box::pin(Arc::clone(&self).drive(run.clone()));
+        let (inner, driven) = (Arc::clone(&self), run.clone());
+        let started = self.tasks.spawn(async move {
+            let driver = Box::pin(Arc::clone(&inner).drive(driven.clone()));
             if let Err(panic) = polled(driver).await {
-                tracing::error!(run_id = %run, %panic, "a run's driver panicked; its turn fails");
+                tracing::error!(run_id = %driven, %panic, "a run's driver panicked; its turn fails");
                 let message = format!("the runtime's driver panicked: {panic}");
-                self.fail_turn_logged(&run, &message).await;
-                self.stop_driving(&run);
+                inner.fail_turn_logged(&driven, &message).await;
+                inner.stop_driving(&driven);
             }
         });
+        if !started {
+            self.stop_driving(run);
+        }
     }
 
     async fn drive(self: Arc<Self>, run: RunId) {
@@ -270,7 +278,7 @@ impl Inner {
         }
         let inner = Arc::clone(self);
         let run = run.clone();
-        tokio::spawn(async move {
+        self.tasks.spawn(async move {
             let wait = (sleep.wake_at - time::OffsetDateTime::now_utc()).max(time::Duration::ZERO);
             tokio::time::sleep(std::time::Duration::try_from(wait).unwrap_or_default()).await;
             inner
@@ -330,7 +338,7 @@ pub(crate) async fn caught<'a, T>(make: impl FnOnce() -> BoxFuture<'a, T>) -> Re
 /// futures here are boxed already, so std's `catch_unwind` around each poll
 /// is all it takes, without that dependency. The future is never polled
 /// again after it panicked.
-async fn polled<T>(mut future: BoxFuture<'_, T>) -> Result<T, String> {
+pub(crate) async fn polled<T>(mut future: BoxFuture<'_, T>) -> Result<T, String> {
     std::future::poll_fn(move |cx| {
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| future.as_mut().poll(cx))) {
             Ok(Poll::Ready(value)) => Poll::Ready(Ok(value)),

@@ -157,6 +157,7 @@ impl RuntimeBuilder {
                     runs: Runs::new(self.cached_runs, self.system_prompt.map(Arc::from))
                         .shared(self.shared_journal),
                     sleeping: Mutex::new(HashSet::new()),
+                    tasks: crate::tasks::Tasks::default(),
                 }
             }),
         }

@@ -66,6 +66,8 @@ pub(crate) struct Inner {
     pub(crate) sleeping: Mutex<HashSet<(RunId, String)>>,
     /// Whether the journal writes, and the runs waiting until it does.
     pub(crate) storage: Arc<crate::storage::Storage>,
+    /// Every task the runtime started.
+    pub(crate) tasks: crate::tasks::Tasks,
 }
 
 /// A run's driver task, as the runtime tracks it.
@@ -83,6 +85,22 @@ impl Runtime {
     #[must_use]
     pub fn builder(journal: Arc<dyn Journal>) -> RuntimeBuilder {
         RuntimeBuilder::new(journal)
+    }
+
+    /// Stops every task the runtime started (run drivers, sleep timers,
+    /// the storage probe, schedules) and waits until none runs. A turn in
+    /// progress stops where it is, as if the process had ended: its
+    /// journal keeps it, and [`Runtime::recover`] on the next start
+    /// resumes it (a tool call cut off is settled by its effect, as after
+    /// a crash). Nothing is recorded for the stop.
+    ///
+    /// Afterwards the runtime starts nothing: a command is still recorded,
+    /// and its turn waits for the next start. Call it last, once the
+    /// transports have stopped taking requests; dropping the last handle to
+    /// the runtime then closes its journal (the SQLite store checkpoints
+    /// and empties its write-ahead log as it closes).
+    pub async fn shutdown(&self) {
+        self.inner.tasks.stop().await;
     }
 
     /// Resumes what the journal says was in progress: runs that were

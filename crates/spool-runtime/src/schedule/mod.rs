@@ -259,10 +259,19 @@ impl Scheduler {
         }
         for schedule in schedules.values() {
             let (schedule, stop, fired) = (schedule.clone(), stop.clone(), fired.clone());
-            tokio::spawn(async move {
-                tokio::select! {
-                    () = stop.cancelled() => {}
-                    () = schedule.run(&fired) => {}
+            // Tracked with the runtime's tasks (its shutdown stops it) and
+            // caught as a driver is: a schedule that panics stops firing
+            // and says why in the log, and the server goes on.
+            runtime.inner.tasks.spawn(async move {
+                let name = schedule.parsed.definition.name.clone();
+                let firing = Box::pin(async move {
+                    tokio::select! {
+                        () = stop.cancelled() => {}
+                        () = schedule.run(&fired) => {}
+                    }
+                });
+                if let Err(panic) = crate::driver::polled(firing).await {
+                    tracing::error!(schedule = %name, %panic, "a schedule panicked; it fires no more until the server restarts");
                 }
             });
         }

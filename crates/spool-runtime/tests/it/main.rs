@@ -15,6 +15,7 @@ mod gate;
 mod hub;
 mod incremental;
 mod keys;
+mod lifecycle;
 mod recovery;
 mod schedules;
 mod steering;

@@ -18,15 +18,17 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("spool-journal", &["spool-wire"]),
     ("spool-journal-pg", &["spool-journal", "spool-wire"]),
     ("spool-runtime", &["spool-journal", "spool-wire"]),
-    (
-        "spool-engines",
-        &["spool-runtime", "spool-journal", "spool-wire"],
-    ),
-    // What every network transport shares; no transport depends on
-    // another (tests may compose them, as the binary does).
+    // What every network transport shares, the outbound client's path
+    // and trust policy among it; no transport depends on another (tests
+    // may compose them, as the binary does).
     (
         "spool-edge",
         &["spool-runtime", "spool-journal", "spool-wire"],
+    ),
+    // The model engines reach providers through the edge's outbound path.
+    (
+        "spool-engines",
+        &["spool-edge", "spool-runtime", "spool-journal", "spool-wire"],
     ),
     (
         "spool-http",

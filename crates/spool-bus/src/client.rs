@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{Method, Request, header};
 use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
+use spool_edge::outbound;
 use spool_wire::bus::{BusRequest, BusResponse, ErrorCode, HEALTH_PATH, TALK_PATH};
 
 use crate::server::DELEGATION_ID;
@@ -279,13 +279,13 @@ async fn exchange(
     body: Bytes,
 ) -> Result<(u16, Bytes), (ErrorCode, String)> {
     let unavailable = |why: String| (ErrorCode::InstanceUnavailable, why);
-    let stream = tokio::net::TcpStream::connect(target.addr)
+    // Spool's one outbound path: its connect deadline, hyper's connection.
+    let stream = outbound::connect(tokio::net::TcpStream::connect(target.addr))
         .await
         .map_err(|e| unavailable(format!("connecting to {}: {e}", target.addr)))?;
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+    let mut sender = outbound::handshake(stream)
         .await
         .map_err(|e| unavailable(format!("talking to {}: {e}", target.addr)))?;
-    tokio::spawn(connection);
     let mut request = Request::builder()
         .method(method)
         .uri(path)

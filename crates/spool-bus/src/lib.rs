@@ -4,7 +4,8 @@
 //! delegation id. [`client::talk`] sends one, checking the other side's
 //! health first and retrying what may be retried under the same id. See
 //! `docs/protocol/bus.md`.
-
+//!
+#![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 
 pub mod budget;

@@ -25,6 +25,8 @@
 //! (`auth`, `budget`, `timeout`, `provider_error`, `engine_cli`). The API key
 //! goes in one request header and nowhere else: not in a log line, an error
 //! or a journal event.
+//!
+#![doc = include_str!("../README.md")]
 
 mod anthropic;
 mod command;

@@ -1,7 +1,9 @@
-//! One HTTP/1.1 request to a provider: TCP, TLS through rustls with the
-//! webpki roots for `https`, hyper's client connection. One connection per
-//! call: a model call lasts seconds, so a pool would save little and would
-//! add stale-connection failures to classify.
+//! One HTTP/1.1 request to a provider, on Spool's one outbound path
+//! (`spool_edge::outbound`: the connect deadline, the trust policy of web
+//! roots plus the configured extra roots, hyper's client connection), with
+//! a proxy's tunnel in between when one is set. One connection per call: a
+//! model call lasts seconds, so a pool would save little and would add
+//! stale-connection failures to classify.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -10,7 +12,7 @@ use bytes::Bytes;
 use http::{Request, Response, Uri};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
+use spool_edge::outbound;
 use tokio::net::TcpStream;
 
 /// Where a provider's API lives: a base URL and a path under it.
@@ -153,7 +155,7 @@ impl Endpoint {
             Some(proxy) => proxy.connect().await.map_err(|e| {
                 SendError::Connect(format!("the proxy {}:{}", proxy.host, proxy.port), e)
             })?,
-            None => TcpStream::connect((self.host.as_str(), self.port))
+            None => outbound::connect(TcpStream::connect((self.host.as_str(), self.port)))
                 .await
                 .map_err(|e| SendError::Connect(self.authority().to_owned(), e))?,
         };
@@ -167,14 +169,7 @@ impl Endpoint {
                     .await
                     .map_err(|e| SendError::Proxy(authority.clone(), e))?;
             }
-            let name = rustls::pki_types::ServerName::try_from(self.host.clone()).map_err(|e| {
-                SendError::Tls(
-                    self.authority().to_owned(),
-                    std::io::Error::new(std::io::ErrorKind::InvalidInput, e),
-                )
-            })?;
-            let stream = tokio_rustls::TlsConnector::from(Arc::clone(config))
-                .connect(name, tcp)
+            let stream = outbound::tls(tcp, &self.host, Arc::clone(config))
                 .await
                 .map_err(|e| SendError::Tls(self.authority().to_owned(), e))?;
             self.exchange(stream, request).await
@@ -192,56 +187,21 @@ impl Endpoint {
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
     {
         let http = |e| SendError::Http(self.authority().to_owned(), e);
-        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(http)?;
-        // The connection task ends when the response body is read or dropped.
-        tokio::spawn(async move {
-            if let Err(error) = connection.await {
-                tracing::debug!(target: "spool::engine", %error, "provider connection closed");
-            }
-        });
+        // The connection's task ends when the response body is read or
+        // dropped.
+        let mut sender = outbound::handshake(stream).await.map_err(http)?;
         sender.send_request(request).await.map_err(http)
     }
 }
 
 /// The variable naming extra trusted certificates (PEM), for a network
-/// whose proxy signs with its own authority: the name OpenSSL, curl and
-/// Python's HTTP clients read.
-pub(crate) const EXTRA_ROOTS_VARIABLE: &str = "SSL_CERT_FILE";
+/// whose proxy signs with its own authority.
+pub(crate) use spool_edge::outbound::EXTRA_ROOTS_VARIABLE;
 
-/// A TLS client configuration: ring for crypto, the webpki roots (plus the
-/// certificates in `ca_file`) for trust, HTTP/1.1 by ALPN.
+/// The outbound trust policy's TLS configuration, with the certificates in
+/// `ca_file` trusted beside the web roots.
 pub(crate) fn tls_config(ca_file: Option<&Path>) -> Result<Arc<rustls::ClientConfig>, String> {
-    let mut roots =
-        rustls::RootCertStore::from_iter(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-    if let Some(path) = ca_file {
-        add_roots(&mut roots, path)?;
-    }
-    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map_err(|e| e.to_string())?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(Arc::new(config))
-}
-
-fn add_roots(roots: &mut rustls::RootCertStore, path: &Path) -> Result<(), String> {
-    use rustls::pki_types::CertificateDer;
-    use rustls::pki_types::pem::PemObject;
-    let shown = path.display();
-    let certificates = CertificateDer::pem_file_iter(path)
-        .map_err(|e| format!("{shown}: {e}"))?
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("{shown}: {e}"))?;
-    let (added, _) = roots.add_parsable_certificates(certificates);
-    if added == 0 {
-        return Err(format!("{shown} holds no usable certificate"));
-    }
-    Ok(())
+    outbound::client_config(ca_file).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
@@ -281,22 +241,5 @@ mod tests {
     fn the_tls_configuration_builds_with_the_webpki_roots() {
         let config = tls_config(None).unwrap();
         assert_eq!(config.alpn_protocols, vec![b"http/1.1".to_vec()]);
-    }
-
-    #[test]
-    fn extra_roots_come_from_a_pem_file_and_a_file_without_any_is_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let empty = dir.path().join("empty.pem");
-        std::fs::write(&empty, "not a certificate\n").unwrap();
-        let mut roots = rustls::RootCertStore::empty();
-        let error = add_roots(&mut roots, &empty).unwrap_err();
-        assert!(error.contains("no usable certificate"), "{error}");
-        assert!(add_roots(&mut roots, &dir.path().join("missing.pem")).is_err());
-        // The system bundle, where the machine has one, parses.
-        let bundle = std::path::Path::new("/etc/ssl/certs/ca-certificates.crt");
-        if bundle.exists() {
-            add_roots(&mut roots, bundle).unwrap();
-            assert!(!roots.is_empty());
-        }
     }
 }

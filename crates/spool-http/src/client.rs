@@ -5,10 +5,10 @@
 //! One HTTP/1.1 connection per request: a CLI and a stream reader do not
 //! need pooling, and a stream holds its connection for as long as it reads.
 //!
-//! `https://` speaks TLS (rustls with ring, as everywhere in Spool) to a
-//! server behind a TLS-terminating proxy or ingress, trusting the public
-//! web roots plus the certificates in the PEM file `SSL_CERT_FILE` names
-//! (the variable OpenSSL, curl and the model providers read).
+//! `https://` speaks TLS to a server behind a TLS-terminating proxy or
+//! ingress, with the outbound trust policy every Spool client shares
+//! (`spool_edge::outbound`): the public web roots plus the certificates in
+//! the PEM file `SSL_CERT_FILE` names.
 
 use std::path::PathBuf;
 
@@ -17,9 +17,9 @@ use http::header::{AUTHORIZATION, CONTENT_TYPE, HOST};
 use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use spool_edge::outbound;
 use spool_wire::http::{self as wire, ErrorBody, StreamEvent};
 use spool_wire::line::{DEFAULT_MAX_LINE_BYTES, LineCodec};
 
@@ -77,52 +77,7 @@ enum Target {
     Unix(PathBuf),
 }
 
-/// The environment variable naming extra trusted certificates (PEM).
-pub const EXTRA_ROOTS_VARIABLE: &str = "SSL_CERT_FILE";
-
-/// The TLS client configuration every `https://` client shares: ring, the
-/// webpki roots plus those in [`EXTRA_ROOTS_VARIABLE`], HTTP/1.1 by ALPN.
-/// Built at the first `https://` request, not at start (a one-shot over
-/// plain HTTP never pays for it).
-///
-/// # Errors
-///
-/// When the file `SSL_CERT_FILE` names cannot be read or holds no
-/// certificate.
-pub fn tls_config() -> Result<std::sync::Arc<rustls::ClientConfig>, String> {
-    static CONFIG: std::sync::OnceLock<Result<std::sync::Arc<rustls::ClientConfig>, String>> =
-        std::sync::OnceLock::new();
-    CONFIG
-        .get_or_init(|| {
-            let mut roots =
-                rustls::RootCertStore::from_iter(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-            if let Some(path) = std::env::var_os(EXTRA_ROOTS_VARIABLE) {
-                use rustls::pki_types::CertificateDer;
-                use rustls::pki_types::pem::PemObject;
-                let shown = std::path::Path::new(&path).display().to_string();
-                let certificates = CertificateDer::pem_file_iter(&path)
-                    .map_err(|e| format!("{EXTRA_ROOTS_VARIABLE}={shown}: {e}"))?
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| format!("{EXTRA_ROOTS_VARIABLE}={shown}: {e}"))?;
-                let (added, _) = roots.add_parsable_certificates(certificates);
-                if added == 0 {
-                    return Err(format!(
-                        "{EXTRA_ROOTS_VARIABLE}={shown} holds no usable certificate"
-                    ));
-                }
-            }
-            let mut config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
-                rustls::crypto::ring::default_provider(),
-            ))
-            .with_safe_default_protocol_versions()
-            .map_err(|e| e.to_string())?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-            config.alpn_protocols = vec![b"http/1.1".to_vec()];
-            Ok(std::sync::Arc::new(config))
-        })
-        .clone()
-}
+pub use spool_edge::outbound::{CONNECT_TIMEOUT, EXTRA_ROOTS_VARIABLE};
 
 /// A client for one Spool server.
 #[derive(Clone, Debug)]
@@ -399,7 +354,7 @@ impl Client {
                     tokio::net::TcpStream::connect(authority.as_str()),
                 )
                 .await?;
-                (handshake(stream).await?, authority.clone())
+                (outbound::handshake(stream).await?, authority.clone())
             }
             Target::Tls(authority, host) => {
                 let stream = connect(
@@ -411,11 +366,9 @@ impl Client {
                     target: authority.clone(),
                     reason,
                 };
-                let config = tls_config().map_err(tls_error)?;
-                let name = rustls::pki_types::ServerName::try_from(host.clone())
-                    .map_err(|e| tls_error(e.to_string()))?;
-                let stream = tokio_rustls::TlsConnector::from(config)
-                    .connect(name, stream)
+                let config =
+                    outbound::environment_config().map_err(|e| tls_error(e.to_string()))?;
+                let stream = outbound::tls(stream, host, config)
                     .await
                     .map_err(|e| tls_error(e.to_string()))?;
                 // The port is left out of `Host` when it is the default.
@@ -423,7 +376,7 @@ impl Client {
                     .strip_suffix(":443")
                     .unwrap_or(authority)
                     .to_owned();
-                (handshake(stream).await?, host)
+                (outbound::handshake(stream).await?, host)
             }
             Target::Unix(path) => {
                 let stream = connect(
@@ -431,7 +384,7 @@ impl Client {
                     tokio::net::UnixStream::connect(path),
                 )
                 .await?;
-                (handshake(stream).await?, "localhost".to_owned())
+                (outbound::handshake(stream).await?, "localhost".to_owned())
             }
         };
         let host =
@@ -441,40 +394,18 @@ impl Client {
     }
 }
 
-/// How long a connection may take to open: a host that has gone silent
-/// (a partition, a machine that is off) is reported, not waited on for
-/// the operating system's minutes.
-pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-
+/// Opens a connection within the outbound deadline, naming `target` when
+/// it fails.
 async fn connect<S>(
     target: &str,
     connecting: impl std::future::Future<Output = std::io::Result<S>>,
 ) -> Result<S, ClientError> {
-    let failed = |source| ClientError::Connect {
-        target: target.to_owned(),
-        source,
-    };
-    match tokio::time::timeout(CONNECT_TIMEOUT, connecting).await {
-        Ok(connected) => connected.map_err(failed),
-        Err(_) => Err(failed(std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            format!("no connection within {} s", CONNECT_TIMEOUT.as_secs()),
-        ))),
-    }
-}
-
-async fn handshake<S>(
-    stream: S,
-) -> Result<hyper::client::conn::http1::SendRequest<Full<Bytes>>, ClientError>
-where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
-{
-    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-    // The connection task ends with the request (or the stream) it serves.
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
-    Ok(sender)
+    outbound::connect(connecting)
+        .await
+        .map_err(|source| ClientError::Connect {
+            target: target.to_owned(),
+            source,
+        })
 }
 
 pub(crate) async fn decode<T: DeserializeOwned>(

@@ -5,6 +5,8 @@
 //!
 //! What this crate deliberately does not do: touch a store. It calls the
 //! runtime's API and subscribes to its event hub, as every transport does.
+//!
+#![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 
 pub mod channel;

@@ -30,6 +30,8 @@
 //!   between).
 //!
 //! Methods must be called from within a Tokio runtime.
+//!
+#![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 
 use std::sync::Arc;

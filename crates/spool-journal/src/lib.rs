@@ -12,6 +12,8 @@
 //!
 //! What this crate deliberately does not do: run anything. It records what
 //! the runtime did and tells it, on replay, what was already done.
+//!
+#![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 
 pub mod chain;

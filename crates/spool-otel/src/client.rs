@@ -1,7 +1,9 @@
-//! The exporters' HTTP client: Spool's own hyper and rustls, not a second
-//! HTTP stack. Each request runs on the Tokio runtime the client was made
-//! on, so a caller off it (the metrics reader's thread) can await it too.
-//! One connection per export: exports are seconds apart.
+//! The exporters' HTTP client: Spool's one outbound path
+//! (`spool_edge::outbound`: its connect deadline and its trust policy, the
+//! web roots plus `SSL_CERT_FILE`'s), not a second HTTP stack. Each request
+//! runs on the Tokio runtime the client was made on, so a caller off it
+//! (the metrics reader's thread) can await it too. One connection per
+//! export: exports are seconds apart.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,8 +11,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full, Limited};
-use hyper_util::rt::TokioIo;
 use opentelemetry_http::{HttpClient, HttpError};
+use spool_edge::outbound::{self, TrustError};
 use tokio::net::TcpStream;
 
 /// The most of a collector's answer read: it says accepted or why not.
@@ -30,21 +32,12 @@ impl Client {
     ///
     /// # Errors
     ///
-    /// When TLS cannot be set up.
-    pub fn new(handle: tokio::runtime::Handle, timeout: Duration) -> Result<Self, String> {
-        let roots =
-            rustls::RootCertStore::from_iter(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-        let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-        tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+    /// When TLS cannot be set up: the file `SSL_CERT_FILE` names cannot
+    /// be read or holds no certificate.
+    pub fn new(handle: tokio::runtime::Handle, timeout: Duration) -> Result<Self, TrustError> {
         Ok(Self {
             handle,
-            tls: Arc::new(tls),
+            tls: outbound::environment_config()?,
             timeout,
         })
     }
@@ -81,7 +74,7 @@ impl Client {
             _ => return Err("the endpoint's scheme must be http or https".into()),
         };
         let port = uri.port_u16().unwrap_or(if tls { 443 } else { 80 });
-        let tcp = TcpStream::connect((host.as_str(), port)).await?;
+        let tcp = outbound::connect(TcpStream::connect((host.as_str(), port))).await?;
         let (mut parts, body) = request.into_parts();
         // HTTP/1.1 sends the path, with the authority in `Host`.
         if let Some(authority) = uri.authority() {
@@ -92,32 +85,18 @@ impl Client {
         }
         parts.uri = uri.path_and_query().map_or("/", |p| p.as_str()).parse()?;
         let request = Request::from_parts(parts, Full::new(body));
-        if tls {
-            let name = rustls::pki_types::ServerName::try_from(host)?;
-            let stream = tokio_rustls::TlsConnector::from(Arc::clone(&self.tls))
-                .connect(name, tcp)
-                .await?;
-            send(stream, request).await
+        let mut sender = if tls {
+            let stream = outbound::tls(tcp, &host, Arc::clone(&self.tls)).await?;
+            outbound::handshake(stream).await?
         } else {
-            send(tcp, request).await
-        }
+            outbound::handshake(tcp).await?
+        };
+        let response = sender.send_request(request).await?;
+        let (parts, body) = response.into_parts();
+        let body = Limited::new(body, MAX_ANSWER_BYTES)
+            .collect()
+            .await?
+            .to_bytes();
+        Ok(Response::from_parts(parts, body))
     }
-}
-
-async fn send<S>(stream: S, request: Request<Full<Bytes>>) -> Result<Response<Bytes>, HttpError>
-where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
-{
-    let (mut sender, connection) =
-        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
-    let response = sender.send_request(request).await?;
-    let (parts, body) = response.into_parts();
-    let body = Limited::new(body, MAX_ANSWER_BYTES)
-        .collect()
-        .await?
-        .to_bytes();
-    Ok(Response::from_parts(parts, body))
 }

@@ -11,7 +11,8 @@
 //! through bounded queues, dropped and counted when full, and
 //! [`Telemetry::shutdown`] sends what is queued within a deadline. See
 //! `docs/observability.md`.
-
+//!
+#![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 
 pub mod client;

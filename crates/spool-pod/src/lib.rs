@@ -7,7 +7,8 @@
 //! in the runtime directory [`dir::PodDir`] sets up. The mapping from a
 //! run's journal and deltas to pod events is [`events::Translator`]; the
 //! history's is [`history::items`]. See `docs/protocol/pod.md`.
-
+//!
+#![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 
 pub mod daemon;

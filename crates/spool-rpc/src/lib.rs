@@ -21,7 +21,8 @@
 //! Errors use the seed's codes: −32700 … −32603, −32002 for an unknown run,
 //! −32000 for a refusal of the runtime, whose `data` carries the HTTP
 //! channel's `code` (`run_waiting`, `journal_unavailable`, …).
-
+//!
+#![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 
 mod dispatch;

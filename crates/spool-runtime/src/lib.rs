@@ -11,6 +11,8 @@
 //!
 //! What this crate deliberately does not know: any transport. HTTP, JSON-RPC,
 //! Pod and the bus call this API and subscribe to its event hub.
+//!
+#![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 
 pub mod access;

@@ -27,6 +27,8 @@
 //! let reply = validate(Kind::HttpError, r#"{"error":"no such run","code":"run_not_found"}"#).unwrap();
 //! assert_eq!(reply, r#"{"error":"no such run","code":"run_not_found"}"#);
 //! ```
+//!
+#![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 
 mod code;

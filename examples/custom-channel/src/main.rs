@@ -6,6 +6,11 @@
 //!
 //! `example-custom-channel [ADDR]` (default `127.0.0.1:0`) prints where it
 //! listens; `nc 127.0.0.1 PORT` is a client.
+//!
+//! It is a transport as `docs/extending.md` ("Writing a transport") walks
+//! through: commands go to the runtime, and what a run does comes back
+//! through the activity layer (`spool_runtime::activity`), whose facts this
+//! file maps to its own wire (lines of text) and nothing else.
 #![allow(
     clippy::print_stdout,
     clippy::print_stderr,
@@ -14,10 +19,11 @@
 
 use std::sync::Arc;
 
+use spool_journal::RunId;
 use spool_journal::event::Answer;
 use spool_journal::fold::Status;
 use spool_journal::store::memory::MemoryJournal;
-use spool_journal::{Event, RunId};
+use spool_runtime::activity::{Activity, Reader, TurnOutcome};
 use spool_runtime::engine::Delta;
 use spool_runtime::engines::ScriptedEngine;
 use spool_runtime::hub::StreamItem;
@@ -92,44 +98,22 @@ async fn converse(
     Ok(())
 }
 
-/// Writes the run's answer as it streams, until the turn ends or asks.
+/// Writes the run's answer as it streams, until the turn ends or asks: the
+/// chat's table over the run's activity.
 async fn follow(
     runtime: &Runtime,
     run: &RunId,
     mut events: spool_runtime::hub::Subscription,
     write: &mut tokio::net::tcp::OwnedWriteHalf,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    // The subscription starts where the run was: each event is read on its
+    // own (what this chat shows needs no memory of earlier ones).
+    let reader = Reader::stateless();
     let mut started = false;
     while let Some(item) = events.next().await {
-        match item {
-            StreamItem::Delta(live) => {
-                if let Delta::Text(piece) = live.delta {
-                    if !started {
-                        write.write_all(b"bot> ").await?;
-                        started = true;
-                    }
-                    write.write_all(piece.as_bytes()).await?;
-                }
-            }
-            StreamItem::Event(envelope) => match &envelope.event {
-                Event::Suspended(question) => {
-                    write
-                        .write_all(format!("bot asks: {}\n", question.prompt).as_bytes())
-                        .await?;
-                    return Ok(());
-                }
-                Event::TurnCompleted(_) => {
-                    write.write_all(b"\n").await?;
-                    return Ok(());
-                }
-                Event::TurnFailed(failed) => {
-                    write
-                        .write_all(format!("bot failed: {}\n", failed.message).as_bytes())
-                        .await?;
-                    return Ok(());
-                }
-                _ => {}
-            },
+        let facts: Vec<Activity<'_>> = match &item {
+            StreamItem::Delta(live) => vec![reader.delta(live)],
+            StreamItem::Event(envelope) => reader.clone().envelope(envelope).collect(),
             // Fell behind the live deltas: the answer is in the run's view.
             StreamItem::Lagged { .. } => {
                 let view = runtime.get(run).await?;
@@ -138,6 +122,41 @@ async fn follow(
                     .write_all(format!("bot> {answer}\n").as_bytes())
                     .await?;
                 return Ok(());
+            }
+        };
+        for fact in facts {
+            match fact {
+                Activity::ModelStreamed {
+                    delta: Delta::Text(piece),
+                    ..
+                } => {
+                    if !started {
+                        write.write_all(b"bot> ").await?;
+                        started = true;
+                    }
+                    write.write_all(piece.as_bytes()).await?;
+                }
+                Activity::Suspended(question) => {
+                    write
+                        .write_all(format!("bot asks: {}\n", question.prompt).as_bytes())
+                        .await?;
+                    return Ok(());
+                }
+                Activity::TurnEnded(TurnOutcome::Completed(_)) => {
+                    write.write_all(b"\n").await?;
+                    return Ok(());
+                }
+                Activity::TurnEnded(TurnOutcome::Failed(failed)) => {
+                    write
+                        .write_all(format!("bot failed: {}\n", failed.message).as_bytes())
+                        .await?;
+                    return Ok(());
+                }
+                Activity::TurnEnded(TurnOutcome::Cancelled(_)) => {
+                    write.write_all(b"bot: cancelled\n").await?;
+                    return Ok(());
+                }
+                _ => {}
             }
         }
     }

@@ -96,3 +96,45 @@ fn serve_exports_a_runs_traces_logs_and_metrics_to_the_collector_the_variables_n
     assert!(has("/v1/traces", "POST /spool/v1/runs"));
     assert!(has("/v1/traces", "http.response.status_code"));
 }
+
+#[test]
+fn the_exporter_trusts_what_ssl_cert_file_names_and_refuses_a_file_without_a_certificate() {
+    // The OTLP exporter follows the one outbound trust policy: the roots
+    // `SSL_CERT_FILE` adds are read, and a file without any certificate
+    // stops the server at start, naming it, as for every other client.
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty.pem");
+    std::fs::write(&empty, "not a certificate\n").unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_spool"))
+        .args(["serve", "--addr", "127.0.0.1:0", "--journal"])
+        .arg(dir.path().join("journal"))
+        .current_dir(dir.path())
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", "https://127.0.0.1:4318")
+        .env("SSL_CERT_FILE", &empty)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let pid = child.id().to_string();
+    // A server that starts anyway would never exit: wait on the exit, and
+    // fail (killing it) if it does not come.
+    let (sender, exited) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        let _ = sender.send((child.wait(), text));
+    });
+    let Ok((status, stderr)) = exited.recv_timeout(std::time::Duration::from_secs(20)) else {
+        let _ = std::process::Command::new("kill")
+            .args(["-9", &pid])
+            .status();
+        panic!("the server started with an SSL_CERT_FILE holding no certificate");
+    };
+    assert!(!status.unwrap().success());
+    assert!(
+        stderr.contains("empty.pem holds no usable certificate"),
+        "{stderr}"
+    );
+}

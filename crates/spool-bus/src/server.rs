@@ -125,7 +125,18 @@ impl BusServer {
         let server = self.clone();
         Arc::new(move |request: Request<Incoming>| {
             let server = server.clone();
-            Box::pin(async move { server.route(request).await })
+            // A span per request, in its connection's; a delegation
+            // records its run.
+            let span = tracing::debug_span!(
+                target: "spool::bus",
+                "bus request",
+                path = request.uri().path(),
+                run_id = tracing::field::Empty,
+            );
+            Box::pin(tracing::Instrument::instrument(
+                async move { server.route(request).await },
+                span,
+            ))
         })
     }
 
@@ -390,6 +401,7 @@ async fn delegate(
         run_id = %run,
         "bus: delegation accepted"
     );
+    tracing::Span::current().record("run_id", run.as_str());
     let view = runtime.settle(&accepted).await.map_err(internal)?;
     if let Some(ledger) = &budget {
         let usage = runtime.usage(&run).await.map_err(internal)?;

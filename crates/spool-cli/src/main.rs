@@ -89,16 +89,20 @@ fn main() -> ExitCode {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     // The filter is the log's alone: the HTTP request spans see every
-    // request line, whatever RUST_LOG lets through to stderr.
+    // request line, whatever RUST_LOG lets through to stderr, and nothing
+    // else (without a filter of their own every callsite, the debug spans
+    // of each request and run among them, would be enabled for them).
     {
         use tracing_subscriber::prelude::*;
+        let request_lines = tracing_subscriber::filter::Targets::new()
+            .with_target("spool::http", tracing::Level::INFO);
         let _ = tracing_subscriber::registry()
             .with(
                 tracing_subscriber::fmt::layer()
                     .with_writer(std::io::stderr)
                     .with_filter(filter),
             )
-            .with(telemetry::http_spans())
+            .with(telemetry::http_spans().with_filter(request_lines))
             .try_init();
     }
     let outcome = match cli.command {

@@ -20,6 +20,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream, UnixListener};
 use tokio::sync::watch;
 use tokio_util::task::TaskTracker;
+use tracing::Instrument;
 
 use crate::body::Body;
 
@@ -177,9 +178,15 @@ pub async fn serve(
         tokio::select! {
             () = &mut shutdown => break,
             accepted = accept(&listener) => match accepted {
-                Ok(Accepted::Tcp(stream)) => spawn_tcp(stream, &handler, &graceful),
-                Ok(Accepted::Tls(stream, acceptor)) => spawn_tls(stream, acceptor, &handler, &graceful),
-                Ok(Accepted::Unix(stream)) => spawn(stream, &handler, &graceful),
+                Ok(Accepted::Tcp(stream)) => {
+                    let span = connection_span("tcp", stream.peer_addr().ok());
+                    spawn_tcp(stream, &handler, &graceful, span);
+                }
+                Ok(Accepted::Tls(stream, acceptor)) => {
+                    let span = connection_span("tls", stream.peer_addr().ok());
+                    spawn_tls(stream, acceptor, &handler, &graceful, span);
+                }
+                Ok(Accepted::Unix(stream)) => spawn(stream, &handler, &graceful, connection_span("unix", None)),
                 // A client that failed mid-handshake is its own problem;
                 // the listener goes on. Out of file descriptors, accept
                 // fails at once every time: a short pause keeps that from
@@ -242,28 +249,37 @@ struct Graceful {
     connections: TaskTracker,
 }
 
-fn spawn<I>(io: I, handler: &Handler, graceful: &Graceful)
+/// A connection's span: every request on it runs inside, so a request
+/// can be followed back to its socket (`RUST_LOG=spool=debug`).
+fn connection_span(transport: &'static str, peer: Option<std::net::SocketAddr>) -> tracing::Span {
+    match peer {
+        Some(peer) => tracing::debug_span!(target: "spool::edge", "connection", transport, %peer),
+        None => tracing::debug_span!(target: "spool::edge", "connection", transport),
+    }
+}
+
+fn spawn<I>(io: I, handler: &Handler, graceful: &Graceful, span: tracing::Span)
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    graceful.connections.spawn(connection(
-        io,
-        Arc::clone(handler),
-        graceful.stopping.clone(),
-        None,
-    ));
+    graceful.connections.spawn(
+        connection(io, Arc::clone(handler), graceful.stopping.clone(), None).instrument(span),
+    );
 }
 
 /// Serves a plain TCP connection through a socket its requests carry
 /// (`crate::tap`): a stream's driver may write to it directly.
-fn spawn_tcp(stream: TcpStream, handler: &Handler, graceful: &Graceful) {
+fn spawn_tcp(stream: TcpStream, handler: &Handler, graceful: &Graceful, span: tracing::Span) {
     let (io, tap) = crate::tap::SharedTcp::new(stream);
-    graceful.connections.spawn(connection(
-        io,
-        Arc::clone(handler),
-        graceful.stopping.clone(),
-        Some(tap),
-    ));
+    graceful.connections.spawn(
+        connection(
+            io,
+            Arc::clone(handler),
+            graceful.stopping.clone(),
+            Some(tap),
+        )
+        .instrument(span),
+    );
 }
 
 /// Serves a TLS connection once its handshake is done. The handshake runs
@@ -274,9 +290,10 @@ fn spawn_tls(
     acceptor: tokio_rustls::TlsAcceptor,
     handler: &Handler,
     graceful: &Graceful,
+    span: tracing::Span,
 ) {
     let (handler, stopping) = (Arc::clone(handler), graceful.stopping.clone());
-    graceful.connections.spawn(async move {
+    let served = async move {
         let handshake = tokio::time::timeout(HEADER_READ_TIMEOUT, handshake(stream, &acceptor));
         tokio::select! {
             shook = handshake => if let Ok(Some(tls)) = shook {
@@ -286,7 +303,8 @@ fn spawn_tls(
             // in progress is dropped, not waited for.
             () = stopped(stopping.clone()) => {}
         }
-    });
+    };
+    graceful.connections.spawn(served.instrument(span));
 }
 
 /// The first byte of every TLS connection: a handshake record.

@@ -32,7 +32,12 @@ pub async fn serve(pod: Pod, listener: UnixListener, shutdown: impl Future<Outpu
                 Ok((stream, _)) => {
                     let pod = pod.clone();
                     let closing = closing.clone();
-                    connections.spawn(async move { connection(pod, stream, closing).await });
+                    // A span per connection; its methods' spans run inside.
+                    let span = tracing::debug_span!(target: "spool::pod", "pod connection", pod = pod.name());
+                    connections.spawn(tracing::Instrument::instrument(
+                        async move { connection(pod, stream, closing).await },
+                        span,
+                    ));
                 }
                 Err(error) => {
                     tracing::warn!(target: "spool::pod", %error, "accepting a pod connection failed");

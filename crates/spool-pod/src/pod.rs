@@ -232,6 +232,16 @@ impl Pod {
     /// Calls a method. What it answers, and every failure, is an event to
     /// every listener.
     pub async fn call(&self, method: Method) {
+        let span = tracing::debug_span!(
+            target: "spool::pod",
+            "pod method",
+            method = method.name(),
+            run_id = %self.session(),
+        );
+        tracing::Instrument::instrument(self.call_in_span(method), span).await;
+    }
+
+    async fn call_in_span(&self, method: Method) {
         let outcome = match method {
             Method::Run { input } => self.run(input).await,
             Method::Resume { answer } => self.resume(answer).await,

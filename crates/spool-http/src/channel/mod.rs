@@ -18,6 +18,7 @@ use spool_wire::http::{
     SnapshotReply, StartRun,
 };
 use tokio::sync::watch;
+use tracing::Instrument;
 
 use crate::body::{self, Body};
 
@@ -302,17 +303,29 @@ impl HttpChannel {
         let channel = Arc::new(self);
         Arc::new(move |request| {
             let channel = Arc::clone(&channel);
-            Box::pin(async move {
-                let mut log = RequestLog {
-                    method: request.method().clone(),
-                    path: request.uri().path().to_owned(),
-                    started: std::time::Instant::now(),
-                    status: None,
-                };
-                let reply = channel.handle(request).await;
-                log.status = Some(reply.status().as_u16());
-                reply
-            })
+            // A span per request, in its connection's: the route records
+            // the run it names (`RUST_LOG=spool=debug` shows them).
+            let span = tracing::debug_span!(
+                target: "spool::http",
+                "request",
+                method = %request.method(),
+                path = request.uri().path(),
+                run_id = tracing::field::Empty,
+            );
+            Box::pin(
+                async move {
+                    let mut log = RequestLog {
+                        method: request.method().clone(),
+                        path: request.uri().path().to_owned(),
+                        started: std::time::Instant::now(),
+                        status: None,
+                    };
+                    let reply = channel.handle(request).await;
+                    log.status = Some(reply.status().as_u16());
+                    reply
+                }
+                .instrument(span),
+            )
         })
     }
 

@@ -97,6 +97,7 @@ impl HttpChannel {
                 Ok(run) => run,
                 Err(message) => return body::error(ErrorCode::InvalidRunId, message),
             };
+            tracing::Span::current().record("run_id", run.as_str());
             let unknown = match self.reaches(&caller, &run).await {
                 Ok(reached) => !reached,
                 Err(RuntimeError::RunNotFound(_)) => true,

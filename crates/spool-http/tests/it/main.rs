@@ -12,5 +12,6 @@ mod openapi;
 mod remote;
 mod schedules;
 mod server;
+mod spans;
 mod streams;
 mod token;

@@ -3,6 +3,7 @@
 //! and `run.list`.
 
 use super::*;
+use tracing::Instrument;
 
 impl Connection {
     /// `submit.run`: starts a run (or a turn of `run_id`), streams the
@@ -306,85 +307,94 @@ impl Connection {
         }
         let connection = self.clone();
         let subscribed = run.clone();
-        self.inner.streams.spawn(async move {
-            let mut items = items;
-            let mut mapper = Mapper::new(&subscribed);
-            let mut patcher = channels.state.then(|| Patcher::new(&subscribed));
-            loop {
-                let item = tokio::select! {
-                    () = token.cancelled() => break,
-                    // Nobody reads the connection any more (a host dropped
-                    // it without closing it): the subscription ends.
-                    () = connection.inner.outbox.closed() => break,
-                    item = items.next() => item,
-                };
-                let Some(item) = item else { break };
-                if let StreamItem::Event(envelope) = &item
-                    && cursor.is_some_and(|cursor| envelope.seq.0 <= cursor)
-                {
-                    mapper.advance(envelope);
-                    if let Some(patcher) = &mut patcher {
-                        patcher.skip(envelope);
+        let span = tracing::debug_span!(target: "spool::rpc", "subscription", run_id = %subscribed);
+        self.inner.streams.spawn(
+            async move {
+                let mut items = items;
+                let mut mapper = Mapper::new(&subscribed);
+                let mut patcher = channels.state.then(|| Patcher::new(&subscribed));
+                loop {
+                    let item = tokio::select! {
+                        () = token.cancelled() => break,
+                        // Nobody reads the connection any more (a host dropped
+                        // it without closing it): the subscription ends.
+                        () = connection.inner.outbox.closed() => break,
+                        item = items.next() => item,
+                    };
+                    let Some(item) = item else { break };
+                    if let StreamItem::Event(envelope) = &item
+                        && cursor.is_some_and(|cursor| envelope.seq.0 <= cursor)
+                    {
+                        mapper.advance(envelope);
+                        if let Some(patcher) = &mut patcher {
+                            patcher.skip(envelope);
+                        }
+                        continue;
                     }
-                    continue;
-                }
-                // What the subscription carries now: `unsubscribe` may
-                // have left one of its channels.
-                let channels = Channels::from_bits(carried.load(Ordering::SeqCst));
-                let flow = match item {
-                    StreamItem::Event(envelope) => {
-                        // A position's events go out before its patch: a
-                        // client resuming after it has both.
-                        if channels.events {
-                            for event in connection.encoded_events(&mut mapper, &envelope).iter() {
-                                connection.send(event.clone()).await;
+                    // What the subscription carries now: `unsubscribe` may
+                    // have left one of its channels.
+                    let channels = Channels::from_bits(carried.load(Ordering::SeqCst));
+                    let flow = match item {
+                        StreamItem::Event(envelope) => {
+                            // A position's events go out before its patch: a
+                            // client resuming after it has both.
+                            if channels.events {
+                                for event in
+                                    connection.encoded_events(&mut mapper, &envelope).iter()
+                                {
+                                    connection.send(event.clone()).await;
+                                }
+                            } else {
+                                mapper.advance(&envelope);
                             }
-                        } else {
-                            mapper.advance(&envelope);
+                            if let Some(patch) = patcher.as_mut().and_then(|p| p.apply(&envelope))
+                                && channels.state
+                            {
+                                connection
+                                    .notify_at(
+                                        envelope.seq.0,
+                                        rpc::METHOD_STATE_PATCH,
+                                        patch.params(&subscribed),
+                                    )
+                                    .await;
+                            }
+                            std::ops::ControlFlow::Continue(())
                         }
-                        if let Some(patch) = patcher.as_mut().and_then(|p| p.apply(&envelope))
-                            && channels.state
-                        {
+                        StreamItem::Delta(_) if !channels.events => {
+                            std::ops::ControlFlow::Continue(())
+                        }
+                        StreamItem::Delta(delta) => {
+                            if let Some(event) =
+                                connection.encoded_delta(&subscribed, &mapper, &delta)
+                            {
+                                connection.send(event).await;
+                            }
+                            std::ops::ControlFlow::Continue(())
+                        }
+                        item => {
                             connection
-                                .notify_at(
-                                    envelope.seq.0,
-                                    rpc::METHOD_STATE_PATCH,
-                                    patch.params(&subscribed),
-                                )
-                                .await;
+                                .forward(&subscribed, &mut mapper, item, None)
+                                .await
                         }
-                        std::ops::ControlFlow::Continue(())
+                    };
+                    if flow.is_break() {
+                        break;
                     }
-                    StreamItem::Delta(_) if !channels.events => std::ops::ControlFlow::Continue(()),
-                    StreamItem::Delta(delta) => {
-                        if let Some(event) = connection.encoded_delta(&subscribed, &mapper, &delta)
-                        {
-                            connection.send(event).await;
-                        }
-                        std::ops::ControlFlow::Continue(())
-                    }
-                    item => {
-                        connection
-                            .forward(&subscribed, &mut mapper, item, None)
-                            .await
-                    }
-                };
-                if flow.is_break() {
-                    break;
+                }
+                let mut subscriptions = connection
+                    .inner
+                    .subscriptions
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                if subscriptions
+                    .get(&subscribed)
+                    .is_some_and(|f| f.token.is_cancelled() || f.token == token)
+                {
+                    subscriptions.remove(&subscribed);
                 }
             }
-            let mut subscriptions = connection
-                .inner
-                .subscriptions
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            if subscriptions
-                .get(&subscribed)
-                .is_some_and(|f| f.token.is_cancelled() || f.token == token)
-            {
-                subscriptions.remove(&subscribed);
-            }
-        });
+            .instrument(span),
+        );
         Ok(json!({"subscribed": run.as_str(), "channels": channels.names()}))
     }
 

@@ -12,6 +12,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use tracing::Instrument;
 
 use bytes::Bytes;
 use serde::Deserialize;
@@ -396,7 +397,24 @@ impl Connection {
         match envelope {
             Envelope::Request(request) => {
                 let id = request.id.clone();
-                Some(match self.call(request).await {
+                // A span per request (`RUST_LOG=spool=debug`), in its
+                // connection's; the run it names is recorded when known.
+                let span = tracing::debug_span!(
+                    target: "spool::rpc",
+                    "rpc request",
+                    method = request.method.as_str(),
+                    id = %serde_json::to_string(&id).unwrap_or_default(),
+                    run_id = tracing::field::Empty,
+                );
+                if let Some(run) = request
+                    .params
+                    .as_ref()
+                    .and_then(|params| params.get("run_id"))
+                    .and_then(Value::as_str)
+                {
+                    span.record("run_id", run);
+                }
+                Some(match self.call(request).instrument(span).await {
                     Ok(result) => Response::result(id, result),
                     Err(Failure(error)) => Response::error(id, error),
                 })

@@ -53,7 +53,11 @@ impl Inner {
             driving.insert(run.clone(), Driving::default());
         }
         let (inner, driven) = (Arc::clone(&self), run.clone());
-        let started = self.tasks.spawn(async move {
+        // The driver's span carries its run: what it logs, and the journal
+        // appends it waits on, can be told apart by run
+        // (`RUST_LOG=spool=debug`).
+        let span = tracing::debug_span!(target: "spool::runtime", "run", run_id = %run);
+        let driving = async move {
             let driver = Box::pin(Arc::clone(&inner).drive(driven.clone()));
             if let Err(panic) = polled(driver).await {
                 tracing::error!(run_id = %driven, %panic, "a run's driver panicked; its turn fails");
@@ -61,7 +65,10 @@ impl Inner {
                 inner.fail_turn_logged(&driven, &message).await;
                 inner.stop_driving(&driven);
             }
-        });
+        };
+        let started = self
+            .tasks
+            .spawn(tracing::Instrument::instrument(driving, span));
         if !started {
             self.stop_driving(run);
         }

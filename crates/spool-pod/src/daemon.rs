@@ -51,12 +51,38 @@ pub async fn serve(pod: Pod, listener: UnixListener, shutdown: impl Future<Outpu
 }
 
 /// One connection: its listener's events out, its lines in.
+///
+/// A client that shuts its write side after its last line (`echo … |
+/// socat`, `nc -N`) still reads: the events it is owed (the answers to its
+/// methods, and a turn it started up to its end or pause) are written
+/// before the connection closes.
 async fn connection(pod: Pod, stream: UnixStream, closing: tokio_util::sync::CancellationToken) {
     let (mut reader, mut writer) = stream.into_split();
     let mut listener = pod.listen();
     let id = listener.id();
+    let (half_closed, mut draining) = tokio::sync::watch::channel(false);
+    let resting = pod.clone();
     let mut writing = tokio::spawn(async move {
-        while let Some(event) = listener.recv().await {
+        let mut drain = false;
+        loop {
+            // The state first, then the queue: a turn's last events are in
+            // the queue once the state says it ended.
+            if drain && resting.rests().await && listener.is_drained() {
+                break;
+            }
+            let event = tokio::select! {
+                event = listener.recv() => event,
+                changed = draining.changed(), if !drain => {
+                    if changed.is_err() {
+                        break;
+                    }
+                    drain = *draining.borrow();
+                    continue;
+                }
+            };
+            let Some(event) = event else {
+                break;
+            };
             if writer
                 .write_all(event.encode_line().as_bytes())
                 .await
@@ -65,13 +91,15 @@ async fn connection(pod: Pod, stream: UnixStream, closing: tokio_util::sync::Can
                 break;
             }
         }
-        // The listener ends (it fell behind, or the pod closed) or the
-        // client went away: the connection is done either way.
+        // The listener ends (it fell behind, or the pod closed), the client
+        // went away, or it half-closed and got what it was owed: the
+        // connection is done.
         let _ = writer.shutdown().await;
     });
     let mut codec = LineCodec::new(DEFAULT_MAX_LINE_BYTES);
     let mut chunk = vec![0u8; 16 * 1024];
     let mut written = false;
+    let mut ended = false;
     loop {
         let read = tokio::select! {
             () = closing.cancelled() => break,
@@ -83,7 +111,11 @@ async fn connection(pod: Pod, stream: UnixStream, closing: tokio_util::sync::Can
             read = reader.read(&mut chunk) => read,
         };
         let n = match read {
-            Ok(0) | Err(_) => break,
+            Ok(0) => {
+                ended = true;
+                break;
+            }
+            Err(_) => break,
             Ok(n) => n,
         };
         for line in codec.push(&chunk[..n]) {
@@ -101,6 +133,15 @@ async fn connection(pod: Pod, stream: UnixStream, closing: tokio_util::sync::Can
                     ),
                 ),
             }
+        }
+    }
+    if ended && !written {
+        // Half-closed: the writer finishes what is owed, unless the server
+        // stops first.
+        let _ = half_closed.send(true);
+        tokio::select! {
+            _ = &mut writing => written = true,
+            () = closing.cancelled() => {}
         }
     }
     if !written {

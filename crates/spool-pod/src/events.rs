@@ -154,6 +154,9 @@ impl Translator {
             }
         }
         let mut events = Vec::new();
+        // A paused turn going on again (answered, woken, its budget
+        // extended) starts again: every `turn_end` has its `turn_start`.
+        let resumes = !starts && self.state == PodState::Paused && moved == Some(PodState::Running);
         // A turn's start is announced after the state it moves to.
         if let Some(state) = &moved
             && *state != self.state
@@ -161,6 +164,9 @@ impl Translator {
         {
             self.state = state.clone();
             events.push(self.status());
+        }
+        if resumes {
+            events.push(Event::TurnStart(TurnStart { turn: self.turns }));
         }
         events.append(&mut body);
         // A pause ends the turn's run for now: `turn_end` paused.

@@ -85,6 +85,11 @@ impl Listener {
         self.events.recv().await
     }
 
+    /// Whether every event sent to this listener so far was received.
+    pub(crate) fn is_drained(&self) -> bool {
+        self.events.is_empty()
+    }
+
     /// This listener's id, for [`Pod::tell`].
     #[must_use]
     pub fn id(&self) -> u64 {
@@ -181,6 +186,18 @@ impl Pod {
     #[must_use]
     pub fn state(&self) -> PodState {
         self.shared().translator.state()
+    }
+
+    /// Whether the pod rests: no turn runs, in the runtime or in the
+    /// events sent so far (the state moves, and its events are sent, under
+    /// one lock: once it says so, a turn's last events are in every
+    /// listener's queue).
+    pub(crate) async fn rests(&self) -> bool {
+        let running = matches!(
+            self.inner.runtime.get(&self.session()).await,
+            Ok(view) if view.status == RunStatus::Running
+        );
+        !running && self.state() != PodState::Running
     }
 
     /// Registers a listener. Its first events are a `status` and, during a

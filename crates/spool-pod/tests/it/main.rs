@@ -207,6 +207,17 @@ async fn a_paused_turn_resumes_with_an_answer_and_ends_finished_with_its_result(
         rest.iter()
             .any(|e| matches!(e, Event::TurnEnd(end) if end.result == TurnResult::Finished))
     );
+    // The turn starts again as it goes on: every turn_end has its
+    // turn_start, and the answer is the asking call's result.
+    let started = rest
+        .iter()
+        .position(|e| matches!(e, Event::TurnStart(start) if start.turn == 1))
+        .unwrap_or_else(|| panic!("turn_start after the resume: {rest:?}"));
+    let answered = rest
+        .iter()
+        .position(|e| matches!(e, Event::ToolResult(r) if r.id == "q" && r.output == "eu-west-1"))
+        .unwrap_or_else(|| panic!("the answer as the call's result: {rest:?}"));
+    assert!(started < answered, "{rest:?}");
     // Nothing to resume or cancel now.
     client.call(&Method::Resume { answer: None }).await;
     assert!(is_error(&client.next().await, ErrorCode::NotPaused));
@@ -217,6 +228,15 @@ async fn a_paused_turn_resumes_with_an_answer_and_ends_finished_with_its_result(
         panic!("a history");
     };
     assert!(history.items.len() >= 4, "{history:?}");
+    // The history has the answered question's result, as the live event.
+    assert!(
+        history.items.iter().any(|item| matches!(
+            item,
+            spool_wire::pod::HistoryItem::ToolResult { call_id, output, .. }
+                if call_id == "q" && output == "eu-west-1"
+        )),
+        "{history:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -367,4 +387,68 @@ async fn a_host_listens_with_a_callback_and_calls_methods_in_process() {
     tokio::time::timeout(PATIENCE, pod.close())
         .await
         .expect("the pod closes");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_half_closes_after_run_still_reads_the_turn_to_its_end() {
+    // What `echo '{"method":"run",…}' | socat - UNIX:pod.sock` does: the
+    // line, then EOF on the server's read side, then read until closed.
+    let served = serve(
+        runtime(Some(r#"{"text":"Deploying to eu-west-1.","delay_ms":1}"#)),
+        "deploy",
+    )
+    .await;
+    let stream = UnixStream::connect(&served.socket).await.unwrap();
+    let (reader, mut writer) = stream.into_split();
+    writer
+        .write_all(br#"{"method":"run","params":{"input":"go"}}"#)
+        .await
+        .unwrap();
+    writer.write_all(b"\n").await.unwrap();
+    writer.shutdown().await.unwrap();
+    let mut lines = BufReader::new(reader).lines();
+    let mut events = Vec::new();
+    while let Some(line) = tokio::time::timeout(PATIENCE, lines.next_line())
+        .await
+        .expect("the server writes or closes in time")
+        .unwrap()
+    {
+        events.push(Event::decode(&line).unwrap());
+    }
+    let names: Vec<&str> = events.iter().map(Event::name).collect();
+    assert!(names.contains(&"turn_start"), "{names:?}");
+    assert!(names.contains(&"text_done"), "{names:?}");
+    assert!(
+        names.contains(&"turn_end"),
+        "the turn's end reached the half-closed client: {names:?}"
+    );
+    // The last word is the pod at rest, and then the server closed.
+    assert!(
+        matches!(events.last(), Some(Event::Status(status)) if status.state == spool_wire::pod::PodState::Idle),
+        "{names:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_half_closes_after_get_status_gets_its_answer_and_the_close() {
+    let served = serve(runtime(None), "idle").await;
+    let stream = UnixStream::connect(&served.socket).await.unwrap();
+    let (reader, mut writer) = stream.into_split();
+    writer
+        .write_all(b"{\"method\":\"get_status\"}\n")
+        .await
+        .unwrap();
+    writer.shutdown().await.unwrap();
+    let mut lines = BufReader::new(reader).lines();
+    let mut statuses = 0;
+    while let Some(line) = tokio::time::timeout(PATIENCE, lines.next_line())
+        .await
+        .expect("the server answers and closes in time")
+        .unwrap()
+    {
+        if matches!(Event::decode(&line).unwrap(), Event::Status(_)) {
+            statuses += 1;
+        }
+    }
+    assert_eq!(statuses, 2, "the first status and get_status's answer");
 }

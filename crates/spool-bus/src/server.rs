@@ -168,12 +168,13 @@ impl BusServer {
                     "protocolVersion": PROTOCOL_VERSION,
                 }),
             ),
-            (&Method::POST, TALK_PATH) => {
-                let response = match self.talk(request, started).await {
-                    Ok(response) | Err(response) => response,
-                };
-                envelope(&response)
-            }
+            (&Method::POST, TALK_PATH) => match self.talk(request, started).await {
+                // What the delegation came to, its failures included, is
+                // the handler's answer: 200 (bus.md's check order, step 7).
+                Ok(response) => body::json(StatusCode::OK, &response),
+                // A check refused it: the code's own status.
+                Err(response) => envelope(&response),
+            },
             // Every reply is an envelope, an unknown route's too.
             _ => body::json(
                 StatusCode::NOT_FOUND,
@@ -282,6 +283,7 @@ impl BusServer {
         }
         // A panic in the delegation is the caller's 500, not a dropped
         // connection.
+        let identified = delegation_id(&request).is_some();
         let delegation = tokio::spawn(delegate(runtime.clone(), settings.budget.clone(), request));
         match delegation.await {
             Ok(Ok(text)) => Ok(BusResponse::success(
@@ -289,7 +291,21 @@ impl BusServer {
                 text,
                 elapsed(started),
             )),
-            Ok(Err((code, message))) => Ok(self.failure(code, message, started)),
+            // Malformed (a delegation id over its limit): a check, not an
+            // outcome.
+            Ok(Err((ErrorCode::InvalidRequest, message))) => {
+                Err(self.failure(ErrorCode::InvalidRequest, message, started))
+            }
+            Ok(Err((code, message))) => {
+                let mut failure = self.failure(code, message, started);
+                // Sent again under the same delegation id, it would be
+                // answered the same run's same failure: not worth a retry.
+                // A retry under a new id (or none) is a new delegation.
+                if identified {
+                    failure.retryable = Some(false);
+                }
+                Ok(failure)
+            }
             Err(_) => Err(self.failure(
                 ErrorCode::InternalError,
                 "the delegation failed unexpectedly",
@@ -344,13 +360,7 @@ async fn delegate(
         };
         (code, error.to_string())
     };
-    let delegation = request
-        .ext
-        .as_ref()
-        .and_then(|ext| ext.get("spool"))
-        .and_then(|spool| spool.get(DELEGATION_ID))
-        .and_then(Value::as_str)
-        .map(str::to_owned);
+    let delegation = delegation_id(&request).map(str::to_owned);
     let principal = Principal {
         authenticator: AUTHENTICATOR.into(),
         kind: "instance".into(),
@@ -402,6 +412,19 @@ async fn delegate(
         "bus: delegation accepted"
     );
     tracing::Span::current().record("run_id", run.as_str());
+    // An operator finds a delegated run by who sent it and under which id:
+    // the address `bus/<fromInstance>/<delegation id>`, bound once, as the
+    // run is made.
+    if let (Accepted::Started { .. }, Some(id)) = (&accepted, &delegation) {
+        let name = format!("{}/{id}", request.from_instance);
+        let bound = match runtime.channel(NAMESPACE) {
+            Ok(channel) => channel.attach(&name, &run).await.map(|_| ()),
+            Err(error) => Err(error),
+        };
+        if let Err(error) = bound {
+            tracing::warn!(run_id = %run, %error, "bus: the delegated run's address could not be bound");
+        }
+    }
     let view = runtime.settle(&accepted).await.map_err(internal)?;
     if let Some(ledger) = &budget {
         let usage = runtime.usage(&run).await.map_err(internal)?;
@@ -426,12 +449,27 @@ async fn delegate(
             let (code, message) = failure_of(&runtime, &run, view.cursor).await;
             Err((code, message))
         }
+        // Cancelled or retired on this instance: a state the delegation
+        // cannot leave by being sent again.
         other => Err((
-            ErrorCode::InternalError,
+            ErrorCode::SessionState,
             format!("delegated run {run} ended {}", other.state().as_str()),
         )),
     }
 }
+
+/// The caller's `ext.spool.delegation_id`, when it sent one.
+fn delegation_id(request: &BusRequest) -> Option<&str> {
+    request
+        .ext
+        .as_ref()
+        .and_then(|ext| ext.get("spool"))
+        .and_then(|spool| spool.get(DELEGATION_ID))
+        .and_then(Value::as_str)
+}
+
+/// The namespace of delegated runs' addresses: `bus/<fromInstance>/<delegation id>`.
+pub const NAMESPACE: &str = "bus";
 
 /// The bus code and message of a run's failed turn: its last event.
 async fn failure_of(runtime: &Runtime, run: &RunId, cursor: Option<Seq>) -> (ErrorCode, String) {

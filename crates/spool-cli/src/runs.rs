@@ -27,7 +27,8 @@ pub(crate) enum RunsCommand {
     },
     /// A run's folded state and its whole event log.
     Show {
-        /// The run.
+        /// The run: its id, or an address leading to it (`NAMESPACE/NAME`,
+        /// such as `http/desk` or a delegated run's `bus/FROM/ID`).
         run: String,
         /// Print the envelopes as NDJSON instead.
         #[arg(long)]
@@ -102,7 +103,18 @@ async fn show(
     run: &str,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
-    let run = RunId::new(run)?;
+    // A run id, or an address (`NAMESPACE/NAME`: `http/desk`,
+    // `bus/reviewer/d-42` for a delegated run) leading to one.
+    let run = match run.split_once('/') {
+        Some((namespace, name)) => {
+            let address = spool_journal::Address::new(namespace, name);
+            journal
+                .find_address(&address)
+                .await?
+                .with_context(|| format!("no run at the address {address} in {at}"))?
+        }
+        None => RunId::new(run)?,
+    };
     // A log whose chain does not verify is refused here with the run and
     // the first bad position, and the command fails.
     let log = journal.read(&run, Seq(0)).await?;

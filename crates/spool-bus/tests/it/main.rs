@@ -622,3 +622,37 @@ async fn a_page_in_a_browser_cannot_talk_to_the_bus_by_origin_host_or_form() {
     .await;
     refused(&reply, 403, "host_not_allowed");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delegations_failure_is_answered_200_and_not_retryable_under_its_id() {
+    // The handler's answer is 200 whatever the delegation came to
+    // (bus.md's check order, step 7); under a delegation id a retry would
+    // be answered the same failed run, so it says not to retry.
+    let runtime = runtime(Some(r#"{"error": "the provider is down"}"#));
+    let (addr, _stop) = serve(&BusServer::new(runtime.clone(), settings())).await;
+    let mut identified = request("reviewer", 1);
+    identified["ext"] = json!({"spool": {"delegation_id": "d-7"}});
+    let (status, body) = talk(&addr, Some(SECRET), &identified).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["success"], false, "{body}");
+    assert_eq!(body["errorCode"], "engine_cli", "{body}");
+    assert_eq!(body["retryable"], false, "{body}");
+    // Without an id each request is a new delegation: the code's own
+    // retryability stands.
+    let (status, body) = talk(&addr, Some(SECRET), &request("reviewer", 1)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["retryable"], true, "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delegated_run_is_found_at_the_address_of_its_sender_and_id() {
+    let runtime = runtime(None);
+    let (addr, _stop) = serve(&BusServer::new(runtime.clone(), settings())).await;
+    let mut first = request("reviewer", 1);
+    first["ext"] = json!({"spool": {"delegation_id": "d-42"}});
+    let (status, body) = talk(&addr, Some(SECRET), &first).await;
+    assert_eq!(status, 200, "{body}");
+    let address = spool_journal::Address::new(spool_bus::server::NAMESPACE, "reviewer/d-42");
+    let view = runtime.lookup(&address).await.unwrap();
+    assert_eq!(view.response.as_deref(), Some("echo: check this"));
+}

@@ -211,3 +211,45 @@ fn an_unknown_run_or_a_missing_journal_is_a_clear_error() {
     assert_eq!(unknown.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&unknown.stderr).contains("no run run-9"));
 }
+
+#[test]
+fn runs_show_finds_a_run_by_its_address_as_a_delegated_runs_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let journal = SqliteJournal::open(dir.path(), Options::default()).unwrap();
+        journal
+            .append(
+                &RunId::new("run-7").unwrap(),
+                Seq(0),
+                vec![
+                    Event::RunCreated(RunCreated::default()),
+                    Event::AddressBound(spool_journal::event::AddressBinding {
+                        address: spool_journal::Address::new("bus", "reviewer/d-42"),
+                    }),
+                ],
+            )
+            .await
+            .unwrap();
+    });
+    let journal = dir.path().to_str().unwrap();
+    let output = spool(&["runs", "show", "bus/reviewer/d-42", "--journal", journal]);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    assert!(stdout.contains("run        run-7"), "{stdout}");
+    let missing = spool(&["runs", "show", "bus/reviewer/d-43", "--journal", journal]);
+    assert_ne!(missing.status.code(), Some(0));
+    let stderr = String::from_utf8_lossy(&missing.stderr);
+    assert!(
+        stderr.contains("no run at the address bus/reviewer/d-43"),
+        "{stderr}"
+    );
+}

@@ -218,7 +218,12 @@ impl Sentinel {
                 // existed may carry it that way.
                 kind: match body.get("kind") {
                     None | Some(Value::Null) => None,
-                    Some(Value::String(kind)) => Some(SuspensionKind::parse(kind)),
+                    // A kind this version does not know names a wait it
+                    // cannot keep: not a suspension it may replay.
+                    Some(Value::String(kind)) => match SuspensionKind::parse(kind) {
+                        known if known.is_known() => Some(known),
+                        _ => return Err(malformed("`kind` must be `signal` when present")),
+                    },
                     Some(_) => return Err(malformed("`kind` must be a string")),
                 },
             }),
@@ -382,7 +387,11 @@ impl Direct {
             Self::Suspend(Object(body)) => Sentinel::Suspend(Suspension {
                 reason: body.reason,
                 input_schema: body.input_schema,
-                kind: body.kind.as_deref().map(SuspensionKind::parse),
+                // An unknown kind is the general reading's to refuse.
+                kind: match body.kind.as_deref().map(SuspensionKind::parse) {
+                    Some(kind) if !kind.is_known() => return None,
+                    kind => kind,
+                },
             }),
             Self::Sleep(Object(body)) => Sentinel::Sleep(Sleep::until(
                 OffsetDateTime::parse(&body.wake_at, &Rfc3339).ok()?,

@@ -329,7 +329,7 @@ impl Inner {
             Some(Sentinel::Failure(failure)) => {
                 Ok(Step::Result(format!("error: {}", failure.message)))
             }
-            Some(Sentinel::Suspend(_)) => {
+            Some(Sentinel::Suspend(parked)) => {
                 let recorded = ctx
                     .cursor
                     .peek_suspension()
@@ -341,6 +341,17 @@ impl Inner {
                             call.id
                         ))
                     })?;
+                // The completion and the suspension say one wait: a signal
+                // for both, or a person's for both.
+                let on_signal = parked.kind == Some(sentinel::SuspensionKind::Signal);
+                if on_signal != (recorded.kind == SuspendKind::Signal) {
+                    return Err(corrupt(format!(
+                        "call {} parked on {}, but its suspension waits for {}",
+                        call.id,
+                        if on_signal { "a signal" } else { "a person" },
+                        recorded.kind.as_str()
+                    )));
+                }
                 match ctx
                     .cursor
                     .suspend(&recorded)

@@ -5,11 +5,11 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use spool_journal::event::{CancelRequested, Effect};
+use spool_journal::event::{Answer, CancelRequested, Effect};
 use spool_journal::fold::Status;
 use spool_journal::store::memory::MemoryJournal;
 use spool_journal::{Event, Journal, RunId, Seq, TurnId};
-use spool_runtime::{Accepted, Runtime, StartRequest, Tool};
+use spool_runtime::{Accepted, Runtime, StartRequest, Tool, Tools};
 use spool_wire::run::SuspendKind;
 
 use crate::support::*;
@@ -510,4 +510,63 @@ async fn runs_taken_over_in_a_batch_larger_than_is_read_at_once_resume_only_the_
     let view = settle(&runtime, &run, &turn).await;
     assert_eq!(view.response.as_deref(), Some("all done"));
     assert_eq!(crash.started.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recorded_suspension_whose_kind_disagrees_with_its_completion_is_corrupt_not_guessed() {
+    // A person's question recorded, and a `suspended` after it that says
+    // it waits for a signal: replay refuses to pick one.
+    let script = r#"{"tool_calls": [{"id": "q1", "name": "ask_human", "arguments": {"prompt": "Which?"}}]}
+{"text": "done"}"#;
+    let first: Arc<dyn Journal> = Arc::new(MemoryJournal::new());
+    let runtime = runtime_with(Arc::clone(&first), script, Tools::builtin());
+    let Accepted::Started { run, turn } = runtime
+        .start(StartRequest {
+            text: "go".into(),
+            ..StartRequest::default()
+        })
+        .await
+        .unwrap()
+    else {
+        panic!("a fresh run")
+    };
+    let parked = settle(&runtime, &run, &turn).await;
+    assert_eq!(parked.status, Status::Waiting(SuspendKind::Question));
+    runtime.shutdown().await;
+    // The same log, its suspension's kind changed, in a journal of its own.
+    let altered: Arc<dyn Journal> = Arc::new(MemoryJournal::new());
+    for envelope in first.read(&run, Seq(0)).await.unwrap() {
+        let mut event = envelope.event;
+        if let Event::Suspended(suspended) = &mut event {
+            suspended.kind = SuspendKind::Signal;
+        }
+        altered
+            .append(&run, envelope.seq, vec![event])
+            .await
+            .unwrap();
+    }
+    let runtime = runtime_with(Arc::clone(&altered), script, Tools::builtin());
+    runtime.recover().await.unwrap();
+    runtime
+        .respond(
+            &run,
+            Some(&turn),
+            vec![Answer {
+                text: "the blue one".into(),
+                approved: None,
+            }],
+        )
+        .await
+        .unwrap();
+    let view = settle(&runtime, &run, &turn).await;
+    assert_eq!(view.status, Status::Failed, "{view:?}");
+    let log = altered.read(&run, Seq(0)).await.unwrap();
+    let failed = log
+        .iter()
+        .find_map(|e| match &e.event {
+            Event::TurnFailed(failed) => Some(failed.message.clone()),
+            _ => None,
+        })
+        .expect("the turn failed");
+    assert!(failed.contains("parked on a person"), "{failed}");
 }

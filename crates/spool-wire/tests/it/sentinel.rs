@@ -3,8 +3,7 @@
 
 use serde_json::{Value, json};
 use spool_wire::sentinel::{
-    ERROR_KEY, FailureKind, SLEEP_KEY, SUSPEND_KEY, Sentinel, Sleep, Suspension, SuspensionKind,
-    ToolFailure,
+    ERROR_KEY, FailureKind, SLEEP_KEY, SUSPEND_KEY, Sentinel, Sleep, Suspension, ToolFailure,
 };
 use time::macros::datetime;
 
@@ -62,16 +61,16 @@ fn a_null_suspension_kind_reads_as_a_gate() {
 }
 
 #[test]
-fn an_unknown_suspension_kind_round_trips_unchanged() {
+fn an_unknown_suspension_kind_is_malformed_not_a_wait_it_cannot_keep() {
+    // The seed: a kind this version does not know is not a suspension it
+    // may replay. It is malformed (a failed call everywhere), never a wait
+    // for something unknown, never ordinary output.
     let value = json!({SUSPEND_KEY: {"reason": "r", "input_schema": {}, "kind": "quorum"}});
-    let Some(Sentinel::Suspend(suspension)) = Sentinel::decode(&value).unwrap() else {
-        panic!("a suspension")
-    };
-    assert_eq!(
-        suspension.kind,
-        Some(SuspensionKind::Unknown("quorum".into()))
+    let error = Sentinel::decode(&value).unwrap_err();
+    assert!(
+        error.to_string().contains("`kind` must be `signal`"),
+        "{error}"
     );
-    assert_eq!(Sentinel::Suspend(suspension).encode(), value);
 }
 
 #[test]

@@ -108,12 +108,19 @@ impl Mapper {
                     self.event("run:start", nanos, started.input.clone())
                         .with_attribute("spool.turn_id", started.turn_id.as_str()),
                 ),
-                Activity::Input { input, turn } => {
-                    events.push(self.event("run:input", nanos, input).with_attribute(
-                        "spool.policy",
-                        if turn.is_some() { "steer" } else { "queue" },
-                    ))
-                }
+                // Input joining a running turn is said in the seed's closed
+                // set of kinds: a `run:status` of the running run, the input
+                // and its policy as attributes (a strict client reading
+                // `run:status` as "the state now" reads the truth).
+                Activity::Input { input, turn } => events.push(
+                    self.event("run:status", nanos, "running")
+                        .with_attribute("spool.state", "running")
+                        .with_attribute("spool.input", input)
+                        .with_attribute(
+                            "spool.policy",
+                            if turn.is_some() { "steer" } else { "queue" },
+                        ),
+                ),
                 Activity::ModelCallStarted { call } => events.push(self.task(
                     "task:start",
                     nanos,

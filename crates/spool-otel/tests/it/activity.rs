@@ -89,6 +89,10 @@ fn script() -> Vec<Event> {
     vec![
         Event::RunCreated(RunCreated::default()),
         started("t1"),
+        Event::InputSteered(spool_journal::event::InputSteered {
+            turn_id: turn("t1"),
+            input: "and be quick".into(),
+        }),
         Event::ModelCallRequested(ModelCallRequested {
             request_hash: "sha256:aa".into(),
             new_messages: Vec::new(),
@@ -222,16 +226,16 @@ async fn every_surface_reports_the_same_tool_results_and_turn_ends_in_the_same_o
     // answer.
     let delta = LiveDelta {
         turn: turn("t1"),
-        after: Seq(3),
+        after: Seq(4),
         n: 1,
         delta: Delta::Text("let me".into()),
     };
     let event = |envelope: &Envelope| StreamItem::Event(Arc::new(envelope.clone()));
-    let items: Vec<StreamItem> = log[..3]
+    let items: Vec<StreamItem> = log[..4]
         .iter()
         .map(event)
         .chain([StreamItem::Delta(delta)])
-        .chain(log[3..].iter().map(event))
+        .chain(log[4..].iter().map(event))
         .collect();
 
     // The HTTP stream. A line says what its event says: an answer is the
@@ -295,6 +299,20 @@ async fn every_surface_reports_the_same_tool_results_and_turn_ends_in_the_same_o
             StreamItem::Lagged { .. } => unreachable!("no lag here"),
         };
         for event in events {
+            // Every kind is in the seed's closed `RunEventKind` set.
+            assert!(
+                [
+                    "run:start",
+                    "task:start",
+                    "task:stdout",
+                    "task:stderr",
+                    "task:complete",
+                    "run:status",
+                    "run:end"
+                ]
+                .contains(&event.kind.as_str()),
+                "{event:?}"
+            );
             let attribute = |key: &str| event.attributes.get(key).and_then(Value::as_str);
             match event.kind.as_str() {
                 "task:stdout" if attribute("spool.stream") == Some("text") => {

@@ -412,20 +412,14 @@ async fn delegate(
         "bus: delegation accepted"
     );
     tracing::Span::current().record("run_id", run.as_str());
-    // An operator finds a delegated run by who sent it and under which id:
-    // the address `bus/<fromInstance>/<delegation id>`, bound once, as the
-    // run is made.
-    if let (Accepted::Started { .. }, Some(id)) = (&accepted, &delegation) {
-        let name = format!("{}/{id}", request.from_instance);
-        let bound = match runtime.channel(NAMESPACE) {
-            Ok(channel) => channel.attach(&name, &run).await.map(|_| ()),
-            Err(error) => Err(error),
-        };
-        if let Err(error) = bound {
-            tracing::warn!(run_id = %run, %error, "bus: the delegated run's address could not be bound");
-        }
-    }
     let view = runtime.settle(&accepted).await.map_err(internal)?;
+    // An operator finds a delegated run by who sent it and under which id:
+    // the address `bus/<fromInstance>/<delegation id>`, bound once its turn
+    // first rests (a binding appended while the model streams would move
+    // the run past the place of the live text its viewers are reading).
+    if let Some(id) = &delegation {
+        bind_address(&runtime, &request.from_instance, id, &run).await;
+    }
     if let Some(ledger) = &budget {
         let usage = runtime.usage(&run).await.map_err(internal)?;
         match reservation {
@@ -455,6 +449,23 @@ async fn delegate(
             ErrorCode::SessionState,
             format!("delegated run {run} ended {}", other.state().as_str()),
         )),
+    }
+}
+
+/// Binds a delegated run to `bus/<from>/<id>` unless it is bound already
+/// (a retry of the delegation); a failure is logged, never the
+/// delegation's.
+async fn bind_address(runtime: &Runtime, from: &str, id: &str, run: &RunId) {
+    let name = format!("{from}/{id}");
+    let bound = match runtime.channel(NAMESPACE) {
+        Ok(channel) => match channel.lookup(&name).await {
+            Ok(_) => Ok(()),
+            Err(_) => channel.attach(&name, run).await.map(|_| ()),
+        },
+        Err(error) => Err(error),
+    };
+    if let Err(error) = bound {
+        tracing::warn!(run_id = %run, %error, "bus: the delegated run's address could not be bound");
     }
 }
 

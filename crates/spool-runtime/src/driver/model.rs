@@ -511,7 +511,17 @@ impl Inner {
             ordinal: ctx.ordinal,
         };
         let (hub, run, turn, after) = (&self.hub, &ctx.run, &ctx.turn, ctx.steer_from);
-        let publish = |delta| hub.publish(run, turn, after, delta);
+        // A delta's place is the run's head when it is made, not when the
+        // call began: input steered in (or any event appended) while the
+        // model streams comes between the text before it and the text after
+        // it, and a viewer past that event still gets the rest.
+        let head = self.journal.subscribe(run).await.ok();
+        let publish = |delta| {
+            let place = head
+                .as_ref()
+                .map_or(after, |head| after.max(*head.borrow()));
+            hub.publish(run, turn, place, delta);
+        };
         let span = tracing::info_span!(
             "model_call",
             ordinal = ctx.ordinal,

@@ -438,3 +438,63 @@ async fn subscribed_and_asked(
         .unwrap();
     stream
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn input_steered_while_the_model_streams_leaves_the_rest_of_its_text_to_the_viewers() {
+    // An event appended during a model call (here steered input) comes
+    // after the place of that call's live text: the text streamed after it
+    // still reaches a subscriber.
+    let runtime = scripted(
+        r#"{"text": "one two three four five six seven eight", "delay_ms": 20}
+{"text": "and the steer"}"#,
+    );
+    let mut stream = subscribed_and_asked(&runtime, "steer-stream", "count").await;
+    let mut text = String::new();
+    let mut steered = false;
+    let mut after_steer = 0;
+    tokio::time::timeout(PATIENCE, async {
+        while let Some(item) = stream.next().await {
+            match item {
+                StreamItem::Delta(delta) => {
+                    if let Delta::Text(piece) = delta.delta {
+                        text.push_str(&piece);
+                        if steered {
+                            after_steer += 1;
+                        } else {
+                            steered = true;
+                            runtime
+                                .send(
+                                    &delta_run(&runtime).await,
+                                    MessageRequest {
+                                        text: "and quickly".into(),
+                                        policy: Some(spool_wire::run::TurnPolicy::Steer),
+                                        ..MessageRequest::default()
+                                    },
+                                )
+                                .await
+                                .unwrap();
+                        }
+                    }
+                }
+                StreamItem::Event(envelope) => {
+                    if envelope.event.kind() == "model_call_completed" {
+                        break;
+                    }
+                }
+                StreamItem::Lagged { .. } => panic!("one subscriber cannot lag this little"),
+            }
+        }
+    })
+    .await
+    .expect("the model call streams and completes");
+    assert!(
+        after_steer > 0,
+        "text after the steered input reached the viewer"
+    );
+    assert_eq!(text, "one two three four five six seven eight");
+}
+
+/// The one run of a runtime.
+async fn delta_run(runtime: &Runtime) -> spool_journal::RunId {
+    runtime.list().await.unwrap()[0].run_id.clone()
+}

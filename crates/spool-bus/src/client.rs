@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use spool_edge::outbound;
 use spool_wire::bus::{BusRequest, BusResponse, ErrorCode, HEALTH_PATH, TALK_PATH};
 
-use crate::server::DELEGATION_ID;
+use crate::server::{CANCEL_PATH, DELEGATION_ID};
 
 /// How long the health check may take.
 pub const HEALTH_TIMEOUT: Duration = Duration::from_millis(500);
@@ -169,6 +169,63 @@ pub async fn talk(
     }
 }
 
+/// Asks the instance `route` leads to to cancel the delegation `delegation`
+/// that `from` made (`POST /api/cancel`, a Spool extension): what the
+/// `delegate` tool does when its own turn is cancelled. Best effort: an
+/// instance without the route answers 404 and its delegation runs on.
+///
+/// # Errors
+///
+/// The instance could not be reached or refused the request; the code
+/// and why.
+pub async fn cancel(
+    from: &str,
+    route: &Route,
+    delegation: &str,
+    timeout: Duration,
+) -> Result<String, (ErrorCode, String)> {
+    let target = &route.locate()?;
+    if !target.addr.ip().is_loopback() {
+        return Err((
+            ErrorCode::InvalidRequest,
+            format!("the bus is loopback-only; {} is not", target.addr),
+        ));
+    }
+    check_health(target.addr, &target.instance).await?;
+    let body = Bytes::from(
+        serde_json::to_vec(&json!({"fromInstance": from, "delegationId": delegation}))
+            .expect("a cancel is plain JSON"),
+    );
+    let (status, answer) = tokio::time::timeout(
+        timeout,
+        exchange(
+            target,
+            Method::POST,
+            CANCEL_PATH,
+            Some(&target.secret),
+            body,
+        ),
+    )
+    .await
+    .map_err(|_| {
+        (
+            ErrorCode::Timeout,
+            format!("{} did not answer within {timeout:?}", target.instance),
+        )
+    })??;
+    let response = decode_answer(&answer)?;
+    if status == 200 && response.success {
+        Ok(response.text().to_owned())
+    } else {
+        Err((
+            response.code().unwrap_or(ErrorCode::Unclassified),
+            response
+                .error
+                .unwrap_or_else(|| format!("{} answered {status}", target.instance)),
+        ))
+    }
+}
+
 /// What a health check found.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Probe {
@@ -261,7 +318,12 @@ async fn attempt_once(
             format!("{} did not answer within {timeout:?}", target.instance),
         )
     })??;
-    let text = std::str::from_utf8(&answer).map_err(|_| {
+    decode_answer(&answer)
+}
+
+/// An answer's body as a bus envelope.
+fn decode_answer(answer: &[u8]) -> Result<BusResponse, (ErrorCode, String)> {
+    let text = std::str::from_utf8(answer).map_err(|_| {
         (
             ErrorCode::InvalidResponse,
             "the answer is not UTF-8".to_owned(),

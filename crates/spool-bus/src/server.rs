@@ -168,6 +168,10 @@ impl BusServer {
                     "protocolVersion": PROTOCOL_VERSION,
                 }),
             ),
+            (&Method::POST, CANCEL_PATH) => match self.cancel(request, started).await {
+                Ok(response) => body::json(StatusCode::OK, &response),
+                Err(response) => envelope(&response),
+            },
             (&Method::POST, TALK_PATH) => match self.talk(request, started).await {
                 // What the delegation came to, its failures included, is
                 // the handler's answer: 200 (bus.md's check order, step 7).
@@ -196,12 +200,13 @@ impl BusServer {
         BusResponse::failure(&self.inner.instance, code, message, elapsed(started))
     }
 
-    /// The checks in order, then the delegation.
-    async fn talk(
+    /// The checks every request to the bus passes first, in order: its
+    /// size, the bus enabled, the secret. The body, and what answers it.
+    async fn admit(
         &self,
         request: Request<Incoming>,
         started: Instant,
-    ) -> Result<BusResponse, BusResponse> {
+    ) -> Result<(bytes::Bytes, &Settings, &Runtime), BusResponse> {
         let (parts, incoming) = request.into_parts();
         let bytes = body::read_capped(incoming, MAX_REQUEST_BYTES, BODY_DEADLINE)
             .await
@@ -247,6 +252,76 @@ impl BusServer {
                 started,
             ));
         }
+        Ok((bytes, settings, runtime))
+    }
+
+    /// `POST /api/cancel` (a Spool extension): the caller's delegation,
+    /// named by its id, has its turn cancelled, as when the caller's own
+    /// turn is. Answered `text: "requested"` (a turn was running or
+    /// parked), `"not_active"` (nothing runs: done already, or not here).
+    async fn cancel(
+        &self,
+        request: Request<Incoming>,
+        started: Instant,
+    ) -> Result<BusResponse, BusResponse> {
+        let (bytes, settings, runtime) = self.admit(request, started).await?;
+        let invalid = |message: String| self.failure(ErrorCode::InvalidRequest, message, started);
+        let cancel: CancelRequest = serde_json::from_slice(&bytes).map_err(|e| {
+            invalid(format!(
+                "a cancel is {{\"fromInstance\", \"delegationId\"}}: {e}"
+            ))
+        })?;
+        if !settings
+            .peers
+            .iter()
+            .any(|peer| peer == "*" || *peer == cancel.from_instance)
+        {
+            return Err(self.failure(
+                ErrorCode::PeerNotAllowed,
+                format!(
+                    "instance `{}` is not a peer of {}",
+                    cancel.from_instance, self.inner.instance
+                ),
+                started,
+            ));
+        }
+        let principal = Principal {
+            authenticator: AUTHENTICATOR.into(),
+            kind: "instance".into(),
+            id: cancel.from_instance.clone(),
+            ..Principal::default()
+        };
+        let failed = |error: RuntimeError| {
+            self.failure(ErrorCode::InternalError, error.to_string(), started)
+        };
+        let outcome = match runtime
+            .operation(&principal, &cancel.delegation_id)
+            .await
+            .map_err(failed)?
+        {
+            None => "not_active",
+            Some(run) => match runtime.cancel(&run, None).await.map_err(failed)? {
+                spool_runtime::CancelOutcome::Requested { .. } => {
+                    tracing::info!(from = %cancel.from_instance, run_id = %run, "bus: delegation cancelled by its caller");
+                    "requested"
+                }
+                _ => "not_active",
+            },
+        };
+        Ok(BusResponse::success(
+            &self.inner.instance,
+            outcome.to_owned(),
+            elapsed(started),
+        ))
+    }
+
+    /// The checks in order, then the delegation.
+    async fn talk(
+        &self,
+        request: Request<Incoming>,
+        started: Instant,
+    ) -> Result<BusResponse, BusResponse> {
+        let (bytes, settings, runtime) = self.admit(request, started).await?;
         let text = std::str::from_utf8(&bytes).map_err(|_| {
             self.failure(
                 ErrorCode::InvalidRequest,
@@ -477,6 +552,18 @@ fn delegation_id(request: &BusRequest) -> Option<&str> {
         .and_then(|ext| ext.get("spool"))
         .and_then(|spool| spool.get(DELEGATION_ID))
         .and_then(Value::as_str)
+}
+
+/// Where a caller cancels a delegation it made (a Spool extension of bus
+/// v1; an instance without it answers 404, and the delegation runs on).
+pub const CANCEL_PATH: &str = "/api/cancel";
+
+/// A cancel's body.
+#[derive(Debug, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct CancelRequest {
+    from_instance: String,
+    delegation_id: String,
 }
 
 /// The namespace of delegated runs' addresses: `bus/<fromInstance>/<delegation id>`.

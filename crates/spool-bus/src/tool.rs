@@ -195,8 +195,21 @@ impl Tool for Delegate {
             let answer: BusResponse = tokio::select! {
                 answer = sent => answer,
                 () = cancel.cancelled() => {
+                    // The delegated run is cancelled with the turn that
+                    // asked for it, where the other instance can hear it.
+                    let told = crate::client::cancel(
+                        &self.from,
+                        &route,
+                        &delegation_id(context),
+                        CANCEL_TIMEOUT,
+                    )
+                    .await;
+                    let told = match told {
+                        Ok(outcome) => format!("its run there: {outcome}"),
+                        Err((code, why)) => format!("its run there could not be told ({code}: {why})"),
+                    };
                     return ToolOutcome::Error(format!(
-                        "the delegation to {instance} was cancelled with its turn"
+                        "the delegation to {instance} was cancelled with its turn; {told}"
                     ));
                 }
             };
@@ -213,6 +226,10 @@ impl Tool for Delegate {
         })
     }
 }
+
+/// How long telling the other instance of a cancel may take before the
+/// cancelled turn ends without it.
+const CANCEL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 #[cfg(test)]
 mod tests {

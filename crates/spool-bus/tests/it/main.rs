@@ -656,3 +656,82 @@ async fn a_delegated_run_is_found_at_the_address_of_its_sender_and_id() {
     let view = runtime.lookup(&address).await.unwrap();
     assert_eq!(view.response.as_deref(), Some("echo: check this"));
 }
+
+/// An engine whose calls wait for their cancellation, saying when one began.
+struct Waits(Arc<tokio::sync::Notify>);
+
+impl spool_runtime::Engine for Waits {
+    fn call<'a>(
+        &'a self,
+        _context: &'a spool_runtime::engine::CallContext,
+        _request: &'a spool_runtime::ModelRequest,
+        _deltas: spool_runtime::engine::Deltas<'a>,
+        cancel: &'a tokio_util::sync::CancellationToken,
+    ) -> spool_runtime::BoxFuture<
+        'a,
+        Result<spool_runtime::ModelResponse, spool_runtime::engine::EngineError>,
+    > {
+        Box::pin(async move {
+            self.0.notify_one();
+            cancel.cancelled().await;
+            Err(spool_runtime::engine::EngineError::Cancelled)
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_cancels_its_delegation_and_the_delegated_run_ends_cancelled() {
+    let entered = Arc::new(tokio::sync::Notify::new());
+    let runtime = Runtime::builder(Arc::new(MemoryJournal::new()))
+        .engine(Arc::new(Waits(Arc::clone(&entered))))
+        .build();
+    let (addr, _stop) = serve(&BusServer::new(runtime.clone(), settings())).await;
+    let mut delegation = request("reviewer", 1);
+    delegation["ext"] = json!({"spool": {"delegation_id": "d-9"}});
+    let asked = {
+        let addr = addr.clone();
+        tokio::spawn(async move { talk(&addr, Some(SECRET), &delegation).await })
+    };
+    tokio::time::timeout(Duration::from_secs(20), entered.notified())
+        .await
+        .expect("the delegated run calls its model");
+    let cancel = json!({"fromInstance": "reviewer", "delegationId": "d-9"});
+    let (status, body) = call(
+        &addr,
+        "POST",
+        "/api/cancel",
+        Some(SECRET),
+        serde_json::to_vec(&cancel).unwrap(),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["text"], "requested", "{body}");
+    // The delegation is answered with its run's end: cancelled, a state.
+    let (status, answer) = tokio::time::timeout(Duration::from_secs(20), asked)
+        .await
+        .expect("the delegation is answered once its run ends")
+        .unwrap();
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["errorCode"], "session_state", "{answer}");
+    // Another instance's delegation, or one that is over, is not active.
+    let other = json!({"fromInstance": "reviewer", "delegationId": "d-unknown"});
+    let (_, body) = call(
+        &addr,
+        "POST",
+        "/api/cancel",
+        Some(SECRET),
+        serde_json::to_vec(&other).unwrap(),
+    )
+    .await;
+    assert_eq!(body["text"], "not_active", "{body}");
+    // Without the secret, nothing.
+    let (status, body) = call(
+        &addr,
+        "POST",
+        "/api/cancel",
+        None,
+        serde_json::to_vec(&cancel).unwrap(),
+    )
+    .await;
+    assert_eq!(status, 401, "{body}");
+}

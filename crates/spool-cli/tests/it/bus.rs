@@ -354,3 +354,59 @@ fn a_bus_table_without_instance_is_served_under_the_instance_flag() {
         server.notes
     );
 }
+
+#[test]
+fn cancelling_a_delegating_run_cancels_the_run_it_delegated_to_the_other_instance() {
+    let root = tempfile::tempdir().unwrap();
+    let registry = root.path().join("bus-registry.json");
+    let registry = registry.display();
+    // The worker's answer streams for a minute: long enough to be cut off.
+    let worker_dir = instance_dir(
+        root.path(),
+        "worker",
+        &format!("listen = \"127.0.0.1:0\"\npeers = [\"reviewer\"]\nregistry = \"{registry}\"\n"),
+        &format!(
+            "{}\n",
+            serde_json::json!({"text": "one two three four five six seven eight nine ten eleven twelve", "delay_ms": 5000})
+        ),
+    );
+    let reviewer_dir = instance_dir(
+        root.path(),
+        "reviewer",
+        &format!("peers = [\"worker\"]\nregistry = \"{registry}\"\ndelegate = true\n"),
+        DELEGATE_TO_WORKER,
+    );
+    let worker = serve(&worker_dir, &[]);
+    let reviewer = serve(&reviewer_dir, &[]);
+    let reviewer_addr = reviewer.addr.clone();
+    let asked = std::thread::spawn(move || run_to_end(&reviewer_addr, "review the count"));
+    let delegated = delegation_run(&worker.said);
+    let lines =
+        crate::serve::stream_lines(&worker.addr, &format!("/spool/v1/runs/{delegated}/stream"));
+    // The reviewer's run, cancelled while its delegate call waits.
+    let reviewing = runs(&reviewer.addr)
+        .first()
+        .and_then(|run| run["id"].as_str().map(str::to_owned))
+        .expect("the reviewer's run is listed");
+    let (status, reply) = crate::serve::post(
+        &reviewer.addr,
+        &format!("/spool/v1/runs/{reviewing}/cancel"),
+        "{}",
+        None,
+    );
+    assert_eq!(status, 202, "{reply}");
+    let answer = asked.join().unwrap();
+    assert_eq!(answer["state"], "cancelled", "{answer}");
+    // The worker's delegated run ends cancelled too, well before its
+    // answer would have finished streaming.
+    loop {
+        let line = lines
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .expect("the delegated run is cancelled in time");
+        if line["type"] == "run_state" && line["state"] == "cancelled" {
+            break;
+        }
+    }
+    assert!(terminate(reviewer).success());
+    assert!(terminate(worker).success());
+}

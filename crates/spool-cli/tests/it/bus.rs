@@ -7,7 +7,7 @@ use std::process::Command;
 use crate::server::{Running, serve, terminate};
 
 /// The bus address a server said it listens on.
-fn bus_addr(notes: &[String]) -> String {
+pub(crate) fn bus_addr(notes: &[String]) -> String {
     notes
         .iter()
         .find_map(|line| line.strip_prefix("spool: bus worker on "))

@@ -12,6 +12,7 @@ mod pod;
 mod postgres;
 mod rpc;
 mod runs;
+mod seed_examples;
 mod serve;
 #[path = "../support/server.rs"]
 mod server;

@@ -453,7 +453,12 @@ impl Connection {
                 let SnapshotParams { run_id } = params(&raw)?;
                 let id = match run_id {
                     Some(id) => id,
-                    None => self.subscribed_run()?,
+                    None => match self.subscribed_run()? {
+                        Some(id) => id,
+                        // Following no run: the server's state, the runs
+                        // the caller may see and theirs (`run.list`).
+                        None => return self.list(ListParams { limit: None }).await,
+                    },
                 };
                 let run = self.reached(&id).await?;
                 let snapshot = self.runtime().snapshot(&run).await.map_err(runtime_error)?;
@@ -506,8 +511,8 @@ impl Connection {
     }
 
     /// The one run this connection subscribes to: what `state.snapshot`
-    /// without a `run_id` answers.
-    fn subscribed_run(&self) -> Result<String, Failure> {
+    /// without a `run_id` answers; `None` when it subscribes to none.
+    fn subscribed_run(&self) -> Result<Option<String>, Failure> {
         let subscriptions = self
             .inner
             .subscriptions
@@ -515,10 +520,8 @@ impl Connection {
             .unwrap_or_else(PoisonError::into_inner);
         let mut runs = subscriptions.keys();
         match (runs.next(), runs.next()) {
-            (Some(run), None) => Ok(run.to_string()),
-            (None, _) => Err(invalid_params(
-                "`state.snapshot` without `run_id` answers the run this connection subscribes to, and it subscribes to none: subscribe first, or name the run",
-            )),
+            (Some(run), None) => Ok(Some(run.to_string())),
+            (None, _) => Ok(None),
             (Some(_), Some(_)) => Err(invalid_params(format!(
                 "this connection subscribes to {} runs: name one with `run_id`",
                 subscriptions.len()

@@ -156,19 +156,25 @@ async fn state_patches_applied_to_a_snapshot_or_to_nothing_give_the_snapshot_tak
 }
 
 #[tokio::test]
-async fn state_snapshot_without_a_run_answers_the_one_run_the_connection_subscribes_to() {
+async fn state_snapshot_without_a_run_answers_the_one_run_the_connection_subscribes_to_or_the_servers_runs()
+ {
     let runtime = runtime();
     let mut client = Client::new(&runtime);
     // The seed's own call, `state.snapshot()`, with no params at all.
     client
         .send(json!({"jsonrpc": "2.0", "id": 1, "method": "state.snapshot"}))
         .await;
+    // Subscribed to nothing: the server's state, the runs and theirs (none
+    // yet), as `run.list` answers.
     let none = client.until_response(1).await.1;
     assert_eq!(
-        none["error"]["code"], -32602,
+        none["result"]["runs"],
+        json!([]),
         "subscribed to nothing: {none}"
     );
     let run = client.call(2, "submit.run", json!({"text": "hi"})).await["result"]["run_id"].clone();
+    let listed = client.call(8, "state.snapshot", json!({})).await;
+    assert_eq!(listed["result"]["runs"][0]["id"], run, "{listed}");
     let subscribed = client
         .call(
             3,

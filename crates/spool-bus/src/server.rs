@@ -22,7 +22,8 @@ use spool_edge::body::{self, Body};
 use spool_edge::guard::{Guard, Refusal, Verdict};
 use spool_edge::server::Handler;
 use spool_journal::fold::Status;
-use spool_journal::{Event, Principal, RunId, Seq};
+use spool_journal::{Principal, RunId, Seq};
+use spool_runtime::activity::{Activity, Reader, TurnOutcome};
 use spool_runtime::hub::StreamItem;
 use spool_runtime::{Accepted, Runtime, RuntimeError, StartRequest};
 use spool_wire::bus::{
@@ -584,17 +585,21 @@ async fn failure_of(runtime: &Runtime, run: &RunId, cursor: Option<Seq>) -> (Err
     let Ok(mut items) = runtime.subscribe(run, after).await else {
         return unknown();
     };
+    // The turn's end, read as every surface reads a run.
+    let mut reader = Reader::stateless();
     while let Some(item) = items.next().await {
         if let StreamItem::Event(envelope) = item {
-            if let Event::TurnFailed(failed) = &envelope.event {
-                let code = match failed.code {
-                    FailureCode::Auth => ErrorCode::Auth,
-                    FailureCode::Timeout => ErrorCode::Timeout,
-                    FailureCode::ProviderError | FailureCode::EngineCli => ErrorCode::EngineCli,
-                    FailureCode::Budget => ErrorCode::BudgetExhausted,
-                    _ => ErrorCode::InternalError,
-                };
-                return (code, failed.message.clone());
+            for fact in reader.envelope(&envelope) {
+                if let Activity::TurnEnded(TurnOutcome::Failed(failed)) = fact {
+                    let code = match failed.code {
+                        FailureCode::Auth => ErrorCode::Auth,
+                        FailureCode::Timeout => ErrorCode::Timeout,
+                        FailureCode::ProviderError | FailureCode::EngineCli => ErrorCode::EngineCli,
+                        FailureCode::Budget => ErrorCode::BudgetExhausted,
+                        _ => ErrorCode::InternalError,
+                    };
+                    return (code, failed.message.clone());
+                }
             }
             if envelope.seq >= cursor {
                 break;

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use spool_journal::event::Answer;
 use spool_journal::fold::Status as RunStatus;
-use spool_journal::{Address, Event as Journal, RunId};
+use spool_journal::{Address, RunId};
 use spool_runtime::hub::StreamItem;
 use spool_runtime::{ErrorKind, MessageRequest, Runtime, RuntimeError};
 use spool_wire::pod::{ErrorCode, Event, History, Method, PodState, ResumeAnswer};
@@ -139,7 +139,7 @@ impl Pod {
             while let Some(item) = items.next().await {
                 if let StreamItem::Event(envelope) = &item {
                     let events = translator.journal(envelope);
-                    keep_turn_events(&mut turn_events, &envelope.event, &translator, events);
+                    keep_turn_events(&mut turn_events, &translator, events);
                     if envelope.seq >= head {
                         break;
                     }
@@ -469,7 +469,7 @@ impl Pod {
                             turn_events,
                             ..
                         } = &mut *shared;
-                        keep_turn_events(turn_events, &envelope.event, translator, events);
+                        keep_turn_events(turn_events, translator, events);
                     }
                     Some(StreamItem::Delta(delta)) => {
                         let mut shared = self.shared();
@@ -493,13 +493,13 @@ impl Pod {
 
 /// Keeps what a listener connecting mid-turn needs: the turn's events from
 /// its start, forgotten when the pod is idle again.
-fn keep_turn_events(
-    turn_events: &mut Vec<Event>,
-    event: &Journal,
-    translator: &Translator,
-    events: Vec<Event>,
-) {
-    if matches!(event, Journal::TurnStarted(_)) {
+fn keep_turn_events(turn_events: &mut Vec<Event>, translator: &Translator, events: Vec<Event>) {
+    // A new turn's events start over (a paused turn going on keeps what it
+    // had: its `turn_start` repeats the number).
+    if events
+        .iter()
+        .any(|e| matches!(e, Event::TurnStart(start) if start.turn != turn_of(turn_events)))
+    {
         turn_events.clear();
     }
     if translator.state() == PodState::Idle {
@@ -511,6 +511,18 @@ fn keep_turn_events(
                 .filter(|e| !matches!(e, Event::Status(_))),
         );
     }
+}
+
+/// The turn the kept events are of: their `turn_start`'s number, 0 when
+/// none is kept.
+fn turn_of(turn_events: &[Event]) -> u64 {
+    turn_events
+        .iter()
+        .find_map(|e| match e {
+            Event::TurnStart(start) => Some(start.turn),
+            _ => None,
+        })
+        .unwrap_or(0)
 }
 
 /// Sends `event` to every listener; one whose queue is full is told so

@@ -734,4 +734,27 @@ async fn a_caller_cancels_its_delegation_and_the_delegated_run_ends_cancelled() 
     )
     .await;
     assert_eq!(status, 401, "{body}");
+    assert_eq!(body["errorCode"], "auth_failed", "{body}");
+    // A body that is not a cancel, or one from a stranger: the bus's codes.
+    let (status, body) = call(
+        &addr,
+        "POST",
+        "/api/cancel",
+        Some(SECRET),
+        br#"{"delegationId": 7}"#.to_vec(),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["errorCode"], "invalid_request", "{body}");
+    let stranger = json!({"fromInstance": "stranger", "delegationId": "d-9"});
+    let (status, body) = call(
+        &addr,
+        "POST",
+        "/api/cancel",
+        Some(SECRET),
+        serde_json::to_vec(&stranger).unwrap(),
+    )
+    .await;
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(body["errorCode"], "peer_not_allowed", "{body}");
 }

@@ -13,5 +13,7 @@ mod remote;
 mod schedules;
 mod server;
 mod spans;
+#[path = "../support/spans.rs"]
+mod spans_support;
 mod streams;
 mod token;

@@ -397,24 +397,7 @@ impl Connection {
         match envelope {
             Envelope::Request(request) => {
                 let id = request.id.clone();
-                // A span per request (`RUST_LOG=spool=debug`), in its
-                // connection's; the run it names is recorded when known.
-                let span = tracing::debug_span!(
-                    target: "spool::rpc",
-                    "rpc request",
-                    method = request.method.as_str(),
-                    id = %serde_json::to_string(&id).unwrap_or_default(),
-                    run_id = tracing::field::Empty,
-                );
-                if let Some(run) = request
-                    .params
-                    .as_ref()
-                    .and_then(|params| params.get("run_id"))
-                    .and_then(Value::as_str)
-                {
-                    span.record("run_id", run);
-                }
-                Some(match self.call(request).instrument(span).await {
+                Some(match self.call(request).await {
                     Ok(result) => Response::result(id, result),
                     Err(Failure(error)) => Response::error(id, error),
                 })
@@ -434,7 +417,30 @@ impl Connection {
         }
     }
 
+    /// One method call, in a span of its own (`RUST_LOG=spool=debug`),
+    /// inside its connection's: the method, the request's id, and the run
+    /// it names when it names one. Every framing's requests, and a host's
+    /// in-process ones, come through here.
     async fn call(&self, request: Request) -> Result<Value, Failure> {
+        let span = tracing::debug_span!(
+            target: "spool::rpc",
+            "rpc request",
+            method = request.method.as_str(),
+            id = %serde_json::to_string(&request.id).unwrap_or_default(),
+            run_id = tracing::field::Empty,
+        );
+        if let Some(run) = request
+            .params
+            .as_ref()
+            .and_then(|params| params.get("run_id"))
+            .and_then(Value::as_str)
+        {
+            span.record("run_id", run);
+        }
+        self.call_in_span(request).instrument(span).await
+    }
+
+    async fn call_in_span(&self, request: Request) -> Result<Value, Failure> {
         let raw = request.params.unwrap_or(Value::Null);
         match request.method.as_str() {
             rpc::METHOD_SUBMIT_RUN => self.submit_run(params(&raw)?, None).await,

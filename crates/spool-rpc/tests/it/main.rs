@@ -18,6 +18,9 @@ use tokio::sync::mpsc;
 
 mod access;
 mod http;
+mod spans;
+#[path = "../../../spool-http/tests/support/spans.rs"]
+mod spans_support;
 mod state;
 
 const PATIENCE: Duration = Duration::from_secs(20);

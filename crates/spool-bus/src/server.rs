@@ -360,7 +360,11 @@ impl BusServer {
         // A panic in the delegation is the caller's 500, not a dropped
         // connection.
         let identified = delegation_id(&request).is_some();
-        let delegation = tokio::spawn(delegate(runtime.clone(), settings.budget.clone(), request));
+        // In the request's span: the delegation records its run there.
+        let delegation = tokio::spawn(tracing::Instrument::instrument(
+            delegate(runtime.clone(), settings.budget.clone(), request),
+            tracing::Span::current(),
+        ));
         match delegation.await {
             Ok(Ok(text)) => Ok(BusResponse::success(
                 &self.inner.instance,

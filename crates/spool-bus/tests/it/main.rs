@@ -758,3 +758,25 @@ async fn a_caller_cancels_its_delegation_and_the_delegated_run_ends_cancelled() 
     assert_eq!(status, 403, "{body}");
     assert_eq!(body["errorCode"], "peer_not_allowed", "{body}");
 }
+
+#[path = "../../../spool-http/tests/support/spans.rs"]
+mod spans_support;
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_delegation_runs_in_a_request_span_inside_its_connections_naming_its_run() {
+    // Every task of this test runs on this thread, under this subscriber.
+    let capture = spans_support::Capture::default();
+    let _default = tracing::subscriber::set_default(capture.subscriber());
+    let runtime = runtime(None);
+    let (addr, _stop) = serve(&BusServer::new(runtime.clone(), settings())).await;
+    let (status, body) = talk(&addr, Some(SECRET), &request("reviewer", 1)).await;
+    assert_eq!(status, 200, "{body}");
+    let run = runtime.list().await.unwrap()[0].run_id.to_string();
+    let seen = capture.seen();
+    assert!(
+        seen.iter().any(|s| s.name == "bus request"
+            && s.fields.get("run_id") == Some(&run)
+            && s.parent.as_deref() == Some("connection")),
+        "{seen:?}"
+    );
+}

@@ -452,3 +452,26 @@ async fn a_client_that_half_closes_after_get_status_gets_its_answer_and_the_clos
     }
     assert_eq!(statuses, 2, "the first status and get_status's answer");
 }
+
+#[path = "../../../spool-http/tests/support/spans.rs"]
+mod spans_support;
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_method_runs_in_a_span_inside_its_connections_naming_the_session() {
+    // Every task of this test runs on this thread, under this subscriber.
+    let capture = spans_support::Capture::default();
+    let _default = tracing::subscriber::set_default(capture.subscriber());
+    let served = serve(runtime(None), "spans").await;
+    let (mut client, _) = Client::connect(&served).await;
+    client.call(&Method::GetStatus).await;
+    assert!(matches!(client.next().await, Event::Status(_)));
+    let session = served.pod.session().to_string();
+    let seen = capture.seen();
+    assert!(
+        seen.iter().any(|s| s.name == "pod method"
+            && s.fields.get("method").map(String::as_str) == Some("get_status")
+            && s.fields.get("run_id") == Some(&session)
+            && s.parent.as_deref() == Some("pod connection")),
+        "{seen:?}"
+    );
+}

@@ -416,39 +416,18 @@ impl Reader {
                         tool: self.tool_of(call_id),
                         parked: Parked::Slept(sleep),
                     }),
-                    result => {
-                        let tool = self.take_open(call_id).map(|open| Cow::Owned(open.tool));
-                        let outcome = match result {
-                            Ok(None) => ToolOutcome::Output(&done.output),
-                            Ok(Some(Sentinel::Failure(failure))) => ToolOutcome::Failed(failure),
-                            Err(malformed) => ToolOutcome::Malformed(malformed),
-                            Ok(Some(Sentinel::Suspend(_) | Sentinel::Sleep(_))) => {
-                                unreachable!("matched above")
-                            }
-                        };
-                        Some(ended(Cow::Borrowed(call_id), tool, outcome))
+                    Ok(None) => Some(self.end(call_id, ToolOutcome::Output(&done.output))),
+                    Ok(Some(Sentinel::Failure(failure))) => {
+                        Some(self.end(call_id, ToolOutcome::Failed(failure)))
                     }
+                    Err(malformed) => Some(self.end(call_id, ToolOutcome::Malformed(malformed))),
                 }
             }
             Event::ToolCallResolved(resolved) => {
-                let tool = self
-                    .take_open(&resolved.call_id)
-                    .map(|open| Cow::Owned(open.tool));
-                Some(ended(
-                    Cow::Borrowed(&resolved.call_id),
-                    tool,
-                    ToolOutcome::Resolved(resolved),
-                ))
+                Some(self.end(&resolved.call_id, ToolOutcome::Resolved(resolved)))
             }
             Event::ToolCallAbandoned(abandoned) => {
-                let tool = self
-                    .take_open(&abandoned.call_id)
-                    .map(|open| Cow::Owned(open.tool));
-                Some(ended(
-                    Cow::Borrowed(&abandoned.call_id),
-                    tool,
-                    ToolOutcome::Abandoned(abandoned),
-                ))
+                Some(self.end(&abandoned.call_id, ToolOutcome::Abandoned(abandoned)))
             }
             Event::Suspended(suspended) => {
                 if let Some(call) = &suspended.call_id
@@ -527,6 +506,15 @@ impl Reader {
         Facts {
             closed: closed.into_iter(),
             own: own.into_iter().flatten(),
+        }
+    }
+
+    /// A tool call's end, naming the tool when the reader saw it start.
+    fn end<'a>(&mut self, call_id: &'a str, outcome: ToolOutcome<'a>) -> Activity<'a> {
+        Activity::ToolCallEnded {
+            call_id: Cow::Borrowed(call_id),
+            tool: self.take_open(call_id).map(|open| Cow::Owned(open.tool)),
+            outcome,
         }
     }
 

@@ -98,138 +98,166 @@ impl Mapper {
     /// The wire events of one journal event (none for a record nobody
     /// outside the runtime reads: a schedule's firing records).
     pub fn envelope(&mut self, envelope: &Envelope) -> Vec<WireEvent> {
-        let nanos = u64::try_from(envelope.recorded_at.unix_timestamp_nanos()).unwrap_or(0);
+        let nanos = nanos_of(envelope);
         let mut events = Vec::new();
-        // The suspension the state line below describes.
-        let mut suspended: Option<&Suspended> = None;
+        let mut suspended = None;
         for fact in self.reader.envelope(envelope) {
-            match fact {
-                Activity::TurnStarted { started, .. } => events.push(
-                    self.event("run:start", nanos, started.input.clone())
-                        .with_attribute("spool.turn_id", started.turn_id.as_str()),
-                ),
-                // Input joining a running turn is said in the seed's closed
-                // set of kinds: a `run:status` of the running run, the input
-                // and its policy as attributes (a strict client reading
-                // `run:status` as "the state now" reads the truth).
-                Activity::Input { input, turn } => events.push(
-                    self.event("run:status", nanos, "running")
-                        .with_attribute("spool.state", "running")
-                        .with_attribute("spool.input", input)
-                        .with_attribute(
-                            "spool.policy",
-                            if turn.is_some() { "steer" } else { "queue" },
-                        ),
-                ),
-                Activity::ModelCallStarted { call } => events.push(self.task(
-                    "task:start",
-                    nanos,
-                    &model_task(call),
-                    "model",
-                    "model call",
-                )),
-                Activity::ModelCallEnded { call, done } => {
-                    let call = call.unwrap_or(Seq(envelope.seq.0.saturating_sub(1)));
-                    let mut event = self
-                        .task(
-                            "task:complete",
-                            nanos,
-                            &model_task(call),
-                            "model",
-                            "model call completed",
-                        )
-                        .with_attribute(RESULT, "success");
-                    if let Some(usage) = done.usage {
-                        event = event
-                            .with_attribute("gen_ai.usage.input_tokens", usage.input_tokens)
-                            .with_attribute("gen_ai.usage.output_tokens", usage.output_tokens);
-                    }
-                    events.push(event);
-                }
-                Activity::ModelCallInterrupted { call } => events.push(
-                    self.task(
+            self.map(envelope, nanos, &fact, &mut suspended, &mut events);
+        }
+        events
+    }
+
+    /// The wire events of one journal event whose facts the caller read
+    /// with a reader of its own, following the same run (the OTLP exporter
+    /// reads each event once, for its spans and its log records both).
+    /// [`Mapper::delta`] is not for such a mapper: its own reader has not
+    /// followed the run.
+    #[must_use]
+    pub fn facts(&self, envelope: &Envelope, facts: &[Activity<'_>]) -> Vec<WireEvent> {
+        let nanos = nanos_of(envelope);
+        let mut events = Vec::new();
+        let mut suspended = None;
+        for fact in facts {
+            self.map(envelope, nanos, fact, &mut suspended, &mut events);
+        }
+        events
+    }
+
+    /// One fact's wire events. `suspended` is the suspension an event's
+    /// facts said so far, which its state line describes.
+    fn map<'a>(
+        &self,
+        envelope: &Envelope,
+        nanos: u64,
+        fact: &Activity<'a>,
+        suspended: &mut Option<&'a Suspended>,
+        events: &mut Vec<WireEvent>,
+    ) {
+        match fact {
+            Activity::TurnStarted { started, .. } => events.push(
+                self.event("run:start", nanos, started.input.clone())
+                    .with_attribute("spool.turn_id", started.turn_id.as_str()),
+            ),
+            // Input joining a running turn is said in the seed's closed
+            // set of kinds: a `run:status` of the running run, the input
+            // and its policy as attributes (a strict client reading
+            // `run:status` as "the state now" reads the truth).
+            Activity::Input { input, turn } => events.push(
+                self.event("run:status", nanos, "running")
+                    .with_attribute("spool.state", "running")
+                    .with_attribute("spool.input", *input)
+                    .with_attribute(
+                        "spool.policy",
+                        if turn.is_some() { "steer" } else { "queue" },
+                    ),
+            ),
+            Activity::ModelCallStarted { call } => events.push(self.task(
+                "task:start",
+                nanos,
+                &model_task(*call),
+                "model",
+                "model call",
+            )),
+            Activity::ModelCallEnded { call, done } => {
+                let call = call.unwrap_or(Seq(envelope.seq.0.saturating_sub(1)));
+                let mut event = self
+                    .task(
                         "task:complete",
                         nanos,
                         &model_task(call),
                         "model",
-                        "the turn ended before the model's answer",
+                        "model call completed",
                     )
-                    .with_attribute(RESULT, "cancellation"),
-                ),
-                Activity::ToolCallStarted(call) => events.push(
-                    self.task(
-                        "task:start",
-                        nanos,
-                        &tool_task(&call.call_id),
-                        &call.tool,
-                        format!("{} {}", call.tool, call.input),
-                    )
-                    .with_attribute("gen_ai.tool.call.id", call.call_id.as_str()),
-                ),
-                Activity::ToolCallEnded {
-                    call_id,
-                    tool,
-                    outcome,
-                } => {
-                    let task = tool_task(&call_id);
-                    let name = tool.as_deref().unwrap_or(UNKNOWN_TOOL);
-                    let text = outcome.text();
-                    if !outcome.is_error() {
-                        events.push(self.task("task:stdout", nanos, &task, name, text.clone()));
-                    }
-                    let result = match outcome {
-                        ToolOutcome::Interrupted => "cancellation",
-                        _ if outcome.is_error() => "failure",
-                        _ => "success",
-                    };
-                    let mut event = self
-                        .task("task:complete", nanos, &task, name, text)
-                        .with_attribute(RESULT, result)
-                        .with_attribute("spool.tool.outcome", outcome.name())
-                        .with_attribute("gen_ai.tool.call.id", call_id.as_ref());
-                    if outcome.is_error() {
-                        event = event.with_severity(Severity::ERROR);
-                    }
-                    if matches!(outcome, ToolOutcome::Resolved(_)) {
-                        event = event.with_attribute("spool.resolved", true);
-                    }
-                    events.push(event);
+                    .with_attribute(RESULT, "success");
+                if let Some(usage) = done.usage {
+                    event = event
+                        .with_attribute("gen_ai.usage.input_tokens", usage.input_tokens)
+                        .with_attribute("gen_ai.usage.output_tokens", usage.output_tokens);
                 }
-                Activity::Suspended(parked) => suspended = Some(parked),
-                Activity::TurnEnded(TurnOutcome::Completed(done)) => events.push(
-                    self.event("run:end", nanos, done.response.clone().unwrap_or_default())
-                        .with_attribute("spool.turn_id", done.turn_id.as_str())
-                        .with_attribute(RUN_RESULT, "success"),
-                ),
-                Activity::TurnEnded(TurnOutcome::Failed(failed)) => events.push(
-                    self.event("run:end", nanos, failed.message.clone())
-                        .with_severity(Severity::ERROR)
-                        .with_attribute("spool.turn_id", failed.turn_id.as_str())
-                        .with_attribute("spool.code", failed.code.as_str())
-                        .with_attribute(RUN_RESULT, "failure"),
-                ),
-                Activity::TurnEnded(TurnOutcome::Cancelled(cancelled)) => events.push(
-                    self.event("run:end", nanos, "cancelled")
-                        .with_attribute("spool.turn_id", cancelled.turn_id.as_str())
-                        .with_attribute(RUN_RESULT, "cancellation"),
-                ),
-                Activity::StateChanged(status) => {
-                    let mut event = self
-                        .event("run:status", nanos, status.encode())
-                        .with_attribute("spool.state", status.state().as_str());
-                    if let Some(suspended) = suspended {
-                        event = event
-                            .with_attribute("spool.suspend.kind", suspended.kind.as_str())
-                            .with_attribute("spool.suspend.prompt", suspended.prompt.as_str());
-                    }
-                    events.push(event);
-                }
-                // What changes no task: the state line, or nothing. A tool
-                // call that parks completes when it is answered or wakes.
-                _ => {}
+                events.push(event);
             }
+            Activity::ModelCallInterrupted { call } => events.push(
+                self.task(
+                    "task:complete",
+                    nanos,
+                    &model_task(*call),
+                    "model",
+                    "the turn ended before the model's answer",
+                )
+                .with_attribute(RESULT, "cancellation"),
+            ),
+            Activity::ToolCallStarted(call) => events.push(
+                self.task(
+                    "task:start",
+                    nanos,
+                    &tool_task(&call.call_id),
+                    &call.tool,
+                    format!("{} {}", call.tool, call.input),
+                )
+                .with_attribute("gen_ai.tool.call.id", call.call_id.as_str()),
+            ),
+            Activity::ToolCallEnded {
+                call_id,
+                tool,
+                outcome,
+            } => {
+                let task = tool_task(call_id);
+                let name = tool.as_deref().unwrap_or(UNKNOWN_TOOL);
+                let text = outcome.text();
+                if !outcome.is_error() {
+                    events.push(self.task("task:stdout", nanos, &task, name, text.clone()));
+                }
+                let result = match outcome {
+                    ToolOutcome::Interrupted => "cancellation",
+                    _ if outcome.is_error() => "failure",
+                    _ => "success",
+                };
+                let mut event = self
+                    .task("task:complete", nanos, &task, name, text)
+                    .with_attribute(RESULT, result)
+                    .with_attribute("spool.tool.outcome", outcome.name())
+                    .with_attribute("gen_ai.tool.call.id", call_id.as_ref());
+                if outcome.is_error() {
+                    event = event.with_severity(Severity::ERROR);
+                }
+                if matches!(outcome, ToolOutcome::Resolved(_)) {
+                    event = event.with_attribute("spool.resolved", true);
+                }
+                events.push(event);
+            }
+            Activity::Suspended(parked) => *suspended = Some(*parked),
+            Activity::TurnEnded(TurnOutcome::Completed(done)) => events.push(
+                self.event("run:end", nanos, done.response.clone().unwrap_or_default())
+                    .with_attribute("spool.turn_id", done.turn_id.as_str())
+                    .with_attribute(RUN_RESULT, "success"),
+            ),
+            Activity::TurnEnded(TurnOutcome::Failed(failed)) => events.push(
+                self.event("run:end", nanos, failed.message.clone())
+                    .with_severity(Severity::ERROR)
+                    .with_attribute("spool.turn_id", failed.turn_id.as_str())
+                    .with_attribute("spool.code", failed.code.as_str())
+                    .with_attribute(RUN_RESULT, "failure"),
+            ),
+            Activity::TurnEnded(TurnOutcome::Cancelled(cancelled)) => events.push(
+                self.event("run:end", nanos, "cancelled")
+                    .with_attribute("spool.turn_id", cancelled.turn_id.as_str())
+                    .with_attribute(RUN_RESULT, "cancellation"),
+            ),
+            Activity::StateChanged(status) => {
+                let mut event = self
+                    .event("run:status", nanos, status.encode())
+                    .with_attribute("spool.state", status.state().as_str());
+                if let Some(suspended) = *suspended {
+                    event = event
+                        .with_attribute("spool.suspend.kind", suspended.kind.as_str())
+                        .with_attribute("spool.suspend.prompt", suspended.prompt.as_str());
+                }
+                events.push(event);
+            }
+            // What changes no task: the state line, or nothing. A tool
+            // call that parks completes when it is answered or wakes.
+            _ => {}
         }
-        events
     }
 
     /// The wire event of a live delta: streamed text is the model call's
@@ -255,6 +283,11 @@ impl Mapper {
                 .with_attribute("spool.turn_id", turn.as_str()),
         )
     }
+}
+
+/// A journal event's time, in nanoseconds since the epoch.
+fn nanos_of(envelope: &Envelope) -> u64 {
+    u64::try_from(envelope.recorded_at.unix_timestamp_nanos()).unwrap_or(0)
 }
 
 /// The attribute of a task's result (OpenTelemetry's CI/CD convention).

@@ -72,8 +72,9 @@ impl Agent {
 /// What one run has open.
 #[derive(Debug)]
 struct Track {
+    /// The log records' table, fed the facts `reader` reads.
     mapper: Mapper,
-    /// The run's activity, for the spans.
+    /// The run's activity, read once for the spans and the log records.
     reader: Reader,
     /// The run's trace id, computed once.
     trace: TraceId,
@@ -281,12 +282,12 @@ impl Observer {
     }
 
     fn follow(&self, track: &mut Track, envelope: &Envelope, made: &mut Made) {
+        // The event is read once, for the log records and the spans both.
+        let facts: Vec<Activity<'_>> = track.reader.envelope(envelope).collect();
         if let Some((_, logger)) = &self.logs {
-            for event in track.mapper.envelope(envelope) {
+            for event in track.mapper.facts(envelope, &facts) {
                 made.logs.push(log_record(logger, &event));
             }
-        } else {
-            track.mapper.advance(envelope);
         }
         let at = SystemTime::from(envelope.recorded_at);
         let run = &envelope.run_id;
@@ -299,7 +300,7 @@ impl Observer {
                 }
             }
         };
-        for fact in track.reader.envelope(envelope) {
+        for fact in facts {
             match fact {
                 Activity::Created(_) => {
                     if let Some(metrics) = metrics {

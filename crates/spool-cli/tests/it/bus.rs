@@ -7,6 +7,36 @@ use std::process::Command;
 use crate::server::{Running, serve, terminate};
 
 /// The bus address a server said it listens on.
+/// The secret every test's worker keeps in `bus.secret`.
+pub(crate) const SECRET: &str = "a-secret-for-the-test";
+
+/// `spool serve` as the bus instance `worker`, taking delegations from
+/// `reviewer` with the secret [`SECRET`] (in `DIR/bus.secret`, 0600),
+/// listed in `registry`, and `extra` flags; with the secret's path.
+pub(crate) fn serve_worker(
+    dir: &std::path::Path,
+    registry: &std::path::Path,
+    extra: &[&str],
+) -> (Running, std::path::PathBuf) {
+    let secret = dir.join("bus.secret");
+    std::fs::write(&secret, format!("{SECRET}\n")).unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let mut args = vec![
+        "--instance",
+        "worker",
+        "--bus",
+        "127.0.0.1:0",
+        "--bus-peer",
+        "reviewer",
+        "--bus-secret-file",
+        secret.to_str().unwrap(),
+        "--bus-registry",
+        registry.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    (serve(dir, &args), secret)
+}
+
 pub(crate) fn bus_addr(notes: &[String]) -> String {
     notes
         .iter()
@@ -43,27 +73,9 @@ fn spool(args: &[&str]) -> std::process::Output {
 #[test]
 fn spool_bus_talk_delegates_to_a_served_instance_and_prints_its_answer() {
     let dir = tempfile::tempdir().unwrap();
-    let secret = dir.path().join("bus.secret");
-    std::fs::write(&secret, "a-secret-for-the-test\n").unwrap();
-    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let secret_arg = secret.to_str().unwrap();
     let registry = dir.path().join("run").join("bus-registry.json");
     let registry_arg = registry.to_str().unwrap();
-    let server = serve(
-        dir.path(),
-        &[
-            "--instance",
-            "worker",
-            "--bus",
-            "127.0.0.1:0",
-            "--bus-peer",
-            "reviewer",
-            "--bus-secret-file",
-            secret_arg,
-            "--bus-registry",
-            registry_arg,
-        ],
-    );
+    let (server, secret) = serve_worker(dir.path(), &registry, &[]);
     let addr = bus_addr(&server.notes);
     let answer = talk(&addr, &secret, "reviewer", "hello over the bus");
     assert!(answer.status.success(), "{answer:?}");

@@ -4,8 +4,10 @@
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-#[test]
-fn rpc_over_stdio_streams_a_turns_events_then_answers_and_writes_only_json_to_stdout() {
+/// `spool rpc --stdio` on a fresh journal, sent `lines` and then EOF
+/// (which ends the session once what is in progress is answered); it must
+/// exit 0.
+pub(crate) fn rpc_stdio(lines: &[&str]) -> std::process::Output {
     let dir = tempfile::tempdir().unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_spool"))
         .args(["rpc", "--stdio", "--journal"])
@@ -19,17 +21,9 @@ fn rpc_over_stdio_streams_a_turns_events_then_answers_and_writes_only_json_to_st
         .unwrap();
     {
         let mut stdin = child.stdin.take().unwrap();
-        writeln!(
-            stdin,
-            r#"{{"jsonrpc":"2.0","id":1,"method":"submit.run","params":{{"text":"hello"}}}}"#
-        )
-        .unwrap();
-        writeln!(
-            stdin,
-            r#"{{"jsonrpc":"2.0","id":2,"method":"run.get","params":{{"run_id":"run-none"}}}}"#
-        )
-        .unwrap();
-        // Closing stdin ends the session once what is in progress is answered.
+        for line in lines {
+            writeln!(stdin, "{line}").unwrap();
+        }
     }
     let output = child.wait_with_output().unwrap();
     assert!(
@@ -37,6 +31,15 @@ fn rpc_over_stdio_streams_a_turns_events_then_answers_and_writes_only_json_to_st
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
+    output
+}
+
+#[test]
+fn rpc_over_stdio_streams_a_turns_events_then_answers_and_writes_only_json_to_stdout() {
+    let output = rpc_stdio(&[
+        r#"{"jsonrpc":"2.0","id":1,"method":"submit.run","params":{"text":"hello"}}"#,
+        r#"{"jsonrpc":"2.0","id":2,"method":"run.get","params":{"run_id":"run-none"}}"#,
+    ]);
     let lines: Vec<serde_json::Value> = String::from_utf8(output.stdout)
         .unwrap()
         .lines()

@@ -3,14 +3,12 @@
 //! running `spool` and answered as each seed says.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::server::{serve, terminate};
+use crate::server::terminate;
 
 /// The seeds' examples of `kind`, as sent.
 fn examples(kind: &str) -> Vec<Value> {
@@ -45,39 +43,17 @@ fn post(addr: &str, path: &str, bearer: &str, body: &str) -> (u16, Value) {
 #[test]
 fn the_bus_and_pod_seeds_client_examples_are_answered_as_their_seeds_say() {
     let dir = tempfile::tempdir().unwrap();
-    let secret = dir.path().join("bus.secret");
-    std::fs::write(&secret, "a-secret-for-the-test\n").unwrap();
-    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
     let pods = dir.path().join("pods");
-    let server = serve(
+    let (server, _) = crate::bus::serve_worker(
         dir.path(),
-        &[
-            "--instance",
-            "worker",
-            "--bus",
-            "127.0.0.1:0",
-            "--bus-peer",
-            "reviewer",
-            "--bus-secret-file",
-            secret.to_str().unwrap(),
-            "--bus-registry",
-            dir.path().join("bus-registry.json").to_str().unwrap(),
-            "--pod",
-            "helper",
-            "--runtime-dir",
-            pods.to_str().unwrap(),
-        ],
+        &dir.path().join("bus-registry.json"),
+        &["--pod", "helper", "--runtime-dir", pods.to_str().unwrap()],
     );
     // Seed 000: the request shape is delegated and answered with a v1
     // success envelope.
     let bus = crate::bus::bus_addr(&server.notes);
     for request in examples("bus-request") {
-        let (status, answer) = post(
-            &bus,
-            "/api/talk",
-            "a-secret-for-the-test",
-            &request.to_string(),
-        );
+        let (status, answer) = post(&bus, "/api/talk", crate::bus::SECRET, &request.to_string());
         assert_eq!(status, 200, "{answer}");
         assert_eq!(answer["success"], true, "{answer}");
         assert_eq!(answer["fromInstance"], "worker", "{answer}");
@@ -134,32 +110,13 @@ fn the_bus_and_pod_seeds_client_examples_are_answered_as_their_seeds_say() {
 #[test]
 fn the_json_rpc_seeds_client_example_is_answered_with_a_result() {
     // Seed 001 §5.1: `state.snapshot` with no params, over stdio.
-    let dir = tempfile::tempdir().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_spool"))
-        .args(["rpc", "--stdio", "--journal"])
-        .arg(dir.path().join("journal"))
-        .current_dir(dir.path())
-        .env_remove("SPOOL_JOURNAL")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    {
-        let mut stdin = child.stdin.take().unwrap();
-        for request in examples("rpc")
-            .into_iter()
-            .filter(|v| v.get("method").is_some() && v.get("id").is_some())
-        {
-            writeln!(stdin, "{request}").unwrap();
-        }
-    }
-    let output = child.wait_with_output().unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let requests: Vec<String> = examples("rpc")
+        .into_iter()
+        .filter(|v| v.get("method").is_some() && v.get("id").is_some())
+        .map(|v| v.to_string())
+        .collect();
+    let requests: Vec<&str> = requests.iter().map(String::as_str).collect();
+    let output = crate::rpc::rpc_stdio(&requests);
     let answers: Vec<Value> = String::from_utf8(output.stdout)
         .unwrap()
         .lines()

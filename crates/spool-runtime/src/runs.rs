@@ -11,6 +11,7 @@
 //! what was appended.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use spool_journal::event::Usage;
@@ -157,6 +158,10 @@ pub(crate) struct Cached {
     loaded: bool,
     /// The run's next position.
     next: Seq,
+    /// The same, readable without the run's lock: where a live delta made
+    /// now is placed (the driver reads it while its model streams, as
+    /// commands append).
+    head: Arc<AtomicU64>,
     /// The folded state, without its conversation: the model's view of it
     /// is [`Cached::history`], and the one command that needs its entries'
     /// positions (compaction) reads the log for them. Kept, it would hold
@@ -187,6 +192,7 @@ impl Cached {
         Self {
             loaded: false,
             next: Seq(0),
+            head: Arc::default(),
             state: State::default(),
             history: History::new(system),
             turn_log: Some(Vec::new()),
@@ -203,6 +209,12 @@ impl Cached {
         self.next
     }
 
+    /// The run's next position as appends move it, readable without the
+    /// lock.
+    pub(crate) fn head(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.head)
+    }
+
     /// The current turn's events from its `turn_started` on (empty when no
     /// turn is in progress). Read back first if the run was parked: see
     /// [`Locked::existing`] and [`Locked::append`].
@@ -217,6 +229,7 @@ impl Cached {
             self.state.conversation = Vec::new();
         }
         self.next = envelope.seq.next();
+        self.head.store(self.next.0, Ordering::Release);
         match &envelope.event {
             Event::TurnStarted(_) => {
                 self.settle_turn_log();

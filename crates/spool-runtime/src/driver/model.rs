@@ -52,6 +52,9 @@ pub(super) struct TurnCtx {
     ordinal: u64,
     /// Where steered input not yet picked up starts.
     steer_from: Seq,
+    /// The run's head as appends move it (the run's cache keeps it): where
+    /// a live delta made now is placed.
+    head: Arc<std::sync::atomic::AtomicU64>,
     usage: Usage,
 }
 
@@ -99,6 +102,7 @@ impl TurnCtx {
             pending: vec![input_message(start)],
             ordinal: cached.calls_before_turn,
             steer_from: started_at.next(),
+            head: cached.head(),
             usage: Usage::default(),
             run,
             turn,
@@ -515,12 +519,10 @@ impl Inner {
         // call began: input steered in (or any event appended) while the
         // model streams comes between the text before it and the text after
         // it, and a viewer past that event still gets the rest.
-        let head = self.journal.subscribe(run).await.ok();
+        let head = &ctx.head;
         let publish = |delta| {
-            let place = head
-                .as_ref()
-                .map_or(after, |head| after.max(*head.borrow()));
-            hub.publish(run, turn, place, delta);
+            let now = Seq(head.load(std::sync::atomic::Ordering::Acquire));
+            hub.publish(run, turn, after.max(now), delta);
         };
         let span = tracing::info_span!(
             "model_call",

@@ -99,7 +99,15 @@ impl Connection {
                 };
                 self.stream_turn(&run, &turn, from, legacy).await?
             }
-            None => runtime.settle(&accepted).await.map_err(runtime_error)?,
+            // Queued input settles once it has run; anything else named no
+            // turn to wait for (a settled replay): the run as it is. Not
+            // `settle` for both, which would ask for the pending turn (and
+            // log a differing replay) a second time.
+            None => match &accepted {
+                Accepted::Queued { .. } => runtime.settle(&accepted).await,
+                other => runtime.get(other.run()).await,
+            }
+            .map_err(runtime_error)?,
         };
         Ok(to_value(&spool_edge::tables::reply(&view)))
     }

@@ -34,8 +34,6 @@ pub struct Translator {
     pod_name: String,
     session: String,
     reader: Reader,
-    /// The turn in progress or last ended: `turn_start`'s number.
-    turns: u64,
     state: PodState,
     /// Tool calls announced by a live delta: their `tool_call_start` and
     /// `tool_call_done` are not sent again from the journal.
@@ -51,7 +49,6 @@ impl Translator {
             pod_name: pod_name.to_owned(),
             session: session.to_owned(),
             reader: Reader::new(),
-            turns: 0,
             state: PodState::Idle,
             announced: HashSet::new(),
         }
@@ -85,7 +82,6 @@ impl Translator {
             match fact {
                 Activity::TurnStarted { number, .. } => {
                     starts = true;
-                    self.turns = number;
                     self.announced.clear();
                     body.push(Event::TurnStart(TurnStart { turn: number }));
                 }
@@ -166,7 +162,9 @@ impl Translator {
             events.push(self.status());
         }
         if resumes {
-            events.push(Event::TurnStart(TurnStart { turn: self.turns }));
+            events.push(Event::TurnStart(TurnStart {
+                turn: self.reader.turns(),
+            }));
         }
         events.append(&mut body);
         // A pause ends the turn's run for now: `turn_end` paused.
@@ -185,7 +183,7 @@ impl Translator {
 
     fn turn_end(&self, result: TurnResult) -> Event {
         Event::TurnEnd(TurnEnd {
-            turn: self.turns,
+            turn: self.reader.turns(),
             result,
         })
     }

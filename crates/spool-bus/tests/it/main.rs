@@ -609,9 +609,12 @@ async fn a_page_in_a_browser_cannot_talk_to_the_bus_by_origin_host_or_form() {
             "unsupported_media_type",
         ),
     ];
-    for (head, status, code) in cases {
-        let reply = raw(&addr, &head, &body).await;
-        refused(&reply, status, code);
+    // Every route, the cancel route too: the guard stands before them all.
+    for path in ["/api/talk", "/api/cancel"] {
+        for (head, status, code) in &cases {
+            let reply = raw(&addr, &head.replace("/api/talk", path), &body).await;
+            refused(&reply, *status, code);
+        }
     }
     // The health answer, read by a rebinding page, is refused too.
     let reply = raw(

@@ -19,7 +19,7 @@ use serde_json::Value;
 use crate::{cargo, section};
 
 /// The libraries whose API is held to a snapshot.
-const LIBRARIES: [&str; 11] = [
+const LIBRARIES: [&str; 12] = [
     "spool-wire",
     "spool-journal",
     "spool-journal-pg",
@@ -30,6 +30,7 @@ const LIBRARIES: [&str; 11] = [
     "spool-rpc",
     "spool-pod",
     "spool-bus",
+    "spool-mcp",
     "spool-otel",
 ];
 

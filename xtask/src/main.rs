@@ -86,6 +86,9 @@ fn main() -> ExitCode {
     }
 }
 
+/// The official MCP Python SDK the MCP tests' servers and clients use.
+const MCP_SDK: &str = "mcp==2.3.0";
+
 /// Everything CI checks, in order, stopping at the first failure.
 fn ci() -> Result<()> {
     let root = root();
@@ -119,13 +122,18 @@ fn ci() -> Result<()> {
     // The PostgreSQL store's and the cluster's tests need a server; one
     // is started for the whole run and stopped at its end.
     let postgres = pg::Server::start()?;
+    // The MCP tests run servers written with the official Python SDK.
+    let mcp_python =
+        openapi::install(&served::target(&root).join("py-mcp"), MCP_SDK)?.join("python");
     for (name, args) in steps {
         section(name);
         let mut command = cargo();
         command
             .env("JOURNAL_PG_URL", &postgres.url)
             .envs(postgres.ca_env())
-            .env("SPOOL_REQUIRE_PG", "1");
+            .env("SPOOL_REQUIRE_PG", "1")
+            .env("SPOOL_MCP_PYTHON", &mcp_python)
+            .env("SPOOL_REQUIRE_MCP", "1");
         command
             .args(args)
             .current_dir(&root)

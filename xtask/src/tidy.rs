@@ -52,6 +52,12 @@ const LAYERS: &[(&str, &[&str])] = &[
         "spool-otel",
         &["spool-edge", "spool-runtime", "spool-journal", "spool-wire"],
     ),
+    // MCP both ways: servers' tools as Spool tools, and Spool's runs
+    // served to MCP hosts through the edge.
+    (
+        "spool-mcp",
+        &["spool-edge", "spool-runtime", "spool-journal", "spool-wire"],
+    ),
     ("spool-cli", &["*"]),
     ("spool-bench", &["*"]),
 ];
@@ -95,6 +101,7 @@ const NEVER_NAMES: &[(&str, &[&str])] = &[
     ("spool-pod", &["rusqlite", "tokio-postgres"]),
     ("spool-bus", &["rusqlite", "tokio-postgres"]),
     ("spool-otel", &["rusqlite", "tokio-postgres"]),
+    ("spool-mcp", &["rusqlite", "tokio-postgres"]),
 ];
 
 /// Transport vocabularies the domain must not use: the journal and the

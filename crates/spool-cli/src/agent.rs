@@ -29,6 +29,7 @@ pub(crate) fn run(command: AgentCommand) -> anyhow::Result<ExitCode> {
             let mut schema = spool_engines::agent_schema();
             schema["properties"]["bus"] = spool_bus::config::schema();
             schema["properties"]["telemetry"] = spool_otel::config::schema();
+            schema["properties"]["mcp"] = spool_mcp::config::schema();
             let schema = serde_json::to_string_pretty(&schema)?;
             writeln!(std::io::stdout(), "{schema}")?;
             return Ok(ExitCode::SUCCESS);
@@ -40,6 +41,8 @@ pub(crate) fn run(command: AgentCommand) -> anyhow::Result<ExitCode> {
         spool_bus::config::BusSection::from_definition(definition).map_err(anyhow::Error::msg)?;
     let tools = crate::serve::tools_of(&loaded, bus.as_ref())?;
     let telemetry = spool_otel::TelemetrySection::from_definition(definition)?;
+    let servers = spool_mcp::McpServers::from_definition(definition, &loaded.base)
+        .map_err(anyhow::Error::msg)?;
     // Building the engine checks what a first turn would otherwise find:
     // a missing key, a bad base URL, a script that does not load.
     spool_engines::build(definition, &loaded.base)
@@ -85,6 +88,16 @@ pub(crate) fn run(command: AgentCommand) -> anyhow::Result<ExitCode> {
                 .unwrap_or("(the OTEL_EXPORTER_OTLP_* variables)")
         )?;
     }
+    // Each MCP server is started and listed: a server that does not start
+    // fails the check, as it would leave its tools out of every turn.
+    let mut servers_ok = true;
+    if !servers.is_empty() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        servers_ok = runtime.block_on(crate::mcp::report(&servers, &mut out))?;
+        runtime.block_on(servers.stop());
+    }
     let budgets = &definition.budgets;
     for (name, value) in [
         (
@@ -99,5 +112,9 @@ pub(crate) fn run(command: AgentCommand) -> anyhow::Result<ExitCode> {
             writeln!(out, "budget   {name} = {value}")?;
         }
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(if servers_ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }

@@ -10,6 +10,7 @@ mod agent;
 mod bus;
 mod cluster;
 mod journal;
+mod mcp;
 mod pod;
 mod rpc;
 mod runs;
@@ -53,6 +54,11 @@ enum Command {
         #[command(subcommand)]
         command: agent::AgentCommand,
     },
+    /// The agent's MCP servers (`[[mcp]]` in spool.toml).
+    Mcp {
+        #[command(subcommand)]
+        command: mcp::McpCommand,
+    },
     /// Serve JSON-RPC 2.0 (seed 001) on stdin and stdout, one envelope per
     /// line, on the local journal.
     Rpc(rpc::RpcArgs),
@@ -87,7 +93,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // Logs go to stderr; RUST_LOG filters them (`info` by default).
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        // The MCP SDK logs each connection's life at `info`; Spool says
+        // what matters of it (a server started, exited, refused) itself.
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rmcp=warn"));
     // The filter is the log's alone: the HTTP request spans see every
     // request line, whatever RUST_LOG lets through to stderr, and nothing
     // else (without a filter of their own every callsite, the debug spans
@@ -114,6 +122,7 @@ fn main() -> ExitCode {
         Command::Pod { command } => pod::run(command),
         Command::Bus { command } => bus::run(command),
         Command::Agent { command } => agent::run(command),
+        Command::Mcp { command } => mcp::run(command),
         Command::Serve(args) => serve::run(*args),
         Command::Run(args) => talk::run(args),
         Command::Chat(args) => talk::chat(args),

@@ -255,7 +255,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         let advertised = args.cluster.advertised(&listener.describe(), scheme)?;
         let (store, node) =
             crate::journal::open_node(&args.journal, &args.cluster, &advertised).await?;
-        let runtime = build_runtime(store, &agent, Some(cached_runs), true)?;
+        let runtime = build_runtime(store, &agent, Some(cached_runs), true).await?;
         let (first, resumed) =
             crate::journal::keep_node(node.clone(), runtime.clone(), scheduler_slot.clone())
                 .await?;
@@ -303,6 +303,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         RunAccessArg::Owner => spool_runtime::RunAccess::Owner,
     };
     let rpc = spool_rpc::Dispatcher::new(runtime.clone()).with_run_access(access);
+    // MCP's Streamable HTTP (`/mcp`), behind the same guard and tokens.
+    let mcp = spool_mcp::serve::route(
+        &spool_mcp::serve::RunsServer::new(runtime.clone(), access),
+        &closing,
+    );
     // Kept to stop the runtime's own tasks once nothing takes requests.
     let lifecycle = runtime.clone();
     let mut channel = HttpChannel::new(runtime, closing.clone())
@@ -313,6 +318,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     for (prefix, handler) in spool_rpc::http::routes(&rpc, &closing) {
         channel = channel.mount(prefix, handler)?;
     }
+    channel = channel.mount("/mcp", mcp)?;
     if let Some(tokens) = tokens {
         // Triggers need a proven caller: tokens with the `trigger` scope
         // (or an administrator's).
@@ -530,21 +536,30 @@ pub(crate) async fn open_runtime(
     process: Process,
 ) -> anyhow::Result<(Runtime, Claim)> {
     let (store, owner) = crate::journal::open_owned(journal, process).await?;
-    Ok((build_runtime(store, agent, cached_runs, false)?, owner))
+    Ok((
+        build_runtime(store, agent, cached_runs, false).await?,
+        owner,
+    ))
 }
 
 /// The runtime on `store`, running `agent`; `shared` when other nodes
 /// append to the journal too.
-fn build_runtime(
+async fn build_runtime(
     store: Arc<dyn spool_journal::Journal>,
     agent: &Agent,
     cached_runs: Option<usize>,
     shared: bool,
 ) -> anyhow::Result<Runtime> {
     let store = crate::telemetry::observe(&agent.loaded, store)?;
+    // The `[[mcp]]` servers are started and listed before the first turn;
+    // one that does not answer yet is tried again in the background.
+    let servers =
+        spool_mcp::McpServers::from_definition(&agent.loaded.definition, &agent.loaded.base)
+            .map_err(anyhow::Error::msg)?;
+    let tools = servers.start(agent.tools()?).await;
     let mut builder = Runtime::builder(store)
         .agent(&agent.loaded)?
-        .tools(agent.tools()?)
+        .live_tools(tools)
         .engine(agent.engine.clone())
         .shared_journal(shared);
     if let Some(runs) = cached_runs {

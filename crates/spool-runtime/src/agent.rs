@@ -48,6 +48,10 @@
 //! peers = ["worker"]
 //! delegate = true                      # the `delegate {instance, prompt}` tool
 //!
+//! [[mcp]]                              # an MCP server's tools; `spool-mcp` reads it
+//! name = "notes"
+//! command = ["uvx", "some-mcp-server"]
+//!
 //! [telemetry]                          # OTLP export; `spool-otel` reads it
 //! endpoint = "http://127.0.0.1:4318"   # or the OTEL_EXPORTER_OTLP_* variables
 //! ```
@@ -105,6 +109,12 @@ pub struct AgentDefinition {
     #[serde(default)]
     #[schemars(schema_with = "any_table")]
     pub telemetry: Option<toml::Table>,
+    /// `[[mcp]]`: MCP servers whose tools the agent may call. The runtime
+    /// does not read them: `spool-mcp` does, and refuses a key it does not
+    /// know.
+    #[serde(default)]
+    #[schemars(schema_with = "any_tables")]
+    pub mcp: Vec<toml::Table>,
     /// `[server]`: what the network transports serve to browsers (allowed
     /// origins and host names). The runtime does not read it: `spool-http`
     /// does, and refuses a key it does not know.
@@ -159,6 +169,10 @@ pub struct AgentSection {
 /// full file's schema fills it in: `spool_engines::agent_schema`).
 fn any_table(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schemars::json_schema!({"type": "object"})
+}
+
+fn any_tables(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({"type": "array", "items": {"type": "object"}})
 }
 
 /// `effect`'s three words.

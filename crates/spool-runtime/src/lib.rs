@@ -51,5 +51,5 @@ pub use runtime::{
 pub use schedule::{ScheduleDefinition, Scheduler};
 pub use spool_journal::store::BoxFuture;
 pub use storage::{JournalHealth, PROBE_FIRST, PROBE_MAX, RESUME_MAX};
-pub use tool::{Tool, ToolContext, ToolOutcome, Tools};
+pub use tool::{LiveTools, Tool, ToolContext, ToolOutcome, Tools};
 pub use view::{RunView, Snapshot};

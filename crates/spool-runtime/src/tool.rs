@@ -123,6 +123,17 @@ pub trait Tool: Send + Sync + 'static {
         cancel: &'a CancellationToken,
     ) -> BoxFuture<'a, ToolOutcome>;
 
+    /// The question to ask a person before the call runs, when this call
+    /// needs their approval first (an MCP tool that may change the world).
+    /// The runtime parks the run through the same approval suspension as
+    /// `request_approval`, recorded as a call of its own (`CALL.approval`);
+    /// only `approved: true` lets the call run, and any other answer goes
+    /// to the model as the call's result instead.
+    fn approval(&self, input: &Value) -> Option<String> {
+        let _ = input;
+        None
+    }
+
     /// Runs the call knowing where it is: the run, its turn, the call's id
     /// and who created the run. The runtime calls this one; by default it
     /// is [`Tool::call`]. A tool whose effect reaches past the process
@@ -311,6 +322,106 @@ impl Tools {
         } else {
             Err(problems.join("; "))
         }
+    }
+}
+
+/// An agent's tools as the runtime reads them, replaceable whole while runs
+/// go on (an MCP server that changes its tool list): turns started after a
+/// replacement are told of the new set. A turn keeps the set it started
+/// with, found again by its recorded requests if it parks and resumes
+/// after a replacement, among the last [`LiveTools::KEPT`] sets. Clones
+/// share one set.
+#[derive(Clone)]
+pub struct LiveTools(Arc<std::sync::RwLock<Sets>>);
+
+/// The current set, then the ones it replaced, newest first.
+struct Sets {
+    current: Arc<Catalog>,
+    earlier: std::collections::VecDeque<Arc<Catalog>>,
+}
+
+/// One set of tools with what every model request repeats of it, made once
+/// per set rather than per request.
+pub(crate) struct Catalog {
+    pub(crate) tools: Tools,
+    /// What the model is told of the tools.
+    pub(crate) specs: Arc<[ToolSpec]>,
+    /// The last link of every request hash (see `RequestHasher`).
+    pub(crate) digest: [u8; 32],
+}
+
+impl Catalog {
+    fn new(tools: Tools) -> Self {
+        let specs: Arc<[ToolSpec]> = tools.specs().into();
+        Self {
+            digest: crate::engine::tools_digest(&specs),
+            specs,
+            tools,
+        }
+    }
+}
+
+impl LiveTools {
+    /// How many replaced sets are kept for turns that started with them.
+    pub const KEPT: usize = 8;
+
+    /// `tools`, until replaced.
+    #[must_use]
+    pub fn new(tools: Tools) -> Self {
+        Self(Arc::new(std::sync::RwLock::new(Sets {
+            current: Arc::new(Catalog::new(tools)),
+            earlier: std::collections::VecDeque::new(),
+        })))
+    }
+
+    /// Puts `tools` in place of the current set, for turns started from
+    /// now on.
+    pub fn replace(&self, tools: Tools) {
+        let catalog = Arc::new(Catalog::new(tools));
+        let mut sets = self
+            .0
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let replaced = std::mem::replace(&mut sets.current, catalog);
+        sets.earlier.push_front(replaced);
+        sets.earlier.truncate(Self::KEPT);
+    }
+
+    /// The current set.
+    #[must_use]
+    pub fn current(&self) -> Tools {
+        self.catalog().tools.clone()
+    }
+
+    pub(crate) fn catalog(&self) -> Arc<Catalog> {
+        Arc::clone(
+            &self
+                .0
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .current,
+        )
+    }
+
+    /// The sets replaced, newest first.
+    pub(crate) fn earlier(&self) -> Vec<Arc<Catalog>> {
+        let sets = self
+            .0
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        sets.earlier.iter().cloned().collect()
+    }
+}
+
+impl Default for LiveTools {
+    fn default() -> Self {
+        Self::new(Tools::default())
+    }
+}
+
+impl std::fmt::Debug for LiveTools {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.catalog().tools.fmt(f)
     }
 }
 

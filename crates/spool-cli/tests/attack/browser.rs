@@ -163,6 +163,7 @@ fn a_rebinding_host_is_refused_on_every_surface_and_loopback_names_are_served() 
         "/events",
         "/stream",
         "/ws",
+        "/mcp",
     ] {
         let reply = exchange(addr, &raw("GET", path, &[&rebound], b""));
         refused_with(&reply, 403, "host_not_allowed", path);
@@ -477,5 +478,129 @@ fn a_revoked_token_is_refused_and_the_streams_it_opened_end() {
         !listed.contains(&kept) && !listed.contains("revoked"),
         "{listed}"
     );
+    terminate(running);
+}
+
+/// One MCP session's `tools/call` over raw HTTP (the handshake era's
+/// initialize, then the call), as `token`'s holder: the reply's body.
+fn mcp_call(addr: &str, token: &str, tool: &str, arguments: &str) -> String {
+    let auth = format!("Authorization: Bearer {token}");
+    let host = format!("Host: {addr}");
+    let send = |headers: &[&str], body: &str| -> String {
+        let mut all = vec![
+            host.as_str(),
+            auth.as_str(),
+            "Content-Type: application/json",
+            "Accept: application/json, text/event-stream",
+        ];
+        all.extend_from_slice(headers);
+        let mut socket = TcpStream::connect(addr).unwrap();
+        socket.set_read_timeout(Some(PATIENCE)).unwrap();
+        socket
+            .write_all(&raw("POST", "/mcp", &all, body.as_bytes()))
+            .unwrap();
+        let mut reply = String::new();
+        let _ = socket.read_to_string(&mut reply);
+        reply
+    };
+    let initialized = send(
+        &[],
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#,
+    );
+    let session = initialized
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("mcp-session-id: ")
+                .map(|_| l[16..].trim().to_owned())
+        })
+        .unwrap_or_else(|| panic!("a session id: {initialized}"));
+    let session = format!("Mcp-Session-Id: {session}");
+    let version = "MCP-Protocol-Version: 2025-11-25";
+    send(
+        &[&session, version],
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+    );
+    send(
+        &[&session, version],
+        &format!(
+            r#"{{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{{"name":"{tool}","arguments":{arguments}}}}}"#
+        ),
+    )
+}
+
+#[test]
+fn the_mcp_endpoint_applies_the_same_origin_host_token_and_ownership_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    let alice = token(&tokens, "alice", false);
+    let bob = token(&tokens, "bob", false);
+    let running = serve(
+        dir.path(),
+        &[
+            "--token-file",
+            tokens.to_str().unwrap(),
+            "--run-access",
+            "owner",
+        ],
+    );
+    let addr = running.addr.as_str();
+    let port = addr.rsplit_once(':').unwrap().1;
+    let host = format!("Host: {addr}");
+    let auth = format!("Authorization: Bearer {alice}");
+    let initialize = br#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"page","version":"1"}}}"#;
+    let json = "Content-Type: application/json";
+    let reply = exchange(
+        addr,
+        &raw(
+            "POST",
+            "/mcp",
+            &[&host, &auth, json, "Origin: http://evil.example"],
+            initialize,
+        ),
+    );
+    refused_with(&reply, 403, "origin_not_allowed", "a foreign origin");
+    let rebound = format!("Host: evil.example:{port}");
+    let reply = exchange(
+        addr,
+        &raw("POST", "/mcp", &[&rebound, &auth, json], initialize),
+    );
+    refused_with(&reply, 403, "host_not_allowed", "a rebound host");
+    let reply = exchange(
+        addr,
+        &raw(
+            "POST",
+            "/mcp",
+            &[&host, &auth, "Content-Type: text/plain"],
+            initialize,
+        ),
+    );
+    assert!(
+        matches!(reply.status, 415 | 501),
+        "a form's content type: {} {}",
+        reply.status,
+        reply.body
+    );
+    let reply = exchange(addr, &raw("POST", "/mcp", &[&host, json], initialize));
+    assert_eq!(reply.status, 401, "no token: {}", reply.body);
+
+    // Alice's run, through MCP, is hers alone.
+    let started = mcp_call(addr, &alice, "start_run", r#"{"text":"mine"}"#);
+    let run = started
+        .split("\\\"run_id\\\":\\\"")
+        .nth(1)
+        .or_else(|| started.split("\"run_id\":\"").nth(1))
+        .and_then(|rest| rest.split(['"', '\\']).next())
+        .unwrap_or_else(|| panic!("a run id: {started}"))
+        .to_owned();
+    let hers = mcp_call(addr, &alice, "get_run", &format!(r#"{{"run_id":"{run}"}}"#));
+    assert!(!hers.contains("run_not_found"), "{hers}");
+    let his = mcp_call(addr, &bob, "get_run", &format!(r#"{{"run_id":"{run}"}}"#));
+    assert!(
+        his.contains("run_not_found"),
+        "another's run does not exist for him: {his}"
+    );
+    let listed = mcp_call(addr, &bob, "list_runs", "{}");
+    assert!(!listed.contains(&run), "nor is it listed: {listed}");
     terminate(running);
 }

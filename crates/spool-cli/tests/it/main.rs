@@ -8,6 +8,7 @@
 mod agent;
 mod bus;
 mod cluster;
+mod mcp;
 mod pod;
 mod postgres;
 mod rpc;

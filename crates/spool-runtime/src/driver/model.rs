@@ -28,6 +28,7 @@ use crate::engine::{
 use crate::error::RuntimeError;
 use crate::runs::{Cached, Locked};
 use crate::runtime::Inner;
+use crate::tool::Catalog;
 
 /// One turn being driven: where it is, and the conversation it builds.
 pub(super) struct TurnCtx {
@@ -37,6 +38,9 @@ pub(super) struct TurnCtx {
     pub(super) cursor: ReplayCursor,
     /// Who created the run, for the tools' context.
     pub(super) principal: Option<spool_journal::Principal>,
+    /// The tools this turn runs with: the set current when it began, or
+    /// the earlier one its recorded requests were made with.
+    pub(super) tools: Arc<Catalog>,
     /// The conversation before this turn, shared with the run's cache.
     earlier: Arc<Vec<Message>>,
     /// The hash chain over `earlier` and `answered`.
@@ -74,6 +78,7 @@ impl TurnCtx {
         locked: &Locked,
         turn: TurnId,
         token: CancellationToken,
+        tools: Arc<Catalog>,
     ) -> Result<Self, RuntimeError> {
         let cached = locked.cached();
         let run = locked.run().clone();
@@ -104,6 +109,7 @@ impl TurnCtx {
             steer_from: started_at.next(),
             head: cached.head(),
             usage: Usage::default(),
+            tools,
             run,
             turn,
             token,
@@ -272,7 +278,7 @@ impl Inner {
                 cached.history.hasher(),
                 context.as_ref(),
                 &pending,
-                &self.tools_digest,
+                &self.tools.catalog().digest,
             );
             events.push(intent(hash, &pending));
         }
@@ -298,7 +304,7 @@ impl Inner {
             drop(locked);
             return self.cancelled(run, &turn).instrument(span).await;
         }
-        let ctx = TurnCtx::begin(&locked, turn, token)?;
+        let ctx = TurnCtx::begin(&locked, turn, token, self.tools.catalog())?;
         drop(locked);
         self.walk(ctx).instrument(span).await
     }
@@ -331,6 +337,10 @@ impl Inner {
                     Step::Result(content) => ctx.pending.push(Message::Tool {
                         call_id: call.id.clone(),
                         content,
+                    }),
+                    Step::Answered(answers) => ctx.pending.push(Message::Tool {
+                        call_id: call.id.clone(),
+                        content: crate::view::answers_output(&answers),
                     }),
                     Step::Parked => {
                         self.hub.end_turn(&ctx.run);
@@ -385,6 +395,42 @@ impl Inner {
         Ok(true)
     }
 
+    /// The next model request with the turn's tools, its hash, and what the
+    /// record holds for it. A recorded request made with a set of tools
+    /// since replaced (the turn began, or parked, before an MCP server
+    /// changed its list) is matched with that set, which the turn then
+    /// keeps.
+    fn matched_request(
+        &self,
+        ctx: &mut TurnCtx,
+    ) -> Result<(ModelRequest, String, ModelStep), RuntimeError> {
+        let build = |ctx: &TurnCtx, tools: &Catalog| {
+            let request = ModelRequest::shared(
+                Arc::clone(&ctx.earlier),
+                ctx.recent(),
+                Arc::clone(&tools.specs),
+            );
+            let hash = ctx.hash(&request, &tools.digest);
+            (request, hash)
+        };
+        let (request, hash) = build(ctx, &ctx.tools);
+        let divergence = match ctx.cursor.model_call(&hash) {
+            Ok(step) => return Ok((request, hash, step)),
+            Err(divergence) => divergence,
+        };
+        for tools in self.tools.earlier() {
+            if tools.digest == ctx.tools.digest {
+                continue;
+            }
+            let (request, hash) = build(ctx, &tools);
+            if let Ok(step) = ctx.cursor.model_call(&hash) {
+                ctx.tools = tools;
+                return Ok((request, hash, step));
+            }
+        }
+        Err(RuntimeError::corrupt(&ctx.run, divergence.to_string()))
+    }
+
     /// One model call: replayed from the record, or made live with its
     /// intent written ahead.
     async fn model_step(&self, ctx: &mut TurnCtx) -> Result<ModelOutcome, RuntimeError> {
@@ -398,16 +444,7 @@ impl Inner {
         }
         ctx.take_steered(locked.cached());
         let mut locked = live.then_some(locked);
-        let request = ModelRequest::shared(
-            Arc::clone(&ctx.earlier),
-            ctx.recent(),
-            Arc::clone(&self.tool_specs),
-        );
-        let hash = ctx.hash(&request, &self.tools_digest);
-        let step = ctx
-            .cursor
-            .model_call(&hash)
-            .map_err(|d| RuntimeError::corrupt(&ctx.run, d.to_string()))?;
+        let (request, hash, step) = self.matched_request(ctx)?;
         let permit = match step {
             ModelStep::Replayed(done) => {
                 drop(locked);

@@ -10,8 +10,8 @@ use serde_json::Value;
 use spool_journal::Event;
 use spool_journal::cursor::{SleepStep, SuspendStep, ToolStep};
 use spool_journal::event::{
-    Effect, SleepStarted, Suspended, ToolCallAbandoned, ToolCallCompleted, ToolCallRequested,
-    TurnFailed,
+    Answer, Effect, SleepStarted, Suspended, ToolCallAbandoned, ToolCallCompleted,
+    ToolCallRequested, TurnFailed,
 };
 use spool_journal::store::{CallRef, Claim, ClaimKey};
 use spool_wire::run::{FailureCode, SuspendKind};
@@ -29,6 +29,8 @@ use crate::tool::{Tool, ToolContext, ToolOutcome};
 pub(super) enum Step {
     /// A result for the model.
     Result(String),
+    /// A person's answers, the model's result.
+    Answered(Vec<Answer>),
     /// The run parked.
     Parked,
     /// The turn ended.
@@ -48,7 +50,36 @@ impl Inner {
         ctx: &mut TurnCtx,
         call: &ToolCall,
     ) -> Result<Step, RuntimeError> {
-        let tool = self.tools.get(&call.name).cloned();
+        let tool = ctx.tools.tools.get(&call.name).cloned();
+        if let Some(prompt) = tool.as_ref().and_then(|t| t.approval(&call.arguments)) {
+            // The approval is a call of its own, before this one, through
+            // the built-in tool, whatever tools the agent turned on: a
+            // replay meets it first and goes on only past a `true`.
+            let gate = ToolCall {
+                id: format!("{}.approval", call.id),
+                name: "request_approval".into(),
+                arguments: serde_json::json!({ "prompt": prompt }),
+            };
+            let approval: Arc<dyn Tool> = Arc::new(crate::tools::RequestApproval);
+            match self.step_with(ctx, &gate, Some(approval), false).await? {
+                Step::Answered(answers)
+                    if !answers.is_empty() && answers.iter().all(|a| a.approved == Some(true)) => {}
+                Step::Answered(answers) => return Ok(Step::Result(refused(call, &answers))),
+                other => return Ok(other),
+            }
+        }
+        self.step_with(ctx, call, tool, true).await
+    }
+
+    /// One call of `tool` (none: no tool has the call's name), its input
+    /// checked against the tool's schema when `checked`.
+    async fn step_with(
+        self: &Arc<Self>,
+        ctx: &mut TurnCtx,
+        call: &ToolCall,
+        tool: Option<Arc<dyn Tool>>,
+        checked: bool,
+    ) -> Result<Step, RuntimeError> {
         let request = ToolCallRequested {
             call_id: call.id.clone(),
             tool: call.name.clone(),
@@ -119,7 +150,7 @@ impl Inner {
                 );
                 let started = Instant::now();
                 let executed = self
-                    .execute(ctx, tool.as_ref(), &request)
+                    .execute(ctx, tool.as_ref(), &request, checked)
                     .instrument(span.clone())
                     .await;
                 span.record("duration_ms", started.elapsed().as_secs_f64() * 1e3);
@@ -189,6 +220,7 @@ impl Inner {
         ctx: &TurnCtx,
         tool: Option<&Arc<dyn Tool>>,
         request: &ToolCallRequested,
+        checked: bool,
     ) -> Executed {
         let failed = |kind, message: String, attempts| {
             let content = format!("error: {message}");
@@ -210,7 +242,10 @@ impl Inner {
                 0,
             );
         };
-        if let Err(problems) = self.tools.check_input(&request.tool, &request.input) {
+        if let (true, Err(problems)) = (
+            checked,
+            ctx.tools.tools.check_input(&request.tool, &request.input),
+        ) {
             return failed(
                 FailureKind::InvalidInput,
                 format!("invalid input for `{}`: {problems}", request.tool),
@@ -357,9 +392,7 @@ impl Inner {
                     .suspend(&recorded)
                     .map_err(|d| corrupt(d.to_string()))?
                 {
-                    SuspendStep::Replayed(resumed) => {
-                        Ok(Step::Result(crate::view::answers_output(&resumed.answers)))
-                    }
+                    SuspendStep::Replayed(resumed) => Ok(Step::Answered(resumed.answers)),
                     SuspendStep::Parked => Ok(Step::Parked),
                     SuspendStep::Live(_) => Err(corrupt("a recorded suspension vanished".into())),
                 }
@@ -384,6 +417,31 @@ impl Inner {
                 }
             }
         }
+    }
+}
+
+/// What the model is told of a call a person did not approve.
+fn refused(call: &ToolCall, answers: &[Answer]) -> String {
+    let said: Vec<&str> = answers
+        .iter()
+        .map(|a| a.text.trim())
+        .filter(|t| !t.is_empty())
+        .collect();
+    let said = if said.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", said.join("; "))
+    };
+    if answers.iter().any(|a| a.approved == Some(false)) {
+        format!(
+            "error: the person rejected the call to `{}`{said}",
+            call.name
+        )
+    } else {
+        format!(
+            "error: the call to `{}` was not run: the person answered without approving it{said}",
+            call.name
+        )
     }
 }
 

@@ -7,17 +7,17 @@ use std::sync::{Arc, Mutex};
 use spool_journal::Journal;
 
 use super::{Inner, Runtime};
-use crate::engine::{Engine, tools_digest};
+use crate::engine::Engine;
 use crate::hub::Hub;
 use crate::runs::{DEFAULT_CACHED_RUNS, Runs};
 use crate::storage::{Storage, Watched};
-use crate::tool::Tools;
+use crate::tool::{LiveTools, Tools};
 
 /// Builds a runtime.
 pub struct RuntimeBuilder {
     journal: Arc<dyn Journal>,
     engine: Arc<dyn Engine>,
-    tools: Tools,
+    tools: LiveTools,
     system_prompt: Option<String>,
     budgets: crate::agent::Budgets,
     pricing: Option<crate::agent::Pricing>,
@@ -37,7 +37,7 @@ impl RuntimeBuilder {
         Self {
             journal,
             engine: Arc::new(crate::engines::EchoEngine),
-            tools: Tools::builtin(),
+            tools: LiveTools::new(Tools::builtin()),
             system_prompt: None,
             budgets: crate::agent::Budgets::default(),
             pricing: None,
@@ -57,6 +57,14 @@ impl RuntimeBuilder {
     /// The tools (the built-ins by default).
     #[must_use]
     pub fn tools(mut self, tools: Tools) -> Self {
+        self.tools = LiveTools::new(tools);
+        self
+    }
+
+    /// Tools that may be replaced while the runtime runs (see
+    /// [`LiveTools`]), in place of [`RuntimeBuilder::tools`].
+    #[must_use]
+    pub fn live_tools(mut self, tools: LiveTools) -> Self {
         self.tools = tools;
         self
     }
@@ -117,7 +125,7 @@ impl RuntimeBuilder {
         let definition = &loaded.definition;
         self.system_prompt
             .clone_from(&definition.agent.system_prompt);
-        self.tools = definition.tools(&loaded.base)?;
+        self.tools = LiveTools::new(definition.tools(&loaded.base)?);
         self.budgets = definition.budgets;
         self.pricing = definition.pricing;
         Ok(self)
@@ -134,7 +142,6 @@ impl RuntimeBuilder {
     /// The runtime, with nothing running yet: call [`Runtime::recover`].
     #[must_use]
     pub fn build(self) -> Runtime {
-        let tool_specs: Arc<[_]> = self.tools.specs().into();
         let storage = Arc::new(Storage::default());
         Runtime {
             inner: Arc::new_cyclic(|runtime| {
@@ -147,8 +154,6 @@ impl RuntimeBuilder {
                     storage,
                     engine: self.engine,
                     tools: self.tools,
-                    tools_digest: tools_digest(&tool_specs),
-                    tool_specs,
                     budgets: self.budgets,
                     pricing: self.pricing,
                     ids: self.ids,

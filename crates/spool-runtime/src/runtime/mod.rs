@@ -14,11 +14,10 @@ use spool_journal::store::RunSummary;
 use spool_journal::{Event, Journal, RunId};
 use tokio_util::sync::CancellationToken;
 
-use crate::engine::{Engine, ToolSpec};
+use crate::engine::Engine;
 use crate::error::RuntimeError;
 use crate::hub::Hub;
 use crate::runs::{Locked, Runs};
-use crate::tool::Tools;
 
 mod builder;
 mod commands;
@@ -49,11 +48,8 @@ impl std::fmt::Debug for Runtime {
 pub(crate) struct Inner {
     pub(crate) journal: Arc<dyn Journal>,
     pub(crate) engine: Arc<dyn Engine>,
-    pub(crate) tools: Tools,
-    /// What the model is told of the tools, made once.
-    pub(crate) tool_specs: Arc<[ToolSpec]>,
-    /// The last link of every request hash (see `RequestHasher`).
-    pub(crate) tools_digest: [u8; 32],
+    /// The tools, read afresh at each step.
+    pub(crate) tools: crate::tool::LiveTools,
     pub(crate) budgets: crate::agent::Budgets,
     pub(crate) pricing: Option<crate::agent::Pricing>,
     pub(crate) ids: Arc<dyn crate::ids::IdSource>,

@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod agent;
+mod approval;
 mod budgets;
 mod cancel_safe;
 mod channels;

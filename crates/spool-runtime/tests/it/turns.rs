@@ -38,7 +38,7 @@ pub(crate) fn message(text: &str, policy: TurnPolicy) -> MessageRequest {
 }
 
 /// The new messages each recorded model request carried.
-async fn requests(journal: &Arc<dyn Journal>, run: &RunId) -> Vec<Vec<Value>> {
+pub(crate) async fn requests(journal: &Arc<dyn Journal>, run: &RunId) -> Vec<Vec<Value>> {
     journal
         .read(run, Seq(0))
         .await

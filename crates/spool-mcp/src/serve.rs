@@ -1,0 +1,841 @@
+//! Spool's runs as an MCP server: tools to start, message, answer, read,
+//! list and cancel runs, and each run's transcript and journal as
+//! resources (`spool://runs/{id}`, `spool://runs/{id}/events`), over stdio
+//! (`spool mcp serve --stdio`) or Streamable HTTP (`/mcp` on `spool
+//! serve`, behind the same origin, host, token and ownership rules as
+//! every other surface).
+//!
+//! A turn longer than [`Patience`] is answered with what it is (running,
+//! waiting) and the run's id, never with a timeout error; `get_run` reads
+//! it later. While a turn runs, a host that asked for progress receives
+//! the streamed answer as progress messages.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, JsonObject,
+    ListResourcesResult, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
+    ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Resource,
+    ResourceContents, ResourceUpdatedNotificationParam, ServerCapabilities, ServerConfig,
+    SubscribeRequestParams, Tool, ToolAnnotations, UnsubscribeRequestParams,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use spool_journal::event::Answer;
+use spool_journal::{Principal, RunId, TurnId};
+use spool_runtime::{
+    Accepted, MessageRequest, RunAccess, RunView, Runtime, RuntimeError, StartRequest,
+};
+
+/// How long a tool waits for the turn it started or answered before it
+/// answers with the run as it is.
+#[derive(Clone, Copy, Debug)]
+pub struct Patience(pub Duration);
+
+impl Default for Patience {
+    fn default() -> Self {
+        Self(Duration::from_secs(25))
+    }
+}
+
+/// The MCP server over one runtime; a connection's own copy knows its
+/// caller.
+#[derive(Clone)]
+pub struct RunsServer {
+    runtime: Runtime,
+    access: RunAccess,
+    patience: Patience,
+    /// The caller on stdio (none: the operator's own process); on HTTP each
+    /// request's proven principal is read from the request.
+    principal: Option<Principal>,
+    /// The connection's resource subscriptions, by URI.
+    watching: Arc<Mutex<HashMap<String, tokio::task::JoinHandle<()>>>>,
+}
+
+impl std::fmt::Debug for RunsServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunsServer")
+            .field("access", &self.access)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for RunsServer {
+    fn drop(&mut self) {
+        // The last copy of a connection's server ends its subscriptions.
+        if Arc::strong_count(&self.watching) == 1 {
+            for (_, task) in self
+                .watching
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .drain()
+            {
+                task.abort();
+            }
+        }
+    }
+}
+
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct StartInput {
+    /// The first message.
+    text: String,
+    /// A stable name for the run: the run already at this address gets the
+    /// message instead of a new run being made.
+    #[serde(default)]
+    address: Option<String>,
+}
+
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct SendInput {
+    run_id: String,
+    text: String,
+}
+
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct RespondInput {
+    run_id: String,
+    /// The waiting turn (from `pending.turn_id`).
+    turn_id: String,
+    /// The answer's text.
+    #[serde(default)]
+    text: Option<String>,
+    /// For an approval: true approves, false rejects.
+    #[serde(default)]
+    approved: Option<bool>,
+}
+
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct RunInput {
+    run_id: String,
+}
+
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct ListInput {
+    /// Only runs in this state (`running`, `waiting`, `completed`, …).
+    #[serde(default)]
+    state: Option<String>,
+    /// At most this many, most recently updated first (default 50).
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+/// A run as every tool answers it.
+#[derive(Serialize, JsonSchema)]
+struct RunOutput {
+    run_id: String,
+    /// `pending`, `running`, `waiting`, `completed`, `failed`, `cancelled`
+    /// or `retired`.
+    state: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    turn_id: Option<String>,
+    /// The last turn's answer, once it completed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response: Option<String>,
+    /// What a waiting run waits for; answer it with `respond`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pending: Option<PendingOutput>,
+}
+
+#[derive(Serialize, JsonSchema)]
+struct PendingOutput {
+    /// `question`, `approval`, `reconciliation`, `budget`, …
+    kind: String,
+    prompt: String,
+    turn_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    options: Option<Vec<String>>,
+}
+
+#[derive(Serialize, JsonSchema)]
+struct ListOutput {
+    runs: Vec<RunOutput>,
+}
+
+fn object_schema<T: JsonSchema>() -> Arc<JsonObject> {
+    let schema = serde_json::to_value(schemars::schema_for!(T)).unwrap_or_default();
+    Arc::new(match schema {
+        Value::Object(map) => map,
+        _ => JsonObject::new(),
+    })
+}
+
+/// The six tools, with their input and output schemas.
+fn tools() -> Vec<Tool> {
+    let run = object_schema::<RunOutput>();
+    let read = ToolAnnotations::new().read_only(true);
+    let tool = |name: &'static str, description: &'static str, input: Arc<JsonObject>| {
+        Tool::new(name, description, input).with_raw_output_schema(Arc::clone(&run))
+    };
+    vec![
+        tool(
+            "start_run",
+            "Start a durable Spool run with a first message (or send it to the run at `address`), and wait a while for the turn's answer.",
+            object_schema::<StartInput>(),
+        ),
+        tool(
+            "send_message",
+            "Send a message to a run and wait a while for the turn's answer.",
+            object_schema::<SendInput>(),
+        ),
+        tool(
+            "respond",
+            "Answer what a waiting run asks (a question, an approval), and wait a while for the turn to go on.",
+            object_schema::<RespondInput>(),
+        ),
+        tool(
+            "get_run",
+            "A run's state, answer and what it waits for.",
+            object_schema::<RunInput>(),
+        )
+        .annotate(read.clone()),
+        Tool::new(
+            "list_runs",
+            "The runs, most recently updated first.",
+            object_schema::<ListInput>(),
+        )
+        .with_raw_output_schema(object_schema::<ListOutput>())
+        .annotate(read),
+        tool(
+            "cancel_run",
+            "Cancel a run's turn in progress (the run stays, and takes later messages).",
+            object_schema::<RunInput>(),
+        ),
+    ]
+}
+
+/// The caller an HTTP request proved (the edge's authenticator puts it in
+/// the request's extensions), or the stdio server's own.
+fn caller(server: &RunsServer, context: &RequestContext<RoleServer>) -> Option<Principal> {
+    context
+        .extensions
+        .get::<http::request::Parts>()
+        .and_then(|parts| parts.extensions.get::<spool_edge::tables::Authenticated>())
+        .and_then(|authenticated| authenticated.0.clone())
+        .or_else(|| server.principal.clone())
+}
+
+fn output(view: &RunView) -> RunOutput {
+    RunOutput {
+        run_id: view.run_id.to_string(),
+        state: view.status.state().as_str().to_owned(),
+        turn_id: view.turn_id.as_ref().map(ToString::to_string),
+        response: view.response.clone(),
+        pending: view.suspend.as_ref().map(|s| PendingOutput {
+            kind: s.kind.as_str().to_owned(),
+            prompt: s.prompt.clone(),
+            turn_id: s.turn_id.to_string(),
+            options: s.options.clone(),
+        }),
+    }
+}
+
+/// A tool's failure as the host shows it: a result flagged as an error,
+/// with a stable code and the reason.
+fn refused(error: &RuntimeError) -> CallToolResult {
+    CallToolResult::structured_error(json!({
+        "code": spool_edge::tables::error_code(error.kind()).as_str(),
+        "message": error.to_string(),
+    }))
+}
+
+fn bad_input(message: String) -> CallToolResult {
+    CallToolResult::structured_error(json!({"code": "bad_request", "message": message}))
+}
+
+fn parse<T: for<'de> Deserialize<'de>>(arguments: Option<JsonObject>) -> Result<T, CallToolResult> {
+    serde_json::from_value(Value::Object(arguments.unwrap_or_default()))
+        .map_err(|e| bad_input(format!("invalid arguments: {e}")))
+}
+
+/// An MCP host's address for a run, in a namespace of its own.
+fn address(name: String) -> Result<spool_journal::Address, CallToolResult> {
+    if name.is_empty() || name.len() > spool_wire::run::MAX_ADDRESS_BYTES {
+        return Err(bad_input(format!(
+            "`address` must be 1 to {} bytes",
+            spool_wire::run::MAX_ADDRESS_BYTES
+        )));
+    }
+    Ok(spool_journal::Address::new("mcp", name))
+}
+
+fn run_id(id: &str) -> Result<RunId, CallToolResult> {
+    RunId::new(id).map_err(|e| bad_input(format!("`run_id`: {e}")))
+}
+
+impl RunsServer {
+    /// The server over `runtime`, reaching runs as `access` allows.
+    #[must_use]
+    pub fn new(runtime: Runtime, access: RunAccess) -> Self {
+        Self {
+            runtime,
+            access,
+            patience: Patience::default(),
+            principal: None,
+            watching: Arc::default(),
+        }
+    }
+
+    /// How long a tool waits for a turn before answering with the run as
+    /// it is.
+    #[must_use]
+    pub fn with_patience(mut self, patience: Patience) -> Self {
+        self.patience = patience;
+        self
+    }
+
+    /// A copy for a new connection, with no subscriptions.
+    #[must_use]
+    pub fn connection(&self) -> Self {
+        Self {
+            runtime: self.runtime.clone(),
+            access: self.access,
+            patience: self.patience,
+            principal: self.principal.clone(),
+            watching: Arc::default(),
+        }
+    }
+
+    async fn reach(&self, caller: Option<&Principal>, run: &RunId) -> Result<(), CallToolResult> {
+        self.access
+            .check(&self.runtime, caller, run)
+            .await
+            .map_err(|e| refused(&e))
+    }
+
+    /// Waits up to the patience for `accepted`'s turn to rest, streaming
+    /// its answer as progress when the host asked, then answers the run as
+    /// it is.
+    async fn settled(
+        &self,
+        accepted: &Accepted,
+        context: &RequestContext<RoleServer>,
+    ) -> CallToolResult {
+        self.waited(accepted.run(), self.runtime.settle(accepted), context)
+            .await
+    }
+
+    /// Waits up to the patience for `rest` (the turn reaching a
+    /// boundary), streaming the run's answer as progress when the host
+    /// asked, then answers the run as it is.
+    async fn waited(
+        &self,
+        run: &RunId,
+        rest: impl std::future::Future<Output = Result<RunView, RuntimeError>>,
+        context: &RequestContext<RoleServer>,
+    ) -> CallToolResult {
+        let run = run.clone();
+        let progress = context.meta.get_progress_token().map(|token| {
+            let runtime = self.runtime.clone();
+            let peer = context.peer.clone();
+            let run = run.clone();
+            tokio::spawn(async move { stream_progress(runtime, peer, run, token).await })
+        });
+        let waited = tokio::time::timeout(self.patience.0, rest).await;
+        if let Some(progress) = progress {
+            progress.abort();
+        }
+        let view = match waited {
+            Ok(Ok(view)) => view,
+            // Past the host's patience the run is answered as it is.
+            Ok(Err(_)) | Err(_) => match self.runtime.get(&run).await {
+                Ok(view) => view,
+                Err(error) => return refused(&error),
+            },
+        };
+        structured(&output(&view))
+    }
+
+    async fn call(
+        &self,
+        request: CallToolRequestParams,
+        context: &RequestContext<RoleServer>,
+    ) -> CallToolResult {
+        let caller = caller(self, context);
+        let caller = caller.as_ref();
+        match self.tool(&request, caller, context).await {
+            Ok(result) | Err(result) => result,
+        }
+    }
+
+    async fn tool(
+        &self,
+        request: &CallToolRequestParams,
+        caller: Option<&Principal>,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, CallToolResult> {
+        let arguments = request.arguments.clone();
+        Ok(match request.name.as_ref() {
+            "start_run" => {
+                let input: StartInput = parse(arguments)?;
+                let address = input.address.map(address).transpose()?;
+                if let Some(address) = &address
+                    && let Some(run) = self
+                        .runtime
+                        .find_address(address)
+                        .await
+                        .map_err(|e| refused(&e))?
+                {
+                    self.reach(caller, &run).await?;
+                }
+                let accepted = self
+                    .runtime
+                    .start(StartRequest {
+                        text: input.text,
+                        address,
+                        principal: caller.cloned(),
+                        kind: Some("mcp".into()),
+                        ..StartRequest::default()
+                    })
+                    .await
+                    .map_err(|e| refused(&e))?;
+                self.settled(&accepted, context).await
+            }
+            "send_message" => {
+                let input: SendInput = parse(arguments)?;
+                let run = run_id(&input.run_id)?;
+                self.reach(caller, &run).await?;
+                let accepted = self
+                    .runtime
+                    .send(
+                        &run,
+                        MessageRequest {
+                            text: input.text,
+                            context: Vec::new(),
+                            policy: None,
+                        },
+                    )
+                    .await
+                    .map_err(|e| refused(&e))?;
+                self.settled(&accepted, context).await
+            }
+            "respond" => {
+                let input: RespondInput = parse(arguments)?;
+                let run = run_id(&input.run_id)?;
+                let turn = TurnId::new(&input.turn_id)
+                    .map_err(|e| bad_input(format!("`turn_id`: {e}")))?;
+                self.reach(caller, &run).await?;
+                self.runtime
+                    .respond(
+                        &run,
+                        Some(&turn),
+                        vec![Answer {
+                            text: input.text.unwrap_or_default(),
+                            approved: input.approved,
+                        }],
+                    )
+                    .await
+                    .map_err(|e| refused(&e))?;
+                self.waited(&run, self.runtime.wait_for(&run, &turn), context)
+                    .await
+            }
+            "get_run" => {
+                let input: RunInput = parse(arguments)?;
+                let run = run_id(&input.run_id)?;
+                self.reach(caller, &run).await?;
+                let view = self.runtime.get(&run).await.map_err(|e| refused(&e))?;
+                structured(&output(&view))
+            }
+            "list_runs" => {
+                let input: ListInput = parse(arguments)?;
+                let limit = input.limit.unwrap_or(50).min(1000);
+                let mut runs = Vec::new();
+                for summary in self.runtime.list().await.map_err(|e| refused(&e))? {
+                    if runs.len() >= limit {
+                        break;
+                    }
+                    if input
+                        .state
+                        .as_deref()
+                        .is_some_and(|state| state != summary.status.state().as_str())
+                    {
+                        continue;
+                    }
+                    if !self
+                        .access
+                        .reaches(&self.runtime, caller, &summary.run_id)
+                        .await
+                        .unwrap_or(false)
+                    {
+                        continue;
+                    }
+                    if let Ok(view) = self.runtime.get(&summary.run_id).await {
+                        runs.push(output(&view));
+                    }
+                }
+                structured(&ListOutput { runs })
+            }
+            "cancel_run" => {
+                let input: RunInput = parse(arguments)?;
+                let run = run_id(&input.run_id)?;
+                self.reach(caller, &run).await?;
+                self.runtime
+                    .cancel(&run, None)
+                    .await
+                    .map_err(|e| refused(&e))?;
+                let view = self.runtime.get(&run).await.map_err(|e| refused(&e))?;
+                structured(&output(&view))
+            }
+            other => bad_input(format!("no tool is named `{other}`")),
+        })
+    }
+
+    /// The run a resource URI names, and whether it is the events one.
+    fn resource(uri: &str) -> Option<(RunId, bool)> {
+        let rest = uri.strip_prefix("spool://runs/")?;
+        let (id, events) = match rest.strip_suffix("/events") {
+            Some(id) => (id, true),
+            None => (rest, false),
+        };
+        RunId::new(id).ok().map(|run| (run, events))
+    }
+
+    async fn read(&self, run: &RunId, events: bool) -> Result<ResourceContents, RuntimeError> {
+        if events {
+            let last = self.runtime.get(run).await?.cursor;
+            let mut subscription = self.runtime.subscribe(run, None).await?;
+            let mut lines = Vec::new();
+            if let Some(last) = last {
+                while let Some(item) = subscription.next().await {
+                    if let spool_runtime::hub::StreamItem::Event(envelope) = item {
+                        let seq = envelope.seq;
+                        lines.push(serde_json::to_value(&*envelope).unwrap_or(Value::Null));
+                        if seq >= last {
+                            break;
+                        }
+                    }
+                }
+            }
+            let text = serde_json::to_string(&lines).unwrap_or_default();
+            return Ok(ResourceContents::TextResourceContents {
+                uri: format!("spool://runs/{run}/events"),
+                mime_type: Some("application/json".into()),
+                text,
+                meta: None,
+            });
+        }
+        let snapshot = self.runtime.snapshot(run).await?;
+        let mut text = String::new();
+        for message in &snapshot.messages {
+            let role = message["role"].as_str().unwrap_or("?");
+            text.push_str(&format!(
+                "{role}: {}\n",
+                transcript_line(&message["content"])
+            ));
+        }
+        Ok(ResourceContents::TextResourceContents {
+            uri: format!("spool://runs/{run}"),
+            mime_type: Some("text/plain".into()),
+            text,
+            meta: None,
+        })
+    }
+}
+
+/// One message's content as a transcript line: its text parts, and each
+/// tool call or result in brackets.
+fn transcript_line(content: &Value) -> String {
+    let Value::Array(parts) = content else {
+        return match content {
+            Value::String(text) => text.clone(),
+            Value::Null => String::new(),
+            other => other.to_string(),
+        };
+    };
+    let shown: Vec<String> = parts
+        .iter()
+        .map(|part| match part["type"].as_str() {
+            Some("text") => part["text"].as_str().unwrap_or_default().to_owned(),
+            Some("tool_call") => format!(
+                "[calls {} {}]",
+                part["name"].as_str().unwrap_or("?"),
+                part["arguments"]
+            ),
+            _ => part.to_string(),
+        })
+        .collect();
+    shown.join(" ")
+}
+
+fn structured<T: Serialize>(value: &T) -> CallToolResult {
+    CallToolResult::structured(serde_json::to_value(value).unwrap_or(Value::Null))
+}
+
+/// Sends the turn's streamed text as progress messages until aborted.
+async fn stream_progress(
+    runtime: Runtime,
+    peer: rmcp::Peer<RoleServer>,
+    run: RunId,
+    token: rmcp::model::ProgressToken,
+) {
+    let from = runtime.get(&run).await.ok().and_then(|v| v.cursor);
+    let Ok(mut subscription) = runtime.subscribe(&run, from).await else {
+        return;
+    };
+    let mut sent = 0.0;
+    while let Some(item) = subscription.next().await {
+        let spool_runtime::hub::StreamItem::Delta(delta) = item else {
+            continue;
+        };
+        let spool_runtime::engine::Delta::Text(text) = delta.delta else {
+            continue;
+        };
+        sent += 1.0;
+        let notification = ProgressNotificationParam::new(token.clone(), sent).with_message(text);
+        if peer.notify_progress(notification).await.is_err() {
+            return;
+        }
+    }
+}
+
+impl ServerHandler for RunsServer {
+    fn get_info(&self) -> ServerConfig {
+        let capabilities = ServerCapabilities::builder()
+            .enable_tools()
+            .enable_resources()
+            .enable_resources_subscribe()
+            .build();
+        ServerConfig::new(capabilities)
+            .with_server_info(Implementation::new("spool", env!("CARGO_PKG_VERSION")))
+            .with_instructions(
+                "Spool runs durable agent runs. start_run begins one; a turn that outlasts the wait is returned as running or waiting with its run_id: read it later with get_run, and answer a waiting run with respond.",
+            )
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        Ok(ListToolsResult::with_all_items(tools()))
+    }
+
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        tools().into_iter().find(|t| t.name == name)
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        Ok(self.call(request, &context).await.into())
+    }
+
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, McpError> {
+        let caller = caller(self, &context);
+        let summaries = self
+            .runtime
+            .list()
+            .await
+            .map_err(|e| McpError::internal_error(e.to_string(), None))?;
+        let mut resources = Vec::new();
+        for summary in summaries.iter().take(500) {
+            if !self
+                .access
+                .reaches(&self.runtime, caller.as_ref(), &summary.run_id)
+                .await
+                .unwrap_or(false)
+            {
+                continue;
+            }
+            let id = &summary.run_id;
+            let title = summary.title.clone().unwrap_or_else(|| id.to_string());
+            resources.push(
+                Resource::new(format!("spool://runs/{id}"), format!("{id}"))
+                    .with_title(format!("{title}: transcript"))
+                    .with_mime_type("text/plain"),
+            );
+            resources.push(
+                Resource::new(format!("spool://runs/{id}/events"), format!("{id}/events"))
+                    .with_title(format!("{title}: journal"))
+                    .with_mime_type("application/json"),
+            );
+        }
+        Ok(ListResourcesResult::with_all_items(resources))
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, McpError> {
+        let not_found =
+            || McpError::resource_not_found(format!("no resource `{}`", request.uri), None);
+        let (run, events) = Self::resource(&request.uri).ok_or_else(not_found)?;
+        let caller = caller(self, &context);
+        // Another's run reads as one that does not exist.
+        if self
+            .access
+            .check(&self.runtime, caller.as_ref(), &run)
+            .await
+            .is_err()
+        {
+            return Err(not_found());
+        }
+        match self.read(&run, events).await {
+            Ok(contents) => Ok(ReadResourceResult::new(vec![contents]).into()),
+            Err(error) if error.kind() == spool_runtime::ErrorKind::RunNotFound => Err(not_found()),
+            Err(error) => Err(McpError::internal_error(error.to_string(), None)),
+        }
+    }
+
+    #[allow(
+        deprecated,
+        reason = "resources/subscribe is how hosts before 2026-07-28 subscribe"
+    )]
+    async fn subscribe(
+        &self,
+        request: SubscribeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        let not_found =
+            || McpError::resource_not_found(format!("no resource `{}`", request.uri), None);
+        let (run, _) = Self::resource(&request.uri).ok_or_else(not_found)?;
+        let caller = caller(self, &context);
+        if self
+            .access
+            .check(&self.runtime, caller.as_ref(), &run)
+            .await
+            .is_err()
+        {
+            return Err(not_found());
+        }
+        let from = self
+            .runtime
+            .get(&run)
+            .await
+            .map_err(|_| not_found())?
+            .cursor;
+        let mut subscription = self
+            .runtime
+            .subscribe(&run, from)
+            .await
+            .map_err(|e| McpError::internal_error(e.to_string(), None))?;
+        let peer = context.peer.clone();
+        let uri = request.uri.clone();
+        let task = tokio::spawn(async move {
+            while let Some(item) = subscription.next().await {
+                if matches!(item, spool_runtime::hub::StreamItem::Event(_))
+                    && peer
+                        .notify_resource_updated(ResourceUpdatedNotificationParam::new(uri.clone()))
+                        .await
+                        .is_err()
+                {
+                    return;
+                }
+            }
+        });
+        if let Some(old) = self
+            .watching
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(request.uri, task)
+        {
+            old.abort();
+        }
+        Ok(())
+    }
+
+    #[allow(
+        deprecated,
+        reason = "resources/unsubscribe pairs with resources/subscribe"
+    )]
+    async fn unsubscribe(
+        &self,
+        request: UnsubscribeRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        if let Some(task) = self
+            .watching
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&request.uri)
+        {
+            task.abort();
+        }
+        Ok(())
+    }
+}
+
+/// Serves `server` on this process's stdin and stdout until the host
+/// closes them.
+///
+/// # Errors
+///
+/// When the handshake fails.
+pub async fn serve_stdio(server: RunsServer) -> Result<(), String> {
+    use rmcp::ServiceExt;
+    let running = server
+        .serve(rmcp::transport::stdio())
+        .await
+        .map_err(|e| e.to_string())?;
+    running.waiting().await.map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// `/mcp` for `spool serve` (Streamable HTTP), a handler to mount on the
+/// HTTP channel: the channel's guard and authenticator have admitted the
+/// request before it gets here, and its proven caller rides in the
+/// request's extensions.
+#[must_use]
+pub fn route(
+    server: &RunsServer,
+    closing: &tokio::sync::watch::Receiver<bool>,
+) -> spool_edge::server::Handler {
+    use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+    use rmcp::transport::streamable_http_server::{
+        StreamableHttpServerConfig, StreamableHttpService,
+    };
+    let cancel = tokio_util::sync::CancellationToken::new();
+    {
+        let cancel = cancel.clone();
+        let mut closing = closing.clone();
+        tokio::spawn(async move {
+            let _ = closing.wait_for(|closing| *closing).await;
+            cancel.cancel();
+        });
+    }
+    let mut config = StreamableHttpServerConfig::default();
+    config.cancellation_token = cancel;
+    // The edge checks Host and Origin for every surface, by the server's
+    // own rules; the SDK's loopback-only default would refuse the names
+    // an operator allowed.
+    config.allowed_hosts = Vec::new();
+    config.allowed_origins = Vec::new();
+    config.max_request_body_bytes = spool_wire::http::MAX_BODY_BYTES;
+    let factory = server.clone();
+    let service = Arc::new(StreamableHttpService::new(
+        move || Ok(factory.connection()),
+        Arc::new(LocalSessionManager::default()),
+        config,
+    ));
+    Arc::new(move |request: http::Request<hyper::body::Incoming>| {
+        let service = Arc::clone(&service);
+        Box::pin(async move {
+            let delete = request.method() == http::Method::DELETE;
+            let mut response = service.handle(request).await;
+            // ending a session has no body to wait for: 204, which hosts
+            // expect (the SDK answers 202, which the Python client logs as
+            // a failed termination).
+            if delete && response.status() == http::StatusCode::ACCEPTED {
+                *response.status_mut() = http::StatusCode::NO_CONTENT;
+            }
+            response
+        })
+    })
+}

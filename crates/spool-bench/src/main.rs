@@ -12,6 +12,7 @@ use std::process::ExitCode;
 mod http;
 mod journal;
 mod long;
+mod mcp;
 mod oneshot;
 mod otel;
 mod pg;
@@ -60,6 +61,7 @@ const BENCHES: &[(&str, Bench)] = &[
     ("stream-fanout", http::fanout),
     ("rpc-fanout", rpc::fanout),
     ("long-run", long::run),
+    ("mcp-tool-call", mcp::run),
     ("otel-dead-collector", otel::dead_collector),
     ("journal-append-pg", pg::append),
     ("http-runs-pg", pg::cluster_runs),
@@ -109,6 +111,9 @@ fn run() -> anyhow::Result<()> {
         Some("connect") => return http::connect(&all[1..]),
         Some("lines") => return http::lines(&all[1..]),
         Some("ws-subscribe") => return rpc::subscribe(&all[1..]),
+        // The two sides of `mcp-tool-call`.
+        Some("mcp-echo") => return mcp::mcp_echo(),
+        Some("echo-tool") => return mcp::echo_tool(),
         _ => {}
     }
     let mut scale = Scale { quick: false };

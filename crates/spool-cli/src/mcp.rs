@@ -32,14 +32,8 @@ pub(crate) struct ServeArgs {
     /// serve`, at `/mcp`).
     #[arg(long, required = true)]
     stdio: bool,
-    /// The journal: a directory (SQLite) or a postgres:// URL.
-    #[arg(long, env = "SPOOL_JOURNAL", default_value = ".spool")]
-    journal: crate::journal::JournalAt,
-    /// The agent definition; `./spool.toml`, or the built-in echo agent.
-    #[arg(long)]
-    agent: Option<PathBuf>,
-    #[arg(long, value_name = "SPEC", help = spool_engines::MODEL_HELP)]
-    model: Option<spool_engines::Spec>,
+    #[command(flatten)]
+    local: crate::rpc::Local,
     /// How long a tool waits for a turn before answering with the run as
     /// it is (running, waiting), in seconds.
     #[arg(long, default_value_t = 25.0)]
@@ -106,19 +100,13 @@ pub(crate) async fn report(
 async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let ServeArgs {
         stdio: _,
-        journal,
-        agent,
-        model,
+        local,
         wait_seconds,
     } = args;
     if !(wait_seconds.is_finite() && wait_seconds >= 0.0) {
         anyhow::bail!("--wait-seconds must be a non-negative number");
     }
-    let agent = crate::serve::load_agent(agent.as_deref(), model.as_ref())?;
-    let (runtime, _owner) =
-        crate::serve::open_runtime(&journal, &agent, None, crate::journal::Process::Serving)
-            .await?;
-    crate::serve::recover(&runtime).await?;
+    let (runtime, _owner) = local.open().await?;
     let server = spool_mcp::serve::RunsServer::new(runtime.clone(), spool_runtime::RunAccess::Any)
         .with_patience(spool_mcp::serve::Patience(
             std::time::Duration::from_secs_f64(wait_seconds),

@@ -17,6 +17,14 @@ pub(crate) struct RpcArgs {
     /// HTTP ones come with `spool serve`).
     #[arg(long, required = true)]
     stdio: bool,
+    #[command(flatten)]
+    local: Local,
+}
+
+/// The journal and agent a stdio server (`spool rpc`, `spool mcp serve`)
+/// runs in process.
+#[derive(Debug, Args)]
+pub(crate) struct Local {
     /// The journal: a directory (SQLite) or a postgres:// URL.
     #[arg(long, env = "SPOOL_JOURNAL", default_value = ".spool")]
     journal: crate::journal::JournalAt,
@@ -27,20 +35,25 @@ pub(crate) struct RpcArgs {
     model: Option<spool_engines::Spec>,
 }
 
+impl Local {
+    /// The runtime, its interrupted runs resumed, and the claim on the
+    /// journal to hold while it serves.
+    pub(crate) async fn open(
+        &self,
+    ) -> anyhow::Result<(spool_runtime::Runtime, crate::journal::Claim)> {
+        let agent = load_agent(self.agent.as_deref(), self.model.as_ref())?;
+        let (runtime, owner) = open_runtime(&self.journal, &agent, None, Process::Serving).await?;
+        recover(&runtime).await?;
+        Ok((runtime, owner))
+    }
+}
+
 pub(crate) fn run(args: RpcArgs) -> anyhow::Result<ExitCode> {
     crate::telemetry::block_on(serve(args))
 }
 
 async fn serve(args: RpcArgs) -> anyhow::Result<ExitCode> {
-    let RpcArgs {
-        stdio: _,
-        journal,
-        agent,
-        model,
-    } = args;
-    let agent = load_agent(agent.as_deref(), model.as_ref())?;
-    let (runtime, _owner) = open_runtime(&journal, &agent, None, Process::Serving).await?;
-    recover(&runtime).await?;
+    let (runtime, _owner) = args.local.open().await?;
     let dispatcher = spool_rpc::Dispatcher::new(runtime);
     spool_rpc::stdio::serve(&dispatcher, tokio::io::stdin(), tokio::io::stdout())
         .await

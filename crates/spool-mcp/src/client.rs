@@ -240,8 +240,84 @@ impl Server {
         }
     }
 
-    /// Starts the program and performs the protocol's handshake.
+    /// Starts the program, or reaches the URL, and performs the
+    /// protocol's handshake.
     async fn start(&self) -> Result<RunningService<RoleClient, Handler>, String> {
+        let handler = Handler {
+            server: self.section.name.clone(),
+            changed: Arc::clone(&self.changed),
+        };
+        let limit = Duration::from_secs_f64(self.section.timeout_seconds);
+        let served = match &self.section.url {
+            Some(url) => {
+                let transport = self.http_transport(url)?;
+                tokio::time::timeout(limit, handler.serve(transport)).await
+            }
+            None => {
+                let transport = self.child()?;
+                tokio::time::timeout(limit, handler.serve(transport)).await
+            }
+        };
+        match served {
+            Ok(Ok(service)) => {
+                tracing::info!(
+                    server = %self.section.name,
+                    protocol = ?service.peer().peer_info().map(|i| i.protocol_version.to_string()),
+                    "MCP server started"
+                );
+                Ok(service)
+            }
+            Ok(Err(error)) => Err(format!(
+                "the handshake failed: {error}{}",
+                self.stderr_suffix()
+            )),
+            Err(_) => Err(format!(
+                "no handshake within {} s{}",
+                self.section.timeout_seconds,
+                self.stderr_suffix()
+            )),
+        }
+    }
+
+    /// The Streamable HTTP transport to `url`, with the configured headers
+    /// and the token file's token, under the edge's trust policy.
+    fn http_transport(
+        &self,
+        url: &str,
+    ) -> Result<rmcp::transport::StreamableHttpClientTransport<reqwest::Client>, String> {
+        use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+        let tls = spool_edge::outbound::environment_config().map_err(|e| e.to_string())?;
+        let client = reqwest::Client::builder()
+            .use_preconfigured_tls((*tls).clone())
+            .connect_timeout(spool_edge::outbound::CONNECT_TIMEOUT)
+            .build()
+            .map_err(|e| format!("the HTTP client did not build: {e}"))?;
+        let mut headers = std::collections::HashMap::new();
+        for (name, value) in &self.section.headers {
+            // Checked when the definition was read.
+            if let (Ok(name), Ok(value)) = (
+                http::HeaderName::from_bytes(name.as_bytes()),
+                http::HeaderValue::from_str(value),
+            ) {
+                headers.insert(name, value);
+            }
+        }
+        let mut config =
+            StreamableHttpClientTransportConfig::with_uri(url.to_owned()).custom_headers(headers);
+        if let Some(file) = &self.section.token_file {
+            let path = self.base.join(file);
+            let token = std::fs::read_to_string(&path)
+                .map_err(|e| format!("its token file {} cannot be read: {e}", path.display()))?;
+            config = config.auth_header(token.trim().to_owned());
+        }
+        Ok(rmcp::transport::StreamableHttpClientTransport::with_client(
+            client, config,
+        ))
+    }
+
+    /// Starts the program with its stdin and stdout as the channel, its
+    /// stderr kept.
+    fn child(&self) -> Result<TokioChildProcess, String> {
         let (program, args) = self
             .section
             .command
@@ -265,30 +341,7 @@ impl Server {
         if let Some(stderr) = stderr {
             self.keep_stderr(stderr);
         }
-        let handler = Handler {
-            server: self.section.name.clone(),
-            changed: Arc::clone(&self.changed),
-        };
-        let limit = Duration::from_secs_f64(self.section.timeout_seconds);
-        match tokio::time::timeout(limit, handler.serve(transport)).await {
-            Ok(Ok(service)) => {
-                tracing::info!(
-                    server = %self.section.name,
-                    protocol = ?service.peer().peer_info().map(|i| i.protocol_version.to_string()),
-                    "MCP server started"
-                );
-                Ok(service)
-            }
-            Ok(Err(error)) => Err(format!(
-                "the handshake failed: {error}{}",
-                self.stderr_suffix()
-            )),
-            Err(_) => Err(format!(
-                "no handshake within {} s{}",
-                self.section.timeout_seconds,
-                self.stderr_suffix()
-            )),
-        }
+        Ok(transport)
     }
 
     /// Reads the server's stderr into a bounded tail, and into the log.

@@ -12,6 +12,12 @@
 //! approval = "destructive"             # never | always | destructive (default)
 //! timeout_seconds = 60                 # one call's limit
 //! effect = { append = "write" }        # per tool: overrides the server's hints
+//!
+//! [[mcp]]
+//! name = "search"
+//! url = "https://mcp.example.com/mcp"  # Streamable HTTP, instead of `command`
+//! headers = { "X-Team" = "infra" }     # sent with every request
+//! token_file = "search.token"          # its contents sent as `Authorization: Bearer …`
 //! ```
 //!
 //! The runtime keeps each table as it came (`AgentDefinition::mcp`); this
@@ -40,10 +46,17 @@ pub struct McpSection {
     /// The program's working directory, relative to the definition's.
     #[serde(default)]
     pub cwd: Option<PathBuf>,
-    /// A Streamable HTTP server's URL. Not served yet: refused with a
-    /// clear error rather than ignored.
+    /// A Streamable HTTP server's URL (`http://` or `https://`), instead
+    /// of `command`.
     #[serde(default)]
     pub url: Option<String>,
+    /// Headers sent with every request to `url`.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// A file (relative to the definition's directory) whose contents, read
+    /// at each connection, are sent as `Authorization: Bearer …` to `url`.
+    #[serde(default)]
+    pub token_file: Option<PathBuf>,
     /// The tools to offer, by the server's names; absent, all of them.
     #[serde(default)]
     pub tools: Option<Vec<String>>,
@@ -121,12 +134,37 @@ impl McpSection {
                 return Err(format!("two [[mcp]] servers are named `{}`", section.name));
             }
             match (section.command.is_empty(), &section.url) {
-                (false, None) => {}
-                (true, Some(_)) => {
-                    return Err(format!(
-                        "mcp server `{}`: `url` (Streamable HTTP) is not supported yet; start the server over stdio with `command`",
-                        section.name
-                    ));
+                (false, None) => {
+                    if !section.headers.is_empty() || section.token_file.is_some() {
+                        return Err(format!(
+                            "mcp server `{}`: `headers` and `token_file` are for a `url` server",
+                            section.name
+                        ));
+                    }
+                }
+                (true, Some(url)) => {
+                    if !(url.starts_with("http://") || url.starts_with("https://")) {
+                        return Err(format!(
+                            "mcp server `{}`: `url` must start with http:// or https://, not `{url}`",
+                            section.name
+                        ));
+                    }
+                    for (name, value) in &section.headers {
+                        if http::HeaderName::from_bytes(name.as_bytes()).is_err()
+                            || http::HeaderValue::from_str(value).is_err()
+                        {
+                            return Err(format!(
+                                "mcp server `{}`: header `{name}` is not a valid HTTP header",
+                                section.name
+                            ));
+                        }
+                    }
+                    if !section.env.is_empty() || section.cwd.is_some() {
+                        return Err(format!(
+                            "mcp server `{}`: `env` and `cwd` are for a `command` server",
+                            section.name
+                        ));
+                    }
                 }
                 (true, None) => {
                     return Err(format!(

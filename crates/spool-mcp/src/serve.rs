@@ -500,6 +500,25 @@ impl RunsServer {
         RunId::new(id).ok().map(|run| (run, events))
     }
 
+    /// The run `uri` names and whether it is its events, when the caller
+    /// may reach it: another's run is a resource that does not exist.
+    async fn reachable(
+        &self,
+        uri: &str,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<(RunId, bool), McpError> {
+        let (run, events) = Self::resource(uri).ok_or_else(|| resource_not_found(uri))?;
+        let caller = caller(self, context);
+        match self
+            .access
+            .check(&self.runtime, caller.as_ref(), &run)
+            .await
+        {
+            Ok(()) => Ok((run, events)),
+            Err(_) => Err(resource_not_found(uri)),
+        }
+    }
+
     async fn read(&self, run: &RunId, events: bool) -> Result<ResourceContents, RuntimeError> {
         if events {
             let last = self.runtime.get(run).await?.cursor;
@@ -565,6 +584,10 @@ fn transcript_line(content: &Value) -> String {
         })
         .collect();
     shown.join(" ")
+}
+
+fn resource_not_found(uri: &str) -> McpError {
+    McpError::resource_not_found(format!("no resource `{uri}`"), None)
 }
 
 fn structured<T: Serialize>(value: &T) -> CallToolResult {
@@ -674,22 +697,12 @@ impl ServerHandler for RunsServer {
         request: ReadResourceRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, McpError> {
-        let not_found =
-            || McpError::resource_not_found(format!("no resource `{}`", request.uri), None);
-        let (run, events) = Self::resource(&request.uri).ok_or_else(not_found)?;
-        let caller = caller(self, &context);
-        // Another's run reads as one that does not exist.
-        if self
-            .access
-            .check(&self.runtime, caller.as_ref(), &run)
-            .await
-            .is_err()
-        {
-            return Err(not_found());
-        }
+        let (run, events) = self.reachable(&request.uri, &context).await?;
         match self.read(&run, events).await {
             Ok(contents) => Ok(ReadResourceResult::new(vec![contents]).into()),
-            Err(error) if error.kind() == spool_runtime::ErrorKind::RunNotFound => Err(not_found()),
+            Err(error) if error.kind() == spool_runtime::ErrorKind::RunNotFound => {
+                Err(resource_not_found(&request.uri))
+            }
             Err(error) => Err(McpError::internal_error(error.to_string(), None)),
         }
     }
@@ -703,23 +716,12 @@ impl ServerHandler for RunsServer {
         request: SubscribeRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
-        let not_found =
-            || McpError::resource_not_found(format!("no resource `{}`", request.uri), None);
-        let (run, _) = Self::resource(&request.uri).ok_or_else(not_found)?;
-        let caller = caller(self, &context);
-        if self
-            .access
-            .check(&self.runtime, caller.as_ref(), &run)
-            .await
-            .is_err()
-        {
-            return Err(not_found());
-        }
+        let (run, _) = self.reachable(&request.uri, &context).await?;
         let from = self
             .runtime
             .get(&run)
             .await
-            .map_err(|_| not_found())?
+            .map_err(|_| resource_not_found(&request.uri))?
             .cursor;
         let mut subscription = self
             .runtime

@@ -11,6 +11,8 @@ mod cluster;
 mod mcp;
 mod pod;
 mod postgres;
+#[path = "../../../spool-mcp/tests/support/python.rs"]
+mod python;
 mod rpc;
 mod runs;
 mod seed_examples;

@@ -7,30 +7,18 @@
 //! `SPOOL_REQUIRE_MCP` is set, as CI sets it.
 
 use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
 use crate::bus::get_json;
+use crate::python::{material, python};
 use crate::serve::post;
 use crate::server::{Running, serve, terminate};
 
 /// How long any wait may take before the test fails.
 const PATIENCE: Duration = Duration::from_secs(30);
-
-fn python() -> Option<PathBuf> {
-    match std::env::var_os("SPOOL_MCP_PYTHON") {
-        Some(python) => Some(PathBuf::from(python)),
-        None => {
-            assert!(
-                std::env::var_os("SPOOL_REQUIRE_MCP").is_none(),
-                "SPOOL_REQUIRE_MCP is set but SPOOL_MCP_PYTHON is not: `cargo xtask ci` sets both"
-            );
-            None
-        }
-    }
-}
 
 /// A definition whose scripted model makes `calls` (one model answer
 /// each), then says "done", with the test server as `[[mcp]]` `t`.
@@ -45,7 +33,7 @@ fn agent(dir: &Path, python: &Path, approval: &str, calls: &[Value]) {
         .collect();
     script.push(json!({"text": "done"}).to_string());
     std::fs::write(dir.join("script.jsonl"), script.join("\n")).unwrap();
-    let server = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/mcp/tools_server.py");
+    let server = material("tools_server.py");
     std::fs::write(
         dir.join("spool.toml"),
         format!(
@@ -231,9 +219,8 @@ fn asking_agent(dir: &Path) {
 
 /// Runs the SDK's client script with `args`, and what it printed.
 fn drive(python: &Path, dir: &Path, args: &[&str]) -> String {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/mcp/drive_spool.py");
     let output = std::process::Command::new(python)
-        .arg(script)
+        .arg(material("drive_spool.py"))
         .args(args)
         .current_dir(dir)
         .output()
@@ -255,9 +242,8 @@ fn the_official_python_client_drives_spool_mcp_serve_over_stdio_in_both_protocol
         let dir = tempfile::tempdir().unwrap();
         asking_agent(dir.path());
         let spool = env!("CARGO_BIN_EXE_spool");
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/mcp/drive_spool.py");
         let output = std::process::Command::new(&python)
-            .arg(script)
+            .arg(material("drive_spool.py"))
             .args([mode, "stdio", spool, "mcp", "serve", "--stdio"])
             .current_dir(dir.path())
             .output()
@@ -299,4 +285,110 @@ fn the_official_python_client_drives_slash_mcp_on_spool_serve_with_a_token_in_bo
         );
     }
     assert!(terminate(running).success());
+}
+
+/// The definition every message Spool sends over MCP must satisfy: by the
+/// method of the request it answers, or its own method.
+fn definition_of(method: &str) -> Option<&'static str> {
+    Some(match method {
+        "initialize" => "InitializeResult",
+        "server/discover" => "DiscoverResult",
+        "tools/list" => "ListToolsResult",
+        "tools/call" => "CallToolResult",
+        "resources/list" => "ListResourcesResult",
+        "resources/read" => "ReadResourceResult",
+        "resources/subscribe" | "resources/unsubscribe" | "ping" => "EmptyResult",
+        "notifications/progress" => "ProgressNotification",
+        "notifications/resources/updated" => "ResourceUpdatedNotification",
+        _ => return None,
+    })
+}
+
+#[test]
+fn every_message_spool_sends_over_mcp_validates_against_the_schema_of_the_version_negotiated() {
+    let Some(python) = python() else { return };
+    for (mode, version) in [("legacy", "2025-11-25"), ("auto", "2026-07-28")] {
+        let dir = tempfile::tempdir().unwrap();
+        asking_agent(dir.path());
+        let (sent, received) = (dir.path().join("in.log"), dir.path().join("out.log"));
+        // The SDK's client talks to Spool through two `tee`s: every line
+        // each side sent is kept.
+        let wire = format!(
+            "tee {:?} | {:?} mcp serve --stdio | tee {:?}",
+            sent.display().to_string(),
+            env!("CARGO_BIN_EXE_spool"),
+            received.display().to_string()
+        );
+        drive(&python, dir.path(), &[mode, "stdio", "sh", "-c", &wire]);
+
+        let schema: Value = serde_json::from_slice(
+            &std::fs::read(material(&format!("schema/{version}.json"))).unwrap(),
+        )
+        .unwrap();
+        let validator = |name: &str| {
+            jsonschema::validator_for(&json!({
+                "$schema": "https://json-schema.org/draft/2020-12/schema",
+                "$defs": schema["$defs"],
+                "$ref": format!("#/$defs/{name}"),
+            }))
+            .unwrap()
+        };
+        // The check can fail: a result the schema forbids is refused.
+        assert!(
+            !validator("CallToolResult").is_valid(&json!({"content": "not a list"})),
+            "{version}: the schema check refuses nothing"
+        );
+        let lines = |path: &Path| -> Vec<Value> {
+            std::fs::read_to_string(path)
+                .unwrap()
+                .lines()
+                .map(|line| serde_json::from_str(line).unwrap())
+                .collect()
+        };
+        let methods: std::collections::HashMap<String, String> = lines(&sent)
+            .into_iter()
+            .filter_map(|m| Some((m.get("id")?.to_string(), m["method"].as_str()?.to_owned())))
+            .collect();
+        let mut checked = std::collections::BTreeSet::new();
+        for message in lines(&received) {
+            let (envelope, body, name) = if let Some(method) = message["method"].as_str() {
+                let name = definition_of(method).unwrap_or_else(|| {
+                    panic!("{version}: Spool sent `{method}`, which this test does not know")
+                });
+                ("JSONRPCNotification", &message, name)
+            } else if message.get("error").is_some() {
+                ("JSONRPCErrorResponse", &message, "JSONRPCErrorResponse")
+            } else {
+                let method = &methods[&message["id"].to_string()];
+                let name = definition_of(method).unwrap_or_else(|| {
+                    panic!("{version}: an answer to `{method}`, which this test does not know")
+                });
+                ("JSONRPCResultResponse", &message["result"], name)
+            };
+            for (what, value, definition) in
+                [("envelope", &message, envelope), ("body", body, name)]
+            {
+                let problems: Vec<String> = validator(definition)
+                    .iter_errors(value)
+                    .map(|e| format!("{}: {e}", e.instance_path()))
+                    .collect();
+                assert!(
+                    problems.is_empty(),
+                    "{version}: the {what} of a message is not a valid {definition}: {problems:?}\n{message}"
+                );
+            }
+            checked.insert(name);
+        }
+        for expected in [
+            "ListToolsResult",
+            "CallToolResult",
+            "ListResourcesResult",
+            "ReadResourceResult",
+        ] {
+            assert!(
+                checked.contains(expected),
+                "{version}: no {expected} was checked: {checked:?}"
+            );
+        }
+    }
 }

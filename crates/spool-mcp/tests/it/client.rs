@@ -37,6 +37,15 @@ fn executed(log: &Path, tool: &str) -> usize {
         .count()
 }
 
+/// Waits until `ready` holds, failing the test after [`PATIENCE`].
+async fn until(what: &str, mut ready: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !ready() {
+        assert!(tokio::time::Instant::now() < deadline, "{what}: never");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 async fn call(tools: &Tools, name: &str, input: Value) -> ToolOutcome {
     let tool = tools
         .get(name)
@@ -186,27 +195,17 @@ async fn a_cancelled_call_is_cancelled_at_the_server_too() {
         tokio::spawn(async move { slow.call(json!({"seconds": 60}), &cancel).await })
     };
     // Cancel once the server has the call.
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while executed(&log, "slow") == 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the server never got the call"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until("the server got the call", || executed(&log, "slow") > 0).await;
     cancel.cancel();
     let outcome = tokio::time::timeout(PATIENCE, call).await.unwrap().unwrap();
     assert!(
         matches!(outcome, ToolOutcome::Error(ref m) if m.contains("cancelled")),
         "{outcome:?}"
     );
-    while executed(&log, "slow_cancelled") == 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the server never heard of the cancel"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until("the server heard of the cancel", || {
+        executed(&log, "slow_cancelled") > 0
+    })
+    .await;
     servers.stop().await;
 }
 
@@ -225,13 +224,105 @@ async fn a_server_that_says_its_tools_changed_is_listed_again_for_later_turns() 
             .await,
         ToolOutcome::Output(_)
     ));
+    until("the new tool is offered", || {
+        live.current().get("t__fresh").is_some()
+    })
+    .await;
+    servers.stop().await;
+}
+
+/// The test server over Streamable HTTP on a free loopback port; killed
+/// when dropped.
+struct HttpServer {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl HttpServer {
+    fn start(python: &Path, log: &Path, port: u16) -> Self {
+        let child = std::process::Command::new(python)
+            .arg(crate::script())
+            .args(["http", &port.to_string()])
+            .env("SPOOL_MCP_LOG", log)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // Ready once it accepts a connection.
+        let deadline = std::time::Instant::now() + PATIENCE;
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the HTTP server never listened"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Self { child, port }
+    }
+}
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamable_http_server_is_called_and_one_that_is_down_fails_the_call_until_it_is_back() {
+    let Some(python) = crate::python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let port = free_port();
+    let server = HttpServer::start(&python, &log, port);
+    std::fs::write(dir.path().join("token"), "secret\n").unwrap();
+    let toml = format!(
+        "[[mcp]]\nname = \"web\"\nurl = \"http://127.0.0.1:{}/mcp\"\nheaders = {{ X-Team = \"infra\" }}\ntoken_file = \"token\"\n",
+        server.port
+    );
+    let definition: AgentDefinition = toml::from_str(&toml).unwrap();
+    let servers = McpServers::from_definition(&definition, dir.path()).unwrap();
+    let tools = servers.start(Tools::new()).await.current();
+    assert_eq!(
+        tools.get("web__upsert").unwrap().effect(),
+        Effect::Idempotent
+    );
+    assert!(matches!(
+        call(&tools, "web__lookup", json!({"key": "k"})).await,
+        ToolOutcome::Output(_)
+    ));
+    drop(server);
+    match call(&tools, "web__lookup", json!({"key": "down"})).await {
+        ToolOutcome::Error(message) => assert!(message.contains("web"), "{message}"),
+        other => panic!("expected a failure while the server is down, got {other:?}"),
+    }
+    let _back = HttpServer::start(&python, &log, port);
     let deadline = tokio::time::Instant::now() + PATIENCE;
-    while live.current().get("t__fresh").is_none() {
+    loop {
+        // The first attempt after an outage may still be in its backoff.
+        if let ToolOutcome::Output(_) = call(&tools, "web__lookup", json!({"key": "back"})).await {
+            break;
+        }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "the new tool was never offered"
+            "the call never worked again"
         );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    assert_eq!(
+        executed(&log, "lookup"),
+        2,
+        "the call made while down never arrived"
+    );
     servers.stop().await;
 }

@@ -37,6 +37,9 @@ pub use client::{Server, ServerError};
 pub use config::{Approval, McpSection};
 pub use tool::McpTool;
 
+/// How long starting waits for the servers' first listing.
+const STARTUP_WAIT: Duration = Duration::from_secs(10);
+
 /// The longest wait between attempts to list a server that failed.
 const MAX_RETRY: Duration = Duration::from_secs(60);
 
@@ -102,13 +105,34 @@ impl McpServers {
     /// listed now and is later, replaces the set for later turns. A server
     /// that cannot be listed is logged and tried again in the background.
     pub async fn start(&self, base: Tools) -> LiveTools {
-        let listings = self.list().await;
-        for (index, listing) in listings.iter().enumerate() {
-            self.note(index, listing);
+        // A server slow to start (a package manager fetching it) does not
+        // hold the others, or the first turn, for longer than this: it is
+        // listed in the background and offered from then on.
+        let listings = match tokio::time::timeout(STARTUP_WAIT, self.list()).await {
+            Ok(listings) => listings,
+            Err(_) => {
+                tracing::warn!(
+                    "the MCP servers were not all listed within {} s; they are listed in the background",
+                    STARTUP_WAIT.as_secs()
+                );
+                Vec::new()
+            }
+        };
+        let mut listed = vec![false; self.servers.len()];
+        for listing in &listings {
+            // Names are unique: the definition refuses two alike.
+            if let Some(index) = self
+                .servers
+                .iter()
+                .position(|s| s.section().name == listing.server)
+            {
+                self.note(index, listing);
+                listed[index] = listing.tools.is_ok();
+            }
         }
         let live = LiveTools::new(self.tools(&base));
         for (index, server) in self.servers.iter().enumerate() {
-            let listed = listings.get(index).is_some_and(|l| l.tools.is_ok());
+            let listed = listed[index];
             let this = self.clone();
             let server = Arc::clone(server);
             let base = base.clone();

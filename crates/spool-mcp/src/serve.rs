@@ -27,7 +27,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use spool_journal::event::Answer;
-use spool_journal::{Principal, RunId, TurnId};
+use spool_journal::{Principal, RunId, Seq, TurnId};
 use spool_runtime::{
     Accepted, MessageRequest, RunAccess, RunView, Runtime, RuntimeError, StartRequest,
 };
@@ -43,6 +43,9 @@ impl Default for Patience {
     }
 }
 
+/// How long a tool's answer waits for its progress stream to catch up.
+const PROGRESS_DRAIN: Duration = Duration::from_secs(2);
+
 /// The MCP server over one runtime; a connection's own copy knows its
 /// caller.
 #[derive(Clone)]
@@ -50,9 +53,6 @@ pub struct RunsServer {
     runtime: Runtime,
     access: RunAccess,
     patience: Patience,
-    /// The caller on stdio (none: the operator's own process); on HTTP each
-    /// request's proven principal is read from the request.
-    principal: Option<Principal>,
     /// The connection's resource subscriptions, by URI.
     watching: Arc<Mutex<HashMap<String, tokio::task::JoinHandle<()>>>>,
 }
@@ -215,14 +215,14 @@ fn tools() -> Vec<Tool> {
 }
 
 /// The caller an HTTP request proved (the edge's authenticator puts it in
-/// the request's extensions), or the stdio server's own.
-fn caller(server: &RunsServer, context: &RequestContext<RoleServer>) -> Option<Principal> {
+/// the request's extensions); none on stdio, where the caller is the
+/// operator's own process, as on `spool rpc --stdio`.
+fn caller(context: &RequestContext<RoleServer>) -> Option<Principal> {
     context
         .extensions
         .get::<http::request::Parts>()
         .and_then(|parts| parts.extensions.get::<spool_edge::tables::Authenticated>())
         .and_then(|authenticated| authenticated.0.clone())
-        .or_else(|| server.principal.clone())
 }
 
 fn output(view: &RunView) -> RunOutput {
@@ -281,7 +281,6 @@ impl RunsServer {
             runtime,
             access,
             patience: Patience::default(),
-            principal: None,
             watching: Arc::default(),
         }
     }
@@ -301,7 +300,6 @@ impl RunsServer {
             runtime: self.runtime.clone(),
             access: self.access,
             patience: self.patience,
-            principal: self.principal.clone(),
             watching: Arc::default(),
         }
     }
@@ -335,25 +333,37 @@ impl RunsServer {
         context: &RequestContext<RoleServer>,
     ) -> CallToolResult {
         let run = run.clone();
+        let (stop, until) = tokio::sync::watch::channel(None);
         let progress = context.meta.get_progress_token().map(|token| {
             let runtime = self.runtime.clone();
             let peer = context.peer.clone();
             let run = run.clone();
-            tokio::spawn(async move { stream_progress(runtime, peer, run, token).await })
+            tokio::spawn(async move { stream_progress(runtime, peer, run, token, until).await })
         });
         let waited = tokio::time::timeout(self.patience.0, rest).await;
-        if let Some(progress) = progress {
-            progress.abort();
-        }
         let view = match waited {
-            Ok(Ok(view)) => view,
+            Ok(Ok(view)) => Ok(view),
             // Past the host's patience the run is answered as it is.
-            Ok(Err(_)) | Err(_) => match self.runtime.get(&run).await {
-                Ok(view) => view,
-                Err(error) => return refused(&error),
-            },
+            Ok(Err(_)) | Err(_) => self.runtime.get(&run).await,
         };
-        structured(&output(&view))
+        if let Some(progress) = progress {
+            // The answer's last pieces go out before the result does: the
+            // stream ends once it has passed the position answered.
+            let _ = stop.send(Some(
+                view.as_ref().ok().and_then(|v| v.cursor).unwrap_or(Seq(0)),
+            ));
+            let abort = progress.abort_handle();
+            if tokio::time::timeout(PROGRESS_DRAIN, progress)
+                .await
+                .is_err()
+            {
+                abort.abort();
+            }
+        }
+        match view {
+            Ok(view) => structured(&output(&view)),
+            Err(error) => refused(&error),
+        }
     }
 
     async fn call(
@@ -361,7 +371,7 @@ impl RunsServer {
         request: CallToolRequestParams,
         context: &RequestContext<RoleServer>,
     ) -> CallToolResult {
-        let caller = caller(self, context);
+        let caller = caller(context);
         let caller = caller.as_ref();
         match self.tool(&request, caller, context).await {
             Ok(result) | Err(result) => result,
@@ -508,7 +518,7 @@ impl RunsServer {
         context: &RequestContext<RoleServer>,
     ) -> Result<(RunId, bool), McpError> {
         let (run, events) = Self::resource(uri).ok_or_else(|| resource_not_found(uri))?;
-        let caller = caller(self, context);
+        let caller = caller(context);
         match self
             .access
             .check(&self.runtime, caller.as_ref(), &run)
@@ -595,23 +605,50 @@ fn structured<T: Serialize>(value: &T) -> CallToolResult {
 }
 
 /// Sends the turn's streamed text as progress messages until aborted.
+/// Sends the turn's streamed text as progress messages, until the stream
+/// has passed the position `until` names (the position the tool answers
+/// with), or the subscription ends.
 async fn stream_progress(
     runtime: Runtime,
     peer: rmcp::Peer<RoleServer>,
     run: RunId,
     token: rmcp::model::ProgressToken,
+    mut until: tokio::sync::watch::Receiver<Option<Seq>>,
 ) {
     let from = runtime.get(&run).await.ok().and_then(|v| v.cursor);
     let Ok(mut subscription) = runtime.subscribe(&run, from).await else {
         return;
     };
+    let mut seen = from;
     let mut sent = 0.0;
-    while let Some(item) = subscription.next().await {
-        let spool_runtime::hub::StreamItem::Delta(delta) = item else {
-            continue;
+    let passed = |seen: Option<Seq>, until: Option<Seq>| match (seen, until) {
+        (_, None) => false,
+        (Some(seen), Some(until)) => seen >= until,
+        (None, Some(until)) => until == Seq(0),
+    };
+    loop {
+        if passed(seen, *until.borrow()) {
+            return;
+        }
+        let item = tokio::select! {
+            item = subscription.next() => item,
+            changed = until.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                continue;
+            }
         };
-        let spool_runtime::engine::Delta::Text(text) = delta.delta else {
-            continue;
+        let text = match item {
+            None | Some(spool_runtime::hub::StreamItem::Lagged { .. }) => return,
+            Some(spool_runtime::hub::StreamItem::Event(envelope)) => {
+                seen = Some(envelope.seq);
+                continue;
+            }
+            Some(spool_runtime::hub::StreamItem::Delta(delta)) => match delta.delta {
+                spool_runtime::engine::Delta::Text(text) => text,
+                _ => continue,
+            },
         };
         sent += 1.0;
         let notification = ProgressNotificationParam::new(token.clone(), sent).with_message(text);
@@ -660,7 +697,7 @@ impl ServerHandler for RunsServer {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, McpError> {
-        let caller = caller(self, &context);
+        let caller = caller(&context);
         let summaries = self
             .runtime
             .list()

@@ -155,3 +155,54 @@ fn a_bus_section_with_delegate_on_adds_the_delegate_tool_and_its_schema_is_publi
         );
     }
 }
+
+#[test]
+fn an_mcp_table_is_read_by_agent_check_which_fails_on_a_server_that_does_not_start_and_its_schema_is_published()
+ {
+    let dir = tempfile::tempdir().unwrap();
+    // A misspelt key fails, naming it.
+    std::fs::write(
+        dir.path().join("spool.toml"),
+        "[[mcp]]\nname = \"notes\"\ncomand = [\"notes-server\"]\n",
+    )
+    .unwrap();
+    let output = check(&[], dir.path());
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("comand"),
+        "{output:?}"
+    );
+    // A server whose program is not there fails the check, named.
+    std::fs::write(
+        dir.path().join("spool.toml"),
+        "[[mcp]]\nname = \"notes\"\ncommand = [\"./no-such-mcp-server\"]\n",
+    )
+    .unwrap();
+    let output = check(&[], dir.path());
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains("mcp      notes: MCP server `notes` is not available"),
+        "{stdout}"
+    );
+    let schema = Command::new(env!("CARGO_BIN_EXE_spool"))
+        .args(["agent", "schema"])
+        .output()
+        .unwrap();
+    let schema: serde_json::Value = serde_json::from_slice(&schema.stdout).unwrap();
+    let mcp = &schema["properties"]["mcp"]["items"]["properties"];
+    for key in [
+        "name",
+        "command",
+        "url",
+        "token_file",
+        "tools",
+        "approval",
+        "effect",
+    ] {
+        assert!(
+            mcp.get(key).is_some(),
+            "[[mcp]] has `{key}` in the schema: {mcp}"
+        );
+    }
+}

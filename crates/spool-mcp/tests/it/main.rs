@@ -9,6 +9,7 @@
 mod client;
 #[path = "../support/python.rs"]
 mod python;
+mod serve;
 
 pub(crate) use python::python;
 

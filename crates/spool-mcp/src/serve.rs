@@ -15,11 +15,13 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, JsonObject,
+    CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, CreateTaskResult,
+    DetailedTask, GetTaskParams, GetTaskResult, Implementation, InputRequest, JsonObject,
     ListResourcesResult, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
     ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Resource,
     ResourceContents, ResourceUpdatedNotificationParam, ServerCapabilities, ServerConfig,
-    SubscribeRequestParams, Tool, ToolAnnotations, UnsubscribeRequestParams,
+    SubscribeRequestParams, Task, TaskPayload, Tool, ToolAnnotations, UnsubscribeRequestParams,
+    UpdateTaskParams,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
@@ -31,6 +33,7 @@ use spool_journal::{Principal, RunId, Seq, TurnId};
 use spool_runtime::{
     Accepted, MessageRequest, RunAccess, RunView, Runtime, RuntimeError, StartRequest,
 };
+use spool_wire::run::RunState;
 
 /// How long a tool waits for the turn it started or answered before it
 /// answers with the run as it is.
@@ -318,7 +321,7 @@ impl RunsServer {
         &self,
         accepted: &Accepted,
         context: &RequestContext<RoleServer>,
-    ) -> CallToolResult {
+    ) -> CallToolResponse {
         self.waited(accepted.run(), self.runtime.settle(accepted), context)
             .await
     }
@@ -331,7 +334,7 @@ impl RunsServer {
         run: &RunId,
         rest: impl std::future::Future<Output = Result<RunView, RuntimeError>>,
         context: &RequestContext<RoleServer>,
-    ) -> CallToolResult {
+    ) -> CallToolResponse {
         let run = run.clone();
         let (stop, until) = tokio::sync::watch::channel(None);
         let progress = context.meta.get_progress_token().map(|token| {
@@ -360,21 +363,38 @@ impl RunsServer {
                 abort.abort();
             }
         }
-        match view {
-            Ok(view) => structured(&output(&view)),
-            Err(error) => refused(&error),
+        let view = match view {
+            Ok(view) => view,
+            Err(error) => return refused(&error).into(),
+        };
+        // A host that speaks the tasks extension gets a turn that has not
+        // ended as a task, which it polls; any other host gets the run as
+        // it is, and reads it later with `get_run`.
+        let tasks = context
+            .client_capabilities()
+            .is_some_and(|capabilities| capabilities.supports_tasks());
+        if let (true, Some(turn)) = (tasks && !ended(&view), view.turn_id.clone()) {
+            let id = TaskId {
+                run: view.run_id.clone(),
+                turn,
+                created: time::OffsetDateTime::now_utc(),
+            };
+            let task = self.detailed(&id, &view).await.task;
+            return CallToolResponse::Task(CreateTaskResult::new(task));
         }
+        structured(&output(&view)).into()
     }
 
     async fn call(
         &self,
         request: CallToolRequestParams,
         context: &RequestContext<RoleServer>,
-    ) -> CallToolResult {
+    ) -> CallToolResponse {
         let caller = caller(context);
         let caller = caller.as_ref();
         match self.tool(&request, caller, context).await {
-            Ok(result) | Err(result) => result,
+            Ok(response) => response,
+            Err(result) => result.into(),
         }
     }
 
@@ -383,7 +403,7 @@ impl RunsServer {
         request: &CallToolRequestParams,
         caller: Option<&Principal>,
         context: &RequestContext<RoleServer>,
-    ) -> Result<CallToolResult, CallToolResult> {
+    ) -> Result<CallToolResponse, CallToolResult> {
         let arguments = request.arguments.clone();
         Ok(match request.name.as_ref() {
             "start_run" => {
@@ -454,7 +474,7 @@ impl RunsServer {
                 let run = run_id(&input.run_id)?;
                 self.reach(caller, &run).await?;
                 let view = self.runtime.get(&run).await.map_err(|e| refused(&e))?;
-                structured(&output(&view))
+                structured(&output(&view)).into()
             }
             "list_runs" => {
                 let input: ListInput = parse(arguments)?;
@@ -483,7 +503,7 @@ impl RunsServer {
                         runs.push(output(&view));
                     }
                 }
-                structured(&ListOutput { runs })
+                structured(&ListOutput { runs }).into()
             }
             "cancel_run" => {
                 let input: RunInput = parse(arguments)?;
@@ -494,9 +514,9 @@ impl RunsServer {
                     .await
                     .map_err(|e| refused(&e))?;
                 let view = self.runtime.get(&run).await.map_err(|e| refused(&e))?;
-                structured(&output(&view))
+                structured(&output(&view)).into()
             }
-            other => bad_input(format!("no tool is named `{other}`")),
+            other => bad_input(format!("no tool is named `{other}`")).into(),
         })
     }
 
@@ -508,6 +528,83 @@ impl RunsServer {
             None => (rest, false),
         };
         RunId::new(id).ok().map(|run| (run, events))
+    }
+
+    /// The task `id` names, when the caller may reach its run: another's
+    /// task is one that does not exist.
+    async fn task_of(
+        &self,
+        id: &str,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<(TaskId, RunView), McpError> {
+        let task = TaskId::parse(id).ok_or_else(|| no_task(id))?;
+        let caller = caller(context);
+        if self
+            .access
+            .check(&self.runtime, caller.as_ref(), &task.run)
+            .await
+            .is_err()
+        {
+            return Err(no_task(id));
+        }
+        let view = self.runtime.get(&task.run).await.map_err(|_| no_task(id))?;
+        Ok((task, view))
+    }
+
+    /// The task as it stands: working while its turn runs, waiting for
+    /// input while the turn waits (one form, `answer`), and completed with
+    /// the run as `get_run` shows it once the turn is over (a failed turn
+    /// is a completed call whose run says `failed`), or cancelled.
+    async fn detailed(&self, id: &TaskId, view: &RunView) -> DetailedTask {
+        let current = view.turn_id.as_ref() == Some(&id.turn);
+        let payload = match (current, view.status.state(), &view.suspend) {
+            (true, RunState::Pending | RunState::Running, _) => TaskPayload::Working,
+            (true, RunState::Waiting, Some(suspend)) => {
+                match serde_json::from_value::<InputRequest>(elicitation(suspend)) {
+                    Ok(request) => TaskPayload::InputRequired {
+                        input_requests: [(ANSWER_KEY.to_owned(), request)].into(),
+                    },
+                    Err(_) => TaskPayload::Working,
+                }
+            }
+            (true, RunState::Cancelled, _) => TaskPayload::Cancelled,
+            // Over: ended, or overtaken by a later turn.
+            _ => {
+                let result = serde_json::to_value(structured(&output(view))).unwrap_or_default();
+                TaskPayload::Completed {
+                    result: match result {
+                        Value::Object(map) => map,
+                        _ => JsonObject::new(),
+                    },
+                }
+            }
+        };
+        let updated = self.last_update(view).await.unwrap_or(id.created);
+        let task = Task::new(
+            id.to_string(),
+            payload.status(),
+            rfc3339(id.created),
+            rfc3339(updated.max(id.created)),
+        )
+        .with_poll_interval_ms(POLL_INTERVAL_MS);
+        DetailedTask::new(task, payload)
+    }
+
+    /// When the run last recorded an event: its last event's time, read
+    /// alone.
+    async fn last_update(&self, view: &RunView) -> Option<time::OffsetDateTime> {
+        let last = view.cursor?;
+        let before = last.0.checked_sub(1).map(Seq);
+        let mut subscription = self.runtime.subscribe(&view.run_id, before).await.ok()?;
+        loop {
+            match subscription.next().await? {
+                spool_runtime::hub::StreamItem::Event(envelope) => {
+                    return Some(envelope.recorded_at);
+                }
+                spool_runtime::hub::StreamItem::Lagged { .. } => return None,
+                spool_runtime::hub::StreamItem::Delta(_) => {}
+            }
+        }
     }
 
     /// The run `uri` names and whether it is its events, when the caller
@@ -596,6 +693,85 @@ fn transcript_line(content: &Value) -> String {
     shown.join(" ")
 }
 
+/// A turn as an MCP task. Its id names the run, the turn, and when the
+/// task was made (`RUN/TURN/UNIX_MS`): any Spool on the journal answers
+/// for it, before a restart or after.
+struct TaskId {
+    run: RunId,
+    turn: TurnId,
+    created: time::OffsetDateTime,
+}
+
+impl TaskId {
+    fn parse(id: &str) -> Option<Self> {
+        let mut parts = id.splitn(3, '/');
+        let run = RunId::new(parts.next()?).ok()?;
+        let turn = TurnId::new(parts.next()?).ok()?;
+        let millis: i128 = parts.next()?.parse().ok()?;
+        let created =
+            time::OffsetDateTime::from_unix_timestamp_nanos(millis.checked_mul(1_000_000)?).ok()?;
+        Some(Self { run, turn, created })
+    }
+}
+
+impl std::fmt::Display for TaskId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let millis = self.created.unix_timestamp_nanos() / 1_000_000;
+        write!(f, "{}/{}/{millis}", self.run, self.turn)
+    }
+}
+
+/// The one input request a waiting turn's task carries.
+const ANSWER_KEY: &str = "answer";
+
+/// How often a host is told to poll a task.
+const POLL_INTERVAL_MS: u64 = 1000;
+
+/// Whether the run's last turn is over (nothing more will happen to it).
+fn ended(view: &RunView) -> bool {
+    !matches!(
+        view.status.state(),
+        RunState::Pending | RunState::Running | RunState::Waiting
+    )
+}
+
+fn rfc3339(at: time::OffsetDateTime) -> String {
+    at.format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
+}
+
+/// The form a waiting turn asks its host to fill in: a verdict for an
+/// approval or a budget, an answer (one of the options, when there are
+/// some) otherwise.
+fn elicitation(suspend: &spool_journal::event::Suspended) -> Value {
+    use spool_wire::run::SuspendKind;
+    let schema = match suspend.kind {
+        SuspendKind::Approval | SuspendKind::Budget => json!({
+            "type": "object",
+            "properties": {
+                "approved": {"type": "boolean", "title": "Approve"},
+                "text": {"type": "string", "title": "Comment"}
+            },
+            "required": ["approved"]
+        }),
+        _ => {
+            let mut text = json!({"type": "string", "title": "Answer"});
+            if let Some(options) = &suspend.options {
+                text["enum"] = json!(options);
+            }
+            json!({"type": "object", "properties": {"text": text}, "required": ["text"]})
+        }
+    };
+    json!({
+        "method": "elicitation/create",
+        "params": {"mode": "form", "message": suspend.prompt, "requestedSchema": schema}
+    })
+}
+
+fn no_task(id: &str) -> McpError {
+    McpError::invalid_params(format!("no task `{id}`"), None)
+}
+
 fn resource_not_found(uri: &str) -> McpError {
     McpError::resource_not_found(format!("no resource `{uri}`"), None)
 }
@@ -664,6 +840,7 @@ impl ServerHandler for RunsServer {
             .enable_tools()
             .enable_resources()
             .enable_resources_subscribe()
+            .enable_tasks()
             .build();
         ServerConfig::new(capabilities)
             .with_server_info(Implementation::new("spool", env!("CARGO_PKG_VERSION")))
@@ -689,7 +866,7 @@ impl ServerHandler for RunsServer {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
-        Ok(self.call(request, &context).await.into())
+        Ok(self.call(request, &context).await)
     }
 
     async fn list_resources(
@@ -742,6 +919,76 @@ impl ServerHandler for RunsServer {
             }
             Err(error) => Err(McpError::internal_error(error.to_string(), None)),
         }
+    }
+
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, McpError> {
+        let (task, view) = self.task_of(&request.task_id, &context).await?;
+        Ok(GetTaskResult::new(self.detailed(&task, &view).await))
+    }
+
+    async fn update_task(
+        &self,
+        request: UpdateTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        let (task, view) = self.task_of(&request.task_id, &context).await?;
+        let waits = view.turn_id.as_ref() == Some(&task.turn) && view.suspend.is_some();
+        let Some(suspend) = view.suspend.as_ref().filter(|_| waits) else {
+            return Err(McpError::invalid_params(
+                format!("task `{}` does not wait for input", request.task_id),
+                None,
+            ));
+        };
+        let response = request.input_responses.get(ANSWER_KEY).ok_or_else(|| {
+            McpError::invalid_params(format!("`inputResponses` needs `{ANSWER_KEY}`"), None)
+        })?;
+        let content = &response["content"];
+        let answer = match response["action"].as_str() {
+            Some("accept") => Answer {
+                text: content["text"].as_str().unwrap_or_default().to_owned(),
+                approved: content["approved"].as_bool(),
+            },
+            // Declining a verdict is a rejection; a question is answered
+            // or its task cancelled.
+            Some("decline" | "cancel")
+                if matches!(
+                    suspend.kind,
+                    spool_wire::run::SuspendKind::Approval | spool_wire::run::SuspendKind::Budget
+                ) =>
+            {
+                Answer {
+                    text: "declined".into(),
+                    approved: Some(false),
+                }
+            }
+            _ => {
+                return Err(McpError::invalid_params(
+                    "the answer must accept the form (a question is answered, or its task cancelled)",
+                    None,
+                ));
+            }
+        };
+        self.runtime
+            .respond(&task.run, Some(&task.turn), vec![answer])
+            .await
+            .map_err(|e| McpError::invalid_params(e.to_string(), None))
+    }
+
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        let (task, _) = self.task_of(&request.task_id, &context).await?;
+        self.runtime
+            .cancel(&task.run, Some(&task.turn))
+            .await
+            .map(|_| ())
+            .map_err(|e| McpError::invalid_params(e.to_string(), None))
     }
 
     #[allow(

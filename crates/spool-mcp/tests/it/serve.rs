@@ -17,18 +17,27 @@ use spool_runtime::{RunAccess, Runtime};
 /// How long any wait may take before the test fails.
 const PATIENCE: Duration = Duration::from_secs(30);
 
-/// A client that keeps the progress messages it receives.
+/// A client that keeps the progress messages it receives, and declares
+/// the tasks extension when asked to.
 #[derive(Clone, Default)]
 struct Host {
     progress: Arc<Mutex<Vec<String>>>,
+    tasks: bool,
 }
 
 impl ClientHandler for Host {
     fn get_info(&self) -> ClientConfig {
-        ClientConfig::new(
-            ClientCapabilities::default(),
-            Implementation::new("test-host", "1"),
-        )
+        let mut capabilities = ClientCapabilities::default();
+        if self.tasks {
+            capabilities.extensions = Some(
+                [(
+                    rmcp::model::TASKS_EXTENSION_ID.to_owned(),
+                    Default::default(),
+                )]
+                .into(),
+            );
+        }
+        ClientConfig::new(capabilities, Implementation::new("test-host", "1"))
     }
 
     async fn on_progress(
@@ -47,6 +56,15 @@ async fn connected(
     script: &str,
     patience: Duration,
 ) -> (RunningService<RoleClient, Host>, Host, Runtime) {
+    connected_as(Host::default(), script, patience).await
+}
+
+/// [`connected`], with `host` as the client.
+async fn connected_as(
+    host: Host,
+    script: &str,
+    patience: Duration,
+) -> (RunningService<RoleClient, Host>, Host, Runtime) {
     let runtime = Runtime::builder(Arc::new(MemoryJournal::new()))
         .engine(Arc::new(ScriptedEngine::from_jsonl(script).unwrap()))
         .build();
@@ -58,7 +76,6 @@ async fn connected(
             let _ = running.waiting().await;
         }
     });
-    let host = Host::default();
     let (read, write) = tokio::io::split(near);
     let client = host.clone().serve((read, write)).await.unwrap();
     (client, host, runtime)
@@ -165,4 +182,136 @@ async fn an_address_names_one_run_that_a_second_start_messages() {
     assert_eq!(second["response"], "second", "{second}");
     let (_, listed) = call(&client, "list_runs", json!({"state": "completed"})).await;
     assert_eq!(listed["runs"].as_array().unwrap().len(), 1, "{listed}");
+}
+
+/// Polls task `id` until `done` holds of it, failing after [`PATIENCE`].
+async fn poll(
+    client: &RunningService<RoleClient, Host>,
+    id: &str,
+    done: impl Fn(&rmcp::model::DetailedTask) -> bool,
+) -> rmcp::model::DetailedTask {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let task = client
+            .get_task(rmcp::model::GetTaskParams::new(id.to_owned()))
+            .await
+            .unwrap()
+            .task;
+        if done(&task) {
+            return task;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "task {id} stayed {:?}",
+            task.status()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn for_a_host_with_the_tasks_extension_a_turn_is_a_task_that_asks_for_input_and_completes() {
+    let host = Host {
+        tasks: true,
+        ..Host::default()
+    };
+    let script = r#"{"tool_calls": [{"id": "c1", "name": "ask_human", "arguments": {"prompt": "Which colour?", "options": ["red", "blue"]}}]}
+{"text": "blue it is"}"#;
+    let (client, _, _) = connected_as(host, script, Duration::from_millis(50)).await;
+    let Value::Object(arguments) = json!({"text": "paint it"}) else {
+        unreachable!()
+    };
+    let response = client
+        .call_tool_once(CallToolRequestParams::new("start_run").with_arguments(arguments))
+        .await
+        .unwrap();
+    let rmcp::model::CallToolResponse::Task(created) = response else {
+        panic!("expected a task, got {response:?}");
+    };
+    let id = created.task.task_id.clone();
+    let waiting = poll(&client, &id, |t| {
+        t.status() == rmcp::model::TaskStatus::InputRequired
+    })
+    .await;
+    let rmcp::model::TaskPayload::InputRequired { input_requests } = &waiting.payload else {
+        panic!("{waiting:?}")
+    };
+    let form = serde_json::to_value(&input_requests["answer"]).unwrap();
+    assert_eq!(form["params"]["message"], "Which colour?", "{form}");
+    assert_eq!(
+        form["params"]["requestedSchema"]["properties"]["text"]["enum"],
+        json!(["red", "blue"]),
+        "{form}"
+    );
+    client
+        .update_task(rmcp::model::UpdateTaskParams::new(
+            id.clone(),
+            [(
+                "answer".to_owned(),
+                json!({"action": "accept", "content": {"text": "blue"}}),
+            )]
+            .into(),
+        ))
+        .await
+        .unwrap();
+    let done = poll(&client, &id, |t| {
+        t.status() == rmcp::model::TaskStatus::Completed
+    })
+    .await;
+    let rmcp::model::TaskPayload::Completed { result } = &done.payload else {
+        panic!("{done:?}")
+    };
+    assert_eq!(
+        result["structuredContent"]["response"], "blue it is",
+        "{result:?}"
+    );
+    assert!(
+        done.task.created_at <= done.task.last_updated_at,
+        "{done:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_cancelled_by_its_host_cancels_the_turn_and_an_unknown_task_is_refused() {
+    let host = Host {
+        tasks: true,
+        ..Host::default()
+    };
+    let (client, _, runtime) = connected_as(
+        host,
+        r#"{"text": "a very slow answer indeed", "delay_ms": 2000}"#,
+        Duration::from_millis(50),
+    )
+    .await;
+    let Value::Object(arguments) = json!({"text": "go"}) else {
+        unreachable!()
+    };
+    let response = client
+        .call_tool_once(CallToolRequestParams::new("start_run").with_arguments(arguments))
+        .await
+        .unwrap();
+    let rmcp::model::CallToolResponse::Task(created) = response else {
+        panic!("expected a task, got {response:?}");
+    };
+    assert_eq!(created.task.status, rmcp::model::TaskStatus::Working);
+    let id = created.task.task_id.clone();
+    client
+        .cancel_task(rmcp::model::CancelTaskParams::new(id.clone()))
+        .await
+        .unwrap();
+    poll(&client, &id, |t| {
+        t.status() == rmcp::model::TaskStatus::Cancelled
+    })
+    .await;
+    let run = spool_journal::RunId::new(id.split('/').next().unwrap()).unwrap();
+    assert_eq!(
+        runtime.get(&run).await.unwrap().status.state(),
+        spool_wire::run::RunState::Cancelled
+    );
+    let unknown = client
+        .get_task(rmcp::model::GetTaskParams::new(
+            "run_nope/turn_nope/1".to_owned(),
+        ))
+        .await;
+    assert!(unknown.is_err(), "{unknown:?}");
 }

@@ -1,7 +1,8 @@
 """Drives Spool's MCP server with the official Python SDK's client (`mcp`
 from PyPI): tools listed, a run started that asks a question, answered,
-listed, its transcript read, and (on a handshake-era connection) its
-resource subscribed and a change notified.
+listed, its transcript read, and its resource subscribed (`resources/subscribe` on
+a handshake-era connection, `subscriptions/listen` on 2026-07-28) and a
+change notified.
 
     python drive_spool.py MODE http URL [TOKEN]
     python drive_spool.py MODE stdio PROGRAM ARG...
@@ -91,6 +92,15 @@ async def main() -> None:
             with anyio.fail_after(30):
                 await updated.wait()
             check(True, "a subscribed run's change is notified")
+        else:
+            uri = f"spool://runs/{run_id}"
+            async with client.listen(resource_subscriptions=[uri, "spool://nothing"]) as sub:
+                honored = list(sub.honored.resource_subscriptions or [])
+                check(honored == [uri], f"subscriptions/listen honors the run's URI only: {honored}")
+                await client.call_tool("send_message", {"run_id": run_id, "text": "once more"})
+                with anyio.fail_after(30):
+                    event = await sub.__anext__()
+                check(getattr(event, "uri", None) == uri, f"a listened run's change is notified: {event}")
     print("all checks passed", flush=True)
 
 

@@ -19,11 +19,12 @@ use rmcp::model::{
     DetailedTask, GetTaskParams, GetTaskResult, Implementation, InputRequest, JsonObject,
     ListResourcesResult, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
     ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Resource,
-    ResourceContents, ResourceUpdatedNotificationParam, ServerCapabilities, ServerConfig,
-    SubscribeRequestParams, Task, TaskPayload, Tool, ToolAnnotations, UnsubscribeRequestParams,
+    ResourceContents, ResourceUpdatedNotification, ResourceUpdatedNotificationParam,
+    ServerCapabilities, ServerConfig, ServerNotification, SubscribeRequestParams,
+    SubscriptionFilter, Task, TaskPayload, Tool, ToolAnnotations, UnsubscribeRequestParams,
     UpdateTaskParams,
 };
-use rmcp::service::RequestContext;
+use rmcp::service::{RequestContext, SubscriptionContext};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -919,6 +920,61 @@ impl ServerHandler for RunsServer {
             }
             Err(error) => Err(McpError::internal_error(error.to_string(), None)),
         }
+    }
+
+    fn accepted_subscription_filter(
+        &self,
+        requested: &SubscriptionFilter,
+    ) -> Option<SubscriptionFilter> {
+        // Changes to runs' resources; a URI that names no run is left out
+        // of what is acknowledged. Tool and resource lists do not change.
+        let uris: Vec<String> = requested
+            .resource_subscriptions
+            .iter()
+            .flatten()
+            .filter(|uri| Self::resource(uri).is_some())
+            .cloned()
+            .collect();
+        Some(
+            SubscriptionFilter::builder()
+                .resource_subscriptions(uris)
+                .build(),
+        )
+    }
+
+    async fn listen(&self, context: SubscriptionContext) -> Result<(), McpError> {
+        // One task per run the caller may reach, each ending with the
+        // subscription; another's run is left silent, as if it did not exist.
+        let mut watching = tokio::task::JoinSet::new();
+        for uri in context.accepted().resource_subscriptions.iter().flatten() {
+            let Ok((run, _)) = self.reachable(uri, context.request_context()).await else {
+                continue;
+            };
+            let from = self.runtime.get(&run).await.ok().and_then(|v| v.cursor);
+            let Ok(mut subscription) = self.runtime.subscribe(&run, from).await else {
+                continue;
+            };
+            let sink = context.sink().clone();
+            let uri = uri.clone();
+            watching.spawn(async move {
+                while let Some(item) = subscription.next().await {
+                    if !matches!(item, spool_runtime::hub::StreamItem::Event(_)) {
+                        continue;
+                    }
+                    let updated = ServerNotification::ResourceUpdatedNotification(
+                        ResourceUpdatedNotification::new(ResourceUpdatedNotificationParam::new(
+                            uri.clone(),
+                        )),
+                    );
+                    if sink.send(updated).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        context.cancelled().await;
+        watching.abort_all();
+        Ok(())
     }
 
     async fn get_task(

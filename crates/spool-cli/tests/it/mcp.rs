@@ -300,6 +300,8 @@ fn definition_of(method: &str) -> Option<&'static str> {
         "resources/subscribe" | "resources/unsubscribe" | "ping" => "EmptyResult",
         "notifications/progress" => "ProgressNotification",
         "notifications/resources/updated" => "ResourceUpdatedNotification",
+        "subscriptions/listen" => "SubscriptionsListenResult",
+        "notifications/subscriptions/acknowledged" => "SubscriptionsAcknowledgedNotification",
         _ => return None,
     })
 }

@@ -264,11 +264,27 @@ impl Mapper {
     /// `task:stdout`; thinking is marked as such; tool-call pieces are left
     /// to the tool call's own events.
     pub fn delta(&self, delta: &LiveDelta, nanos: u64) -> Option<WireEvent> {
+        let activity = self.reader.delta(delta);
+        if let Activity::ToolProgress {
+            call_id,
+            tool,
+            turn,
+            message,
+        } = &activity
+        {
+            // A tool's progress is its own task's output, marked as such.
+            let name = tool.as_deref().unwrap_or(UNKNOWN_TOOL);
+            return Some(
+                self.task("task:stdout", nanos, &tool_task(call_id), name, *message)
+                    .with_attribute("spool.stream", "progress")
+                    .with_attribute("spool.turn_id", turn.as_str()),
+            );
+        }
         let Activity::ModelStreamed {
             call: Some(call),
             turn,
             delta,
-        } = self.reader.delta(delta)
+        } = activity
         else {
             return None;
         };
@@ -304,4 +320,35 @@ fn model_task(call: Seq) -> String {
 /// A tool call's task: `tool:<call id>`.
 fn tool_task(call_id: &str) -> String {
     format!("tool:{call_id}")
+}
+
+#[cfg(test)]
+mod tests {
+    use spool_journal::TurnId;
+
+    use super::*;
+
+    #[test]
+    fn a_tools_progress_is_its_own_tasks_stdout_marked_as_progress() {
+        let run = RunId::new("run_1").unwrap();
+        let mapper = Mapper::new(&run);
+        let delta = LiveDelta {
+            turn: TurnId::new("turn_1").unwrap(),
+            after: Seq(3),
+            n: 1,
+            delta: Delta::ToolProgress {
+                id: "c1".into(),
+                message: "half way".into(),
+            },
+        };
+        let event = mapper.delta(&delta, 7).expect("progress is an event");
+        assert_eq!(event.kind, "task:stdout");
+        assert_eq!(event.body, "half way");
+        assert_eq!(event.attributes["spool.stream"], "progress");
+        assert_eq!(event.attributes["spool.task.id"], "tool:c1");
+        assert_eq!(
+            event.span_id.as_deref(),
+            Some(span_id(&run, "tool:c1").as_str())
+        );
+    }
 }

@@ -332,6 +332,14 @@ pub(crate) fn delta_line(
                 arguments: arguments.clone(),
             })),
         ),
+        Delta::ToolProgress { id, message } => (
+            StreamEventType::ToolProgress,
+            Some(message.clone()),
+            Some(to_data(&data::ToolProgressData {
+                id: id.clone(),
+                message: message.clone(),
+            })),
+        ),
     };
     StreamEvent {
         run_id: run.to_string(),

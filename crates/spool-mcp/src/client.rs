@@ -2,13 +2,16 @@
 //! need and again after it exits (with backoff), its tools listed (every
 //! page), and calls sent with a timeout, cancelled with the turn.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use rmcp::model::{CallToolRequestParams, CallToolResult, ClientCapabilities, Implementation};
-use rmcp::service::{NotificationContext, RunningService};
+use rmcp::model::{
+    CallToolRequest, CallToolRequestParams, CallToolResult, ClientCapabilities, ClientRequest,
+    Implementation, ProgressToken, ServerResult,
+};
+use rmcp::service::{NotificationContext, PeerRequestOptions, RunningService};
 use rmcp::transport::TokioChildProcess;
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use tokio::io::AsyncBufReadExt;
@@ -32,6 +35,7 @@ pub struct Server {
     /// program does.
     stderr_reader: Mutex<Option<tokio::task::JoinHandle<()>>>,
     changed: Arc<tokio::sync::Notify>,
+    progress: Listening,
 }
 
 impl std::fmt::Debug for Server {
@@ -50,11 +54,18 @@ struct Connection {
     next_start: Option<Instant>,
 }
 
+/// Where a call's progress goes.
+pub type Progress = Arc<dyn Fn(String) + Send + Sync>;
+
+/// The calls in flight that report progress, by their progress token.
+type Listening = Arc<Mutex<HashMap<ProgressToken, Progress>>>;
+
 /// What Spool tells a server about itself, and what it hears back.
 #[derive(Clone)]
 struct Handler {
     server: String,
     changed: Arc<tokio::sync::Notify>,
+    progress: Listening,
 }
 
 impl ClientHandler for Handler {
@@ -75,13 +86,24 @@ impl ClientHandler for Handler {
         params: rmcp::model::ProgressNotificationParam,
         _context: NotificationContext<RoleClient>,
     ) {
-        tracing::debug!(
-            server = %self.server,
-            progress = params.progress,
-            total = ?params.total,
-            message = ?params.message,
-            "MCP tool progress"
-        );
+        let sink = self
+            .progress
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&params.progress_token)
+            .cloned();
+        let Some(sink) = sink else {
+            tracing::debug!(server = %self.server, "progress for no call in flight");
+            return;
+        };
+        let numbers = match params.total {
+            Some(total) => format!("{}/{total}", params.progress),
+            None => format!("{}", params.progress),
+        };
+        sink(match params.message {
+            Some(message) if !message.is_empty() => format!("{message} ({numbers})"),
+            _ => numbers,
+        });
     }
 }
 
@@ -130,6 +152,7 @@ impl Server {
             stderr: Arc::default(),
             stderr_reader: Mutex::default(),
             changed: Arc::default(),
+            progress: Arc::default(),
         }
     }
 
@@ -160,7 +183,8 @@ impl Server {
 
     /// Sends one `tools/call` and waits for its result, the timeout, or
     /// `cancel`; a call given up is cancelled at the server
-    /// (`notifications/cancelled`).
+    /// (`notifications/cancelled`). The server's progress notifications
+    /// for the call go to `progress`.
     ///
     /// # Errors
     ///
@@ -171,24 +195,64 @@ impl Server {
         tool: &str,
         arguments: serde_json::Map<String, serde_json::Value>,
         cancel: &CancellationToken,
+        progress: Option<Progress>,
     ) -> Result<CallToolResult, ServerError> {
         let peer = self.peer().await?;
         let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
-        let seconds = self.section.timeout_seconds;
-        // Dropping the call's future (on timeout or cancel) sends
-        // `notifications/cancelled` for it.
-        let call = peer.call_tool(params);
-        tokio::select! {
-            result = call => match result {
-                Ok(result) => Ok(result),
-                Err(error) => Err(self.failed(error).await),
-            },
-            () = tokio::time::sleep(Duration::from_secs_f64(seconds)) => Err(ServerError::Timeout {
-                server: self.section.name.clone(),
-                seconds,
-            }),
-            () = cancel.cancelled() => Err(ServerError::Cancelled),
+        let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
+        let mut handle = match peer
+            .send_cancellable_request(request, PeerRequestOptions::no_options())
+            .await
+        {
+            Ok(handle) => handle,
+            Err(error) => return Err(self.failed(error).await),
+        };
+        let token = handle.progress_token.clone();
+        if let Some(progress) = progress {
+            self.listening().insert(token.clone(), progress);
         }
+        let seconds = self.section.timeout_seconds;
+        let outcome = tokio::select! {
+            answer = &mut handle.rx => Some(answer),
+            () = tokio::time::sleep(Duration::from_secs_f64(seconds)) => None,
+            () = cancel.cancelled() => None,
+        };
+        self.listening().remove(&token);
+        let answer = match outcome {
+            Some(answer) => answer.unwrap_or(Err(rmcp::ServiceError::TransportClosed)),
+            None => {
+                let cancelled = cancel.is_cancelled();
+                let reason = if cancelled {
+                    "the turn was cancelled"
+                } else {
+                    "the call timed out"
+                };
+                let _ = handle.cancel(Some(reason.to_owned())).await;
+                return Err(if cancelled {
+                    ServerError::Cancelled
+                } else {
+                    ServerError::Timeout {
+                        server: self.section.name.clone(),
+                        seconds,
+                    }
+                });
+            }
+        };
+        match answer {
+            Ok(ServerResult::CallToolResult(result)) => Ok(result),
+            Ok(other) => Err(ServerError::Refused {
+                server: self.section.name.clone(),
+                reason: format!(
+                    "it answered the call with something other than a tool result: {}",
+                    serde_json::to_string(&other).unwrap_or_default()
+                ),
+            }),
+            Err(error) => Err(self.failed(error).await),
+        }
+    }
+
+    fn listening(&self) -> std::sync::MutexGuard<'_, HashMap<ProgressToken, Progress>> {
+        self.progress.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Stops the server, if it runs.
@@ -246,6 +310,7 @@ impl Server {
         let handler = Handler {
             server: self.section.name.clone(),
             changed: Arc::clone(&self.changed),
+            progress: Arc::clone(&self.progress),
         };
         let limit = Duration::from_secs_f64(self.section.timeout_seconds);
         let served = match &self.section.url {

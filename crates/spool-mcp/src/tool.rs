@@ -8,7 +8,7 @@ use rmcp::model::{CallToolResult, ContentBlock};
 use serde_json::{Value, json};
 use spool_journal::event::Effect;
 use spool_runtime::engine::ToolSpec;
-use spool_runtime::{BoxFuture, Tool, ToolOutcome};
+use spool_runtime::{BoxFuture, Tool, ToolContext, ToolOutcome};
 use tokio_util::sync::CancellationToken;
 
 use crate::client::Server;
@@ -96,6 +96,30 @@ impl McpTool {
     }
 }
 
+impl McpTool {
+    async fn send(
+        &self,
+        input: Value,
+        cancel: &CancellationToken,
+        progress: Option<crate::client::Progress>,
+    ) -> ToolOutcome {
+        let arguments = match input {
+            Value::Object(map) => map,
+            // The input was checked against the server's schema, which MCP
+            // requires to be an object's.
+            _ => serde_json::Map::new(),
+        };
+        match self
+            .server
+            .call(&self.tool, arguments, cancel, progress)
+            .await
+        {
+            Ok(result) => outcome(&result),
+            Err(error) => ToolOutcome::Error(error.to_string()),
+        }
+    }
+}
+
 impl Tool for McpTool {
     fn spec(&self) -> ToolSpec {
         self.spec.clone()
@@ -134,18 +158,19 @@ impl Tool for McpTool {
         input: Value,
         cancel: &'a CancellationToken,
     ) -> BoxFuture<'a, ToolOutcome> {
-        Box::pin(async move {
-            let arguments = match input {
-                Value::Object(map) => map,
-                // The input was checked against the server's schema, which
-                // MCP requires to be an object's.
-                _ => serde_json::Map::new(),
-            };
-            match self.server.call(&self.tool, arguments, cancel).await {
-                Ok(result) => outcome(&result),
-                Err(error) => ToolOutcome::Error(error.to_string()),
-            }
-        })
+        Box::pin(self.send(input, cancel, None))
+    }
+
+    fn call_in<'a>(
+        &'a self,
+        context: &'a ToolContext,
+        input: Value,
+        cancel: &'a CancellationToken,
+    ) -> BoxFuture<'a, ToolOutcome> {
+        // The server's progress for this call goes to the run's streams.
+        let context = context.clone();
+        let progress: crate::client::Progress = Arc::new(move |message| context.progress(message));
+        Box::pin(self.send(input, cancel, Some(progress)))
     }
 }
 

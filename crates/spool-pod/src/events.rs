@@ -188,9 +188,11 @@ impl Translator {
         })
     }
 
-    /// The pod event of a live delta.
-    pub fn delta(&mut self, delta: &Delta) -> Event {
-        match delta {
+    /// The pod event of a live delta; none for a tool's progress, which
+    /// the Pod protocol's closed set of events has no place for (its
+    /// `tool_result` follows when the call ends).
+    pub fn delta(&mut self, delta: &Delta) -> Option<Event> {
+        Some(match delta {
             Delta::Text(text) => Event::TextDelta(TextData { text: text.clone() }),
             Delta::Thinking(text) => Event::ThinkingDelta(TextData { text: text.clone() }),
             Delta::ToolCallStart { id, name } => {
@@ -218,7 +220,8 @@ impl Translator {
                     arguments: arguments.clone(),
                 })
             }
-        }
+            Delta::ToolProgress { .. } => return None,
+        })
     }
 }
 

@@ -473,8 +473,9 @@ impl Pod {
                     }
                     Some(StreamItem::Delta(delta)) => {
                         let mut shared = self.shared();
-                        let event = shared.translator.delta(&delta.delta);
-                        broadcast(&mut shared, &event);
+                        if let Some(event) = shared.translator.delta(&delta.delta) {
+                            broadcast(&mut shared, &event);
+                        }
                     }
                     // The hub ends a stream that fell behind: pick it up
                     // again from the journal, where the translator is.

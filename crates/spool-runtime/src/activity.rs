@@ -82,6 +82,17 @@ pub enum Activity<'a> {
         /// The piece.
         delta: &'a Delta,
     },
+    /// A running tool call reported its progress (live only).
+    ToolProgress {
+        /// The call, as the model gave its id.
+        call_id: &'a str,
+        /// The tool, when the reader saw the call start.
+        tool: Option<Cow<'a, str>>,
+        /// The turn it runs in.
+        turn: &'a TurnId,
+        /// What the tool said.
+        message: &'a str,
+    },
     /// A model call answered.
     ModelCallEnded {
         /// The call, when the reader saw it start.
@@ -334,6 +345,14 @@ impl Reader {
     /// The fact of a live delta.
     #[must_use]
     pub fn delta<'a>(&self, delta: &'a LiveDelta) -> Activity<'a> {
+        if let Delta::ToolProgress { id, message } = &delta.delta {
+            return Activity::ToolProgress {
+                call_id: id,
+                tool: self.tool_of(id),
+                turn: &delta.turn,
+                message,
+            };
+        }
         Activity::ModelStreamed {
             call: self.model,
             turn: &delta.turn,

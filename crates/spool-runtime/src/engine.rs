@@ -245,8 +245,8 @@ pub fn tools_digest(tools: &[ToolSpec]) -> [u8; 32] {
     Sha256::digest(spool_wire::canonical::canonical_json(&value).as_bytes()).into()
 }
 
-/// What a model streams while it answers. Live only: deltas are never
-/// recorded.
+/// What a model streams while it answers, and what a tool reports while
+/// it runs. Live only: deltas are never recorded.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Delta {
     /// A piece of the answer.
@@ -275,6 +275,14 @@ pub enum Delta {
         name: String,
         /// The complete arguments (JSON text).
         arguments: String,
+    },
+    /// A running tool call's progress (`ToolContext::progress`; an MCP
+    /// server's progress notifications).
+    ToolProgress {
+        /// The call id.
+        id: String,
+        /// What the tool said of its progress.
+        message: String,
     },
 }
 

@@ -163,6 +163,31 @@ pub struct ToolContext {
     pub call_id: String,
     /// Who created the run, when that was proven.
     pub principal: Option<Principal>,
+    /// Where [`ToolContext::progress`] goes.
+    progress: ProgressSink,
+}
+
+/// Where a call's progress goes: the run's live stream, as a
+/// [`crate::engine::Delta::ToolProgress`].
+#[derive(Clone, Default)]
+pub(crate) struct ProgressSink(Option<Arc<dyn Fn(String) + Send + Sync>>);
+
+impl std::fmt::Debug for ProgressSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "ProgressSink"
+        } else {
+            "None"
+        })
+    }
+}
+
+/// Two contexts of the same call are the same whether or not either can
+/// report progress.
+impl PartialEq for ProgressSink {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
 }
 
 impl ToolContext {
@@ -174,7 +199,23 @@ impl ToolContext {
             turn,
             call_id: call_id.into(),
             principal: None,
+            progress: ProgressSink::default(),
         }
+    }
+
+    /// Reports the call's progress on the run's live streams (live only:
+    /// nothing is recorded). A context made outside the runtime reports
+    /// nowhere.
+    pub fn progress(&self, message: impl Into<String>) {
+        if let Some(sink) = &self.progress.0 {
+            sink(message.into());
+        }
+    }
+
+    /// With progress going to `sink`.
+    pub(crate) fn with_progress(mut self, sink: Arc<dyn Fn(String) + Send + Sync>) -> Self {
+        self.progress = ProgressSink(Some(sink));
+        self
     }
 
     /// With the run's creator.

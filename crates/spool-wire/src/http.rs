@@ -359,6 +359,10 @@ string_enum! {
         /// Live: a tool call's arguments are complete (`data`: `id`,
         /// `name`, `arguments`).
         ToolCallDone = "tool_call_done",
+        /// Live: a running tool call's progress (`data`: `id`, `message`).
+        /// Spool's own type, beside the seed's (which leaves room for other
+        /// types).
+        ToolProgress = "tool_progress",
         /// The reader fell behind and the stream ends here: resume from
         /// `seq`.
         Lagged = "lagged",

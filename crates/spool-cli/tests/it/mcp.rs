@@ -67,12 +67,23 @@ fn until(what: &str, mut ready: impl FnMut() -> bool) {
 /// Starts a run at address `job` and sends it "go" from a thread (the
 /// request waits for the turn, which may never end on this server).
 fn start(running: &Running) -> String {
+    let run = ensure(running);
+    send(running, &run);
+    run
+}
+
+/// The run at address `job`, made without a turn.
+fn ensure(running: &Running) -> String {
     let (_, ensured) = post(&running.addr, "/spool/v1/addresses/job", "", None);
     let body = ensured.split("\r\n\r\n").nth(1).unwrap_or_default();
-    let run = serde_json::from_str::<Value>(body).unwrap()["run_id"]
+    serde_json::from_str::<Value>(body).unwrap()["run_id"]
         .as_str()
         .unwrap()
-        .to_owned();
+        .to_owned()
+}
+
+/// Sends `run` "go" from a thread.
+fn send(running: &Running, run: &str) {
     let addr = running.addr.clone();
     let path = format!("/spool/v1/runs/{run}");
     std::thread::spawn(move || {
@@ -86,7 +97,6 @@ fn start(running: &Running) -> String {
             let _ = s.read_to_end(&mut Vec::new());
         });
     });
-    run
 }
 
 /// The run as `GET /runs/{id}` shows it.
@@ -393,4 +403,42 @@ fn every_message_spool_sends_over_mcp_validates_against_the_schema_of_the_versio
             );
         }
     }
+}
+
+#[test]
+fn an_mcp_servers_progress_reaches_the_runs_stream_as_tool_progress_lines() {
+    let Some(python) = python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    agent(
+        dir.path(),
+        &python,
+        "never",
+        &[json!({"name": "t__slow", "arguments": {"seconds": 0.5}})],
+    );
+    let running = serve(dir.path(), &[]);
+    let id = ensure(&running);
+    // Subscribed before the turn: progress is live only.
+    let lines = crate::serve::stream_lines(&running.addr, &format!("/spool/v1/runs/{id}/stream"));
+    send(&running, &id);
+    let mut progress = Vec::new();
+    loop {
+        let line = lines
+            .recv_timeout(PATIENCE)
+            .expect("the run streams to its end");
+        if line["type"] == "tool_progress" {
+            assert_eq!(line["data"]["id"], "c1", "{line}");
+            progress.push(line["text"].as_str().unwrap().to_owned());
+        }
+        if line["type"] == "run_response" {
+            break;
+        }
+    }
+    assert_eq!(
+        progress.len(),
+        10,
+        "every notification arrives: {progress:?}"
+    );
+    assert_eq!(progress[0], "step 0 (0/10)");
+    assert_eq!(progress[9], "step 9 (9/10)");
+    assert!(terminate(running).success());
 }

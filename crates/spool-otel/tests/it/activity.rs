@@ -365,7 +365,7 @@ async fn every_surface_reports_the_same_tool_results_and_turn_ends_in_the_same_o
     for item in &items {
         let events = match item {
             StreamItem::Event(envelope) => translator.journal(envelope),
-            StreamItem::Delta(delta) => vec![translator.delta(&delta.delta)],
+            StreamItem::Delta(delta) => translator.delta(&delta.delta).into_iter().collect(),
             StreamItem::Lagged { .. } => unreachable!("no lag here"),
         };
         for event in events {

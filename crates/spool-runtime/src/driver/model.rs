@@ -116,6 +116,11 @@ impl TurnCtx {
         })
     }
 
+    /// The run's head as appends move it.
+    pub(super) fn head(&self) -> Arc<std::sync::atomic::AtomicU64> {
+        Arc::clone(&self.head)
+    }
+
     /// Whether the cache still shows this turn running: a reset or a
     /// racing end may have closed it.
     fn is_current(&self, cached: &Cached) -> bool {

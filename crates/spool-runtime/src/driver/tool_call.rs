@@ -149,8 +149,24 @@ impl Inner {
                     duration_ms = tracing::field::Empty,
                 );
                 let started = Instant::now();
+                // Progress is placed as a model's delta is: at the run's
+                // head when it is made.
+                let progress: Arc<dyn Fn(String) + Send + Sync> = {
+                    let inner = Arc::clone(self);
+                    let (run, turn, head) = (ctx.run.clone(), ctx.turn.clone(), ctx.head());
+                    let id = call.id.clone();
+                    Arc::new(move |message| {
+                        let at =
+                            spool_journal::Seq(head.load(std::sync::atomic::Ordering::Acquire));
+                        let delta = crate::engine::Delta::ToolProgress {
+                            id: id.clone(),
+                            message,
+                        };
+                        inner.hub.publish(&run, &turn, at, delta);
+                    })
+                };
                 let executed = self
-                    .execute(ctx, tool.as_ref(), &request, checked)
+                    .execute(ctx, tool.as_ref(), &request, checked, progress)
                     .instrument(span.clone())
                     .await;
                 span.record("duration_ms", started.elapsed().as_secs_f64() * 1e3);
@@ -221,6 +237,7 @@ impl Inner {
         tool: Option<&Arc<dyn Tool>>,
         request: &ToolCallRequested,
         checked: bool,
+        progress: Arc<dyn Fn(String) + Send + Sync>,
     ) -> Executed {
         let failed = |kind, message: String, attempts| {
             let content = format!("error: {message}");
@@ -287,7 +304,8 @@ impl Inner {
             tool.attempts().max(1)
         };
         let context = ToolContext::new(ctx.run.clone(), ctx.turn.clone(), &request.call_id)
-            .with_principal(ctx.principal.clone());
+            .with_principal(ctx.principal.clone())
+            .with_progress(progress);
         let mut attempt = 0;
         let outcome = loop {
             attempt += 1;

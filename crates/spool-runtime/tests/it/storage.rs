@@ -85,7 +85,7 @@ async fn a_turn_whose_journal_fills_up_answers_its_waiter_at_once_and_completes_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_recovered_onto_a_full_journal_wait_for_it_and_then_complete() {
     let journal = Arc::new(Instrumented::default());
-    let runs = tokio::task::block_in_place(|| start_and_crash(&journal, 5));
+    let (runs, _first) = tokio::task::block_in_place(|| start_and_crash(&journal, 5));
 
     // A restart on a disk still full: the runs are resumed, stall, and
     // the runtime says the journal cannot write.
@@ -112,8 +112,14 @@ async fn runs_recovered_onto_a_full_journal_wait_for_it_and_then_complete() {
 }
 
 /// Starts `n` runs on a runtime of its own, each in its model call, and
-/// stops that runtime dead: a crash mid-turn.
-fn start_and_crash(journal: &Arc<Instrumented>, n: usize) -> Vec<(RunId, TurnId)> {
+/// stops that runtime dead: a crash mid-turn. The dead runtime's gate is
+/// given back, to be held closed for the rest of the test: dropped, it
+/// would end the held calls as cancelled, and a task of the dead runtime
+/// not yet torn down could record that.
+fn start_and_crash(
+    journal: &Arc<Instrumented>,
+    n: usize,
+) -> (Vec<(RunId, TurnId)>, crate::support::Gate) {
     let tokio = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -129,8 +135,7 @@ fn start_and_crash(journal: &Arc<Instrumented>, n: usize) -> Vec<(RunId, TurnId)
         (runs, gate)
     });
     tokio.shutdown_background();
-    drop(gate);
-    runs
+    (runs, gate)
 }
 
 /// The kinds of the run's recorded events, read past the runtime.

@@ -224,6 +224,15 @@ pub struct ToolCallArgsDeltaData {
     pub json: String,
 }
 
+/// `tool_progress`: a running tool call's progress (live only).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolProgressData {
+    /// The call's id.
+    pub id: String,
+    /// What the tool said of its progress.
+    pub message: String,
+}
+
 /// `tool_call_done`: the model finished a tool call (live only).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ToolCallDoneData {
@@ -266,6 +275,8 @@ pub enum LineData {
     ToolCallArgsDelta(ToolCallArgsDeltaData),
     /// `tool_call_done`.
     ToolCallDone(ToolCallDoneData),
+    /// `tool_progress`.
+    ToolProgress(ToolProgressData),
     /// No `data`: `run_cancel_requested`, the text and thinking deltas,
     /// `lagged`, a `run_state` that says only the state.
     None,
@@ -305,6 +316,7 @@ impl StreamEvent {
             StreamEventType::ToolCallStart => LineData::ToolCallStart(typed(data)?),
             StreamEventType::ToolCallArgsDelta => LineData::ToolCallArgsDelta(typed(data)?),
             StreamEventType::ToolCallDone => LineData::ToolCallDone(typed(data)?),
+            StreamEventType::ToolProgress => LineData::ToolProgress(typed(data)?),
             StreamEventType::RunCancelRequested
             | StreamEventType::TextDelta
             | StreamEventType::ThinkingDelta

@@ -272,10 +272,13 @@ fn a_run_reply_omits_absent_fields_and_carries_suspend_and_usage() {
 #[test]
 fn a_stream_event_needs_an_rfc_3339_time_and_keeps_unknown_types() {
     let event: StreamEvent = serde_json::from_value(
-        json!({"run_id": "r", "seq": 3, "type": "tool_progress", "time": "2026-11-29T10:00:00Z"}),
+        json!({"run_id": "r", "seq": 3, "type": "kit_step_finished", "time": "2026-11-29T10:00:00Z"}),
     )
     .unwrap();
-    assert_eq!(event.kind, StreamEventType::Unknown("tool_progress".into()));
+    assert_eq!(
+        event.kind,
+        StreamEventType::Unknown("kit_step_finished".into())
+    );
     assert!(
         serde_json::from_value::<StreamEvent>(
             json!({"run_id": "r", "seq": 3, "type": "run_state", "time": "yesterday"})

@@ -33,6 +33,7 @@ fn encoded(payload: &LineData) -> Option<serde_json::Value> {
         LineData::ToolCallStart(d) => Some(to_data(d)),
         LineData::ToolCallArgsDelta(d) => Some(to_data(d)),
         LineData::ToolCallDone(d) => Some(to_data(d)),
+        LineData::ToolProgress(d) => Some(to_data(d)),
         LineData::None => None,
         LineData::Unknown(data) => data.clone(),
     }

@@ -19,8 +19,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::McpSection;
 
-/// How much of a server's stderr is kept for the errors that name it.
-const STDERR_TAIL: usize = 2048;
+/// How much of a server's stderr is kept for the errors that name it: as
+/// much as of a command tool's.
+const STDERR_TAIL: usize = spool_runtime::process::STDERR_TAIL_BYTES;
 
 /// The longest wait before a server that keeps failing is started again.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);

@@ -176,9 +176,25 @@ impl Tool for McpTool {
 
 /// A call's result as the model's output: its text, its structured
 /// content with the text beside it when they differ, and a short
-/// placeholder for each image, audio or binary part.
+/// placeholder for each image, audio or binary part. An output larger than
+/// a command tool may print ([`spool_runtime::process::MAX_OUTPUT_BYTES`])
+/// is a failed call rather than a journal entry that size.
 #[must_use]
 pub fn outcome(result: &CallToolResult) -> ToolOutcome {
+    let outcome = unbounded(result);
+    if let ToolOutcome::Output(output) = &outcome {
+        let size = serde_json::to_vec(output).map_or(usize::MAX, |bytes| bytes.len());
+        if size > spool_runtime::process::MAX_OUTPUT_BYTES {
+            return ToolOutcome::Error(format!(
+                "the tool's result is {size} bytes, more than the {} a tool may return",
+                spool_runtime::process::MAX_OUTPUT_BYTES
+            ));
+        }
+    }
+    outcome
+}
+
+fn unbounded(result: &CallToolResult) -> ToolOutcome {
     let text = result
         .content
         .iter()
@@ -231,5 +247,38 @@ fn part_text(part: &ContentBlock) -> String {
         },
         ContentBlock::ResourceLink(link) => format!("[resource link {}]", link.uri),
         _ => "[a content part of a kind this Spool does not know]".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rmcp::model::{CallToolResult, ContentBlock};
+    use serde_json::json;
+    use spool_runtime::ToolOutcome;
+
+    use super::outcome;
+
+    #[test]
+    fn a_result_past_the_output_cap_is_a_failed_call_and_one_under_it_is_the_output() {
+        let big = "x".repeat(spool_runtime::process::MAX_OUTPUT_BYTES + 1);
+        match outcome(&CallToolResult::success(vec![ContentBlock::text(big)])) {
+            ToolOutcome::Error(message) => assert!(message.contains("more than"), "{message}"),
+            other => panic!("expected a failure, got {other:?}"),
+        }
+        assert_eq!(
+            outcome(&CallToolResult::success(vec![ContentBlock::text("small")])),
+            ToolOutcome::Output(json!("small"))
+        );
+    }
+
+    #[test]
+    fn structured_content_repeated_as_text_is_given_once_and_an_error_flag_fails_the_call() {
+        let value = json!({"temperature": 21});
+        let mut result = CallToolResult::structured(value.clone());
+        result.content = vec![ContentBlock::text(value.to_string())];
+        assert_eq!(outcome(&result), ToolOutcome::Output(value));
+        let mut failed = CallToolResult::success(vec![ContentBlock::text("no such city")]);
+        failed.is_error = Some(true);
+        assert_eq!(outcome(&failed), ToolOutcome::Error("no such city".into()));
     }
 }

@@ -31,6 +31,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use spool_journal::event::Answer;
 use spool_journal::{Principal, RunId, Seq, TurnId};
+use spool_runtime::activity::{Activity, Reader};
 use spool_runtime::{
     Accepted, MessageRequest, RunAccess, RunView, Runtime, RuntimeError, StartRequest,
 };
@@ -796,6 +797,7 @@ async fn stream_progress(
     let Ok(mut subscription) = runtime.subscribe(&run, from).await else {
         return;
     };
+    let reader = Reader::stateless();
     let mut seen = from;
     let mut sent = 0.0;
     let passed = |seen: Option<Seq>, until: Option<Seq>| match (seen, until) {
@@ -822,8 +824,12 @@ async fn stream_progress(
                 seen = Some(envelope.seq);
                 continue;
             }
-            Some(spool_runtime::hub::StreamItem::Delta(delta)) => match delta.delta {
-                spool_runtime::engine::Delta::Text(text) => text,
+            // The answer's text, as the activity layer reads a delta.
+            Some(spool_runtime::hub::StreamItem::Delta(delta)) => match reader.delta(&delta) {
+                Activity::ModelStreamed {
+                    delta: spool_runtime::engine::Delta::Text(text),
+                    ..
+                } => text.clone(),
                 _ => continue,
             },
         };

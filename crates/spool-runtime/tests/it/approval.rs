@@ -20,38 +20,28 @@ use tokio_util::sync::CancellationToken;
 use crate::support::*;
 use crate::turns::{start, started};
 
-/// A write that asks first, counting its executions.
-struct Asking {
-    name: &'static str,
-    runs: Arc<AtomicUsize>,
-}
+/// A counting write that asks first.
+struct Asking(Counting);
 
 impl Tool for Asking {
     fn spec(&self) -> ToolSpec {
-        ToolSpec {
-            name: self.name.into(),
-            description: "writes".into(),
-            input_schema: json!({"type": "object"}),
-        }
+        self.0.spec()
     }
 
     fn effect(&self) -> Effect {
-        Effect::Write
+        self.0.effect()
     }
 
     fn approval(&self, input: &Value) -> Option<String> {
-        Some(format!("run {} with {input}?", self.name))
+        Some(format!("run {} with {input}?", self.0.name))
     }
 
     fn call<'a>(
         &'a self,
-        _input: Value,
-        _cancel: &'a CancellationToken,
+        input: Value,
+        cancel: &'a CancellationToken,
     ) -> BoxFuture<'a, ToolOutcome> {
-        Box::pin(async move {
-            let n = self.runs.fetch_add(1, Ordering::SeqCst) + 1;
-            ToolOutcome::Output(json!({"ran": n}))
-        })
+        self.0.call(input, cancel)
     }
 }
 
@@ -60,10 +50,11 @@ fn asking(runs: &Arc<AtomicUsize>) -> Tools {
     // not depend on the model being offered it.
     let mut tools = Tools::new();
     tools
-        .add(Arc::new(Asking {
+        .add(Arc::new(Asking(Counting {
             name: "deploy",
+            effect: Effect::Write,
             runs: Arc::clone(runs),
-        }))
+        })))
         .unwrap();
     tools
 }

@@ -27,6 +27,7 @@ pub(crate) fn typical_event(n: u64) -> Event {
         context: Vec::new(),
         policy: TurnPolicy::Steer,
         from_queue: None,
+        operation_id: None,
     })
 }
 
@@ -453,6 +454,7 @@ fn synthetic_run(run: &RunId, turns: u64) -> Vec<Envelope> {
             context: Vec::new(),
             policy: TurnPolicy::Steer,
             from_queue: None,
+            operation_id: None,
         }));
         events.push(Event::ModelCallRequested(ModelCallRequested {
             request_hash: format!("sha256:{t:064x}"),

@@ -13,7 +13,6 @@
 use std::path::PathBuf;
 
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 use spool_journal::Principal;
 use spool_journal::event::Effect;
 use spool_runtime::engine::ToolSpec;
@@ -96,26 +95,10 @@ pub fn next_depth(principal: Option<&Principal>) -> u64 {
 }
 
 /// The delegation id of a call: the same for every execution of it, and
-/// another for a call of another turn even when a model reuses call ids
-/// from turn to turn (some number them from zero each time).
+/// another for a call of another turn ([`ToolContext::stable_id`]).
 #[must_use]
 pub fn delegation_id(context: &ToolContext) -> String {
-    let mut digest = Sha256::new();
-    for part in [
-        context.run.as_str(),
-        context.turn.as_str(),
-        context.call_id.as_str(),
-    ] {
-        digest.update(part.as_bytes());
-        digest.update([0]);
-    }
-    let hex: String = digest
-        .finalize()
-        .iter()
-        .take(16)
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    format!("delegation_{hex}")
+    context.stable_id("delegation")
 }
 
 /// What the model reads of a failure: the bus code first, so it (and

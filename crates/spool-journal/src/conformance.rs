@@ -136,6 +136,7 @@ pub fn started(turn_id: &str, input: &str) -> Event {
         context: Vec::new(),
         policy: TurnPolicy::Steer,
         from_queue: None,
+        operation_id: None,
     })
 }
 

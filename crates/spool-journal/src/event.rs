@@ -93,6 +93,10 @@ pub enum Event {
     ScheduleFired(ScheduleFired),
     /// What became of a firing's message.
     ScheduleDelivered(ScheduleDelivered),
+    /// A surface's own record kept with the run (an A2A task's push
+    /// notification config and what was delivered to it): no turn and no
+    /// state reads it, and the surface that wrote it reads it back.
+    Noted(Note),
 }
 
 /// Token usage.
@@ -150,6 +154,11 @@ pub struct TurnStarted {
     /// The `input_queued` event this turn runs, when it came from the queue.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_queue: Option<Seq>,
+    /// The caller's idempotency key for the message that started it (an
+    /// A2A `messageId`): the same key sent to the run again is answered
+    /// with this turn, never another.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operation_id: Option<String>,
 }
 
 /// `input_queued`.
@@ -160,6 +169,10 @@ pub struct InputQueued {
     /// Input for that turn only.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub context: Vec<String>,
+    /// The caller's idempotency key for the message, as on
+    /// [`TurnStarted::operation_id`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operation_id: Option<String>,
 }
 
 /// `input_steered`.
@@ -478,6 +491,18 @@ impl FireKind {
     }
 }
 
+/// `noted`: a keyed record of a surface's own. The latest record of a
+/// key is the one that holds; a `null` value withdraws the key.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Note {
+    /// Whose record it is (`a2a.push`): the surface that reads it.
+    pub namespace: String,
+    /// What it is about, within the namespace.
+    pub key: String,
+    /// The record; `null` withdraws the key's earlier one.
+    pub value: Value,
+}
+
 /// `schedule_delivered`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ScheduleDelivered {
@@ -549,6 +574,7 @@ impl Event {
             Self::ToolCallAbandoned(_) => "tool_call_abandoned",
             Self::ScheduleFired(_) => "schedule_fired",
             Self::ScheduleDelivered(_) => "schedule_delivered",
+            Self::Noted(_) => "noted",
         }
     }
 

@@ -50,6 +50,12 @@ pub struct State {
     pub queued: std::collections::VecDeque<(Seq, crate::event::InputQueued)>,
     /// The addresses the run holds.
     pub addresses: BTreeSet<Address>,
+    /// Surfaces' own records (`noted`), by namespace and key: the latest
+    /// value of each.
+    pub notes: BTreeMap<String, BTreeMap<String, Value>>,
+    /// Messages sent with an idempotency key (`operation_id` on
+    /// `turn_started` or `input_queued`): where each was recorded.
+    pub operations: BTreeMap<String, Seq>,
     /// The last position folded.
     pub last_seq: Option<Seq>,
     /// When the last event was recorded.
@@ -242,6 +248,9 @@ impl State {
                 if let Some(from) = started.from_queue {
                     self.queued.retain(|(seq, _)| *seq != from);
                 }
+                if let Some(operation) = &started.operation_id {
+                    self.operations.insert(operation.clone(), seq);
+                }
                 self.turn = Some(started.turn_id.clone());
                 self.suspension = None;
                 self.sleep = None;
@@ -250,7 +259,12 @@ impl State {
                 self.response = None;
                 self.push(seq, ItemContent::User(started.input.clone()));
             }
-            Event::InputQueued(queued) => self.queued.push_back((seq, queued.clone())),
+            Event::InputQueued(queued) => {
+                if let Some(operation) = &queued.operation_id {
+                    self.operations.insert(operation.clone(), seq);
+                }
+                self.queued.push_back((seq, queued.clone()));
+            }
             Event::InputSteered(steered) => {
                 self.push(seq, ItemContent::User(steered.input.clone()));
             }
@@ -342,6 +356,17 @@ impl State {
             // A schedule's record run holds its firings; they change no
             // conversation and no state.
             Event::ScheduleFired(_) | Event::ScheduleDelivered(_) => {}
+            Event::Noted(note) => {
+                let namespace = self.notes.entry(note.namespace.clone()).or_default();
+                if note.value.is_null() {
+                    namespace.remove(&note.key);
+                    if namespace.is_empty() {
+                        self.notes.remove(&note.namespace);
+                    }
+                } else {
+                    namespace.insert(note.key.clone(), note.value.clone());
+                }
+            }
         }
     }
 

@@ -518,7 +518,7 @@ impl Reader {
             }),
             Event::RunRetired(retired) => Some(Activity::Retired(retired)),
             // A schedule's own records: nothing a run did.
-            Event::ScheduleFired(_) | Event::ScheduleDelivered(_) => None,
+            Event::ScheduleFired(_) | Event::ScheduleDelivered(_) | Event::Noted(_) => None,
         };
         own[0] = first;
         own[2] = spool_journal::fold::moved_to(&envelope.event).map(Activity::StateChanged);

@@ -52,6 +52,9 @@
 //! name = "notes"
 //! command = ["uvx", "some-mcp-server"]
 //!
+//! [a2a]                                # the A2A agent card; `spool-a2a` reads it
+//! description = "Reviews pull requests"
+//!
 //! [telemetry]                          # OTLP export; `spool-otel` reads it
 //! endpoint = "http://127.0.0.1:4318"   # or the OTEL_EXPORTER_OTLP_* variables
 //! ```
@@ -115,6 +118,12 @@ pub struct AgentDefinition {
     #[serde(default)]
     #[schemars(schema_with = "any_tables")]
     pub mcp: Vec<toml::Table>,
+    /// `[a2a]`: how the agent describes itself to A2A clients (its agent
+    /// card). The runtime does not read it: `spool-a2a` does, and refuses
+    /// a key it does not know.
+    #[serde(default)]
+    #[schemars(schema_with = "any_table")]
+    pub a2a: Option<toml::Table>,
     /// `[server]`: what the network transports serve to browsers (allowed
     /// origins and host names). The runtime does not read it: `spool-http`
     /// does, and refuses a key it does not know.

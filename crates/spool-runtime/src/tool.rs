@@ -212,6 +212,30 @@ impl ToolContext {
         }
     }
 
+    /// An id for what this call sends out (`PREFIX_` and 32 hex digits),
+    /// made from its run, turn and call id: the same on every execution
+    /// of the call, a recovered one's included, and another for a call of
+    /// another turn even when a model reuses call ids from turn to turn.
+    /// A tool whose receiver keeps such ids (the bus's delegation id, an
+    /// A2A `messageId`) sends the same id again after a crash, and the
+    /// receiver answers with its first outcome instead of acting twice.
+    #[must_use]
+    pub fn stable_id(&self, prefix: &str) -> String {
+        use sha2::{Digest, Sha256};
+        let mut digest = Sha256::new();
+        for part in [self.run.as_str(), self.turn.as_str(), self.call_id.as_str()] {
+            digest.update(part.as_bytes());
+            digest.update([0]);
+        }
+        let hex: String = digest
+            .finalize()
+            .iter()
+            .take(16)
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        format!("{prefix}_{hex}")
+    }
+
     /// With progress going to `sink`.
     pub(crate) fn with_progress(mut self, sink: Arc<dyn Fn(String) + Send + Sync>) -> Self {
         self.progress = ProgressSink(Some(sink));

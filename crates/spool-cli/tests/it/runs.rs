@@ -31,6 +31,7 @@ pub(crate) fn journal_with_one_run(dir: &std::path::Path) {
                         context: vec![],
                         policy: TurnPolicy::Steer,
                         from_queue: None,
+                        operation_id: None,
                     }),
                     Event::TurnCompleted(TurnCompleted {
                         turn_id: turn,

@@ -61,6 +61,7 @@ fn main() -> ExitCode {
                                     context: Vec::new(),
                                     policy: TurnPolicy::Steer,
                                     from_queue: None,
+                                    operation_id: None,
                                 })
                             })
                             .collect()

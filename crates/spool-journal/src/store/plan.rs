@@ -478,6 +478,7 @@ mod tests {
             context: Vec::new(),
             policy: spool_wire::run::TurnPolicy::Steer,
             from_queue: None,
+            operation_id: None,
         })
     }
 

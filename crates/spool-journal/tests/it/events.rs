@@ -63,6 +63,7 @@ fn the_pinned_log_covers_every_event_kind() {
         "tool_call_abandoned",
         "schedule_fired",
         "schedule_delivered",
+        "noted",
     ];
     for kind in all {
         assert!(kinds.contains(kind), "no pinned envelope for {kind}");

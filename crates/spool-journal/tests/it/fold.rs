@@ -232,6 +232,7 @@ fn queued_input_waits_in_the_state_until_a_turn_takes_it() {
         Event::InputQueued(InputQueued {
             input: input.into(),
             context: vec![],
+            operation_id: None,
         })
     };
     let mut envelopes = log(
@@ -266,6 +267,7 @@ fn queued_input_waits_in_the_state_until_a_turn_takes_it() {
                 context: vec![],
                 policy: spool_wire::run::TurnPolicy::Queue,
                 from_queue: Some(Seq(2)),
+                operation_id: None,
             }),
         ],
     ));

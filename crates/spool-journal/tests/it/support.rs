@@ -40,6 +40,7 @@ pub(crate) fn started(t: &str, input: &str) -> Event {
         context: vec![],
         policy: TurnPolicy::Steer,
         from_queue: None,
+        operation_id: None,
     })
 }
 

@@ -39,6 +39,7 @@ fn started(id: &str) -> Event {
         context: Vec::new(),
         policy: TurnPolicy::Queue,
         from_queue: None,
+        operation_id: None,
     })
 }
 

@@ -37,6 +37,7 @@ fn started() -> Event {
         context: Vec::new(),
         policy: TurnPolicy::Queue,
         from_queue: None,
+        operation_id: None,
     })
 }
 

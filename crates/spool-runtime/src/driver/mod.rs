@@ -163,6 +163,7 @@ impl Inner {
                     context: queued.context,
                     policy: spool_wire::run::TurnPolicy::Queue,
                     from_queue: Some(seq),
+                    operation_id: None,
                 };
                 let events = self.starting_turn(locked.cached(), run, started);
                 locked.append(&*self.journal, events).await

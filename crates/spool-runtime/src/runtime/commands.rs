@@ -71,6 +71,7 @@ impl Runtime {
             context: request.context.clone(),
             policy: request.policy.unwrap_or(TurnPolicy::Steer),
             from_queue: None,
+            operation_id: None,
         };
         let mut locked = Locked::fresh(&self.inner.runs, &run).await;
         let events = std::iter::once(created)
@@ -122,9 +123,111 @@ impl Runtime {
         run: &RunId,
         message: MessageRequest,
     ) -> Result<Accepted, RuntimeError> {
+        self.send_with(run, message, None).await
+    }
+
+    /// [`Runtime::send`] under an idempotency key: the first message with
+    /// `operation_id` in the run starts (or queues) its turn and records
+    /// the key with it; the same key again is answered
+    /// [`Accepted::Replayed`] without another turn, whatever the message
+    /// says. [`Runtime::operation_position`] tells where the first was
+    /// recorded. A steered message cannot be found again, so a keyed
+    /// message to a busy run is queued, never steered.
+    ///
+    /// # Errors
+    ///
+    /// As [`Runtime::send`]; `BadRequest` for a key over its length limit.
+    pub async fn send_once(
+        &self,
+        run: &RunId,
+        operation_id: &str,
+        mut message: MessageRequest,
+    ) -> Result<Accepted, RuntimeError> {
+        crate::Limited::OperationId.check(operation_id)?;
+        if message.policy != Some(TurnPolicy::IfIdle) {
+            message.policy = Some(TurnPolicy::Queue);
+        }
+        self.send_with(run, message, Some(operation_id.to_owned()))
+            .await
+    }
+
+    /// [`Runtime::send_once`] to the run at `address`, making the run
+    /// (created by `principal`, of surface `kind`) with its first turn in
+    /// one write when there is none: what a surface whose conversations
+    /// are named by its callers' message ids uses, so a message resent
+    /// after a crash finds its run and its turn, never a second of either.
+    ///
+    /// # Errors
+    ///
+    /// As [`Runtime::send_once`]; `BadRequest` for an address or key over
+    /// its length limit.
+    pub async fn send_once_to(
+        &self,
+        address: &spool_journal::Address,
+        principal: Option<spool_journal::Principal>,
+        kind: Option<String>,
+        operation_id: &str,
+        message: MessageRequest,
+    ) -> Result<Accepted, RuntimeError> {
+        crate::Limited::Address.check(&address.name)?;
+        crate::Limited::OperationId.check(operation_id)?;
+        if let Some(kind) = &kind {
+            crate::Limited::Kind.check(kind)?;
+        }
+        // Made without looking first: a new conversation is the common
+        // case, and the journal refuses an address already taken
+        // atomically (below), which is when the earlier run is used.
+        let run = self.inner.ids.run_id();
+        let turn = self.inner.ids.turn_id(&run, 1);
+        let created = Event::RunCreated(RunCreated {
+            address: Some(address.clone()),
+            principal,
+            kind,
+            ..RunCreated::default()
+        });
+        let started = TurnStarted {
+            turn_id: turn.clone(),
+            input: message.text.clone(),
+            context: message.context.clone(),
+            policy: TurnPolicy::Queue,
+            from_queue: None,
+            operation_id: Some(operation_id.to_owned()),
+        };
+        let mut locked = Locked::fresh(&self.inner.runs, &run).await;
+        let events = std::iter::once(created)
+            .chain(self.inner.starting_turn(locked.cached(), &run, started))
+            .collect();
+        match locked.append(&*self.inner.journal, events).await {
+            Ok(()) => {}
+            // Made before (the same message sent again) or meanwhile.
+            Err(RuntimeError::Journal(JournalError::AddressTaken { run, .. })) => {
+                drop(locked);
+                return self.send_once(&run, operation_id, message).await;
+            }
+            Err(other) => return Err(other),
+        }
+        drop(locked);
+        self.inner.clone().ensure_driver(&run);
+        Ok(Accepted::Started { run, turn })
+    }
+
+    async fn send_with(
+        &self,
+        run: &RunId,
+        message: MessageRequest,
+        operation_id: Option<String>,
+    ) -> Result<Accepted, RuntimeError> {
         let policy = message.policy.unwrap_or(TurnPolicy::Steer);
         let locked = self.inner.lock(run).await?;
         let state = locked.state();
+        if let Some(operation) = &operation_id
+            && state.operations.contains_key(operation)
+        {
+            return Ok(Accepted::Replayed {
+                run: run.clone(),
+                differs: false,
+            });
+        }
         let (events, accepted) = match (&state.status, &state.turn, policy) {
             (Status::Retired, ..) => return Err(RuntimeError::RunRetired(run.clone())),
             // Checked and refused under the run's lock: of callers racing on
@@ -140,6 +243,7 @@ impl Runtime {
                 vec![Event::InputQueued(InputQueued {
                     input: message.text,
                     context: message.context,
+                    operation_id,
                 })],
                 // Appended at the head, under this lock.
                 Accepted::Queued {
@@ -165,6 +269,7 @@ impl Runtime {
                     context: message.context,
                     policy,
                     from_queue: None,
+                    operation_id,
                 };
                 (
                     self.inner.starting_turn(locked.cached(), run, started),
@@ -507,6 +612,35 @@ impl Runtime {
     /// Appends `events` while the run is locked, lets the lock go, and
     /// makes sure a driver picks the run up: how a message, an answer or a
     /// settlement sets a run moving.
+    /// Records a surface's own note with the run (`noted`): the latest
+    /// note of a key holds, and a `null` value withdraws it. No turn reads
+    /// notes; [`Runtime::notes`] gives them back. Written under the run's
+    /// lock, beside whatever its turn is doing, and durable when this
+    /// returns.
+    ///
+    /// # Errors
+    ///
+    /// `RunNotFound`, `RunRetired` (a retired run keeps what it has), or
+    /// `BadRequest` for an empty namespace or key.
+    pub async fn note(
+        &self,
+        run: &RunId,
+        note: spool_journal::event::Note,
+    ) -> Result<(), RuntimeError> {
+        if note.namespace.is_empty() || note.key.is_empty() {
+            return Err(RuntimeError::BadRequest(
+                "a note needs a namespace and a key".into(),
+            ));
+        }
+        let mut locked = self.inner.lock(run).await?;
+        if locked.state().status == Status::Retired {
+            return Err(RuntimeError::RunRetired(run.clone()));
+        }
+        locked
+            .append(&*self.inner.journal, vec![Event::Noted(note)])
+            .await
+    }
+
     async fn append_and_drive(
         &self,
         mut locked: Locked,

@@ -142,6 +142,41 @@ impl Runtime {
             .await?)
     }
 
+    /// Where the message sent to `run` under `operation_id`
+    /// ([`Runtime::send_once`]) was recorded: its `turn_started` or
+    /// `input_queued` event. `None` when no message had that key.
+    ///
+    /// # Errors
+    ///
+    /// `RunNotFound`; a journal error when its log must be read and cannot.
+    pub async fn operation_position(
+        &self,
+        run: &RunId,
+        operation_id: &str,
+    ) -> Result<Option<Seq>, RuntimeError> {
+        let locked = self.inner.lock(run).await?;
+        Ok(locked.state().operations.get(operation_id).copied())
+    }
+
+    /// The notes `namespace` keeps with `run` ([`Runtime::note`]), by key.
+    ///
+    /// # Errors
+    ///
+    /// `RunNotFound`; a journal error when its log must be read and cannot.
+    pub async fn notes(
+        &self,
+        run: &RunId,
+        namespace: &str,
+    ) -> Result<std::collections::BTreeMap<String, serde_json::Value>, RuntimeError> {
+        let locked = self.inner.lock(run).await?;
+        Ok(locked
+            .state()
+            .notes
+            .get(namespace)
+            .cloned()
+            .unwrap_or_default())
+    }
+
     /// The tokens every model call of `run` used, over all its turns: what
     /// a host charging a run as a whole (the bus's instance budget) prices.
     ///

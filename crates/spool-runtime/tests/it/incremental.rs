@@ -169,6 +169,7 @@ async fn older_spools_dangling_call(journal: &Arc<dyn Journal>, hash: &str) -> R
                     context: vec![],
                     policy: TurnPolicy::Steer,
                     from_queue: None,
+                    operation_id: None,
                 }),
                 Event::ModelCallRequested(ModelCallRequested {
                     request_hash: hash.into(),

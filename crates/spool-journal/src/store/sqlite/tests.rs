@@ -110,6 +110,7 @@ fn started(n: u64) -> Event {
         context: Vec::new(),
         policy: spool_wire::run::TurnPolicy::Steer,
         from_queue: None,
+        operation_id: None,
     })
 }
 

@@ -19,7 +19,7 @@ use serde_json::Value;
 use crate::{cargo, section};
 
 /// The libraries whose API is held to a snapshot.
-const LIBRARIES: [&str; 12] = [
+const LIBRARIES: [&str; 13] = [
     "spool-wire",
     "spool-journal",
     "spool-journal-pg",
@@ -31,6 +31,7 @@ const LIBRARIES: [&str; 12] = [
     "spool-pod",
     "spool-bus",
     "spool-mcp",
+    "spool-a2a",
     "spool-otel",
 ];
 

@@ -89,6 +89,10 @@ fn main() -> ExitCode {
 /// The official MCP Python SDK the MCP tests' servers and clients use.
 const MCP_SDK: &str = "mcp==2.3.0";
 
+/// The official A2A Python SDK whose client drives the A2A tests, with
+/// its server routes and an ASGI server for the peer agent they call.
+const A2A_SDK: &str = "a2a-sdk[http-server]==1.3.0 uvicorn==0.55.0";
+
 /// Everything CI checks, in order, stopping at the first failure.
 fn ci() -> Result<()> {
     let root = root();
@@ -125,6 +129,10 @@ fn ci() -> Result<()> {
     // The MCP tests run servers written with the official Python SDK.
     let mcp_python =
         openapi::install(&served::target(&root).join("py-mcp"), MCP_SDK)?.join("python");
+    // The A2A tests drive `spool serve` with the official Python SDK's
+    // client.
+    let a2a_python =
+        openapi::install(&served::target(&root).join("py-a2a"), A2A_SDK)?.join("python");
     for (name, args) in steps {
         section(name);
         let mut command = cargo();
@@ -133,7 +141,9 @@ fn ci() -> Result<()> {
             .envs(postgres.ca_env())
             .env("SPOOL_REQUIRE_PG", "1")
             .env("SPOOL_MCP_PYTHON", &mcp_python)
-            .env("SPOOL_REQUIRE_MCP", "1");
+            .env("SPOOL_REQUIRE_MCP", "1")
+            .env("SPOOL_A2A_PYTHON", &a2a_python)
+            .env("SPOOL_REQUIRE_A2A", "1");
         command
             .args(args)
             .current_dir(&root)

@@ -92,12 +92,9 @@ pub(crate) fn install(dir: &Path, requirement: &str) -> Result<std::path::PathBu
         bail!("python3 -m venv failed ({status})");
     }
     let status = Command::new(bin.join("pip"))
-        .args([
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            requirement,
-        ])
+        .args(["install", "--quiet", "--disable-pip-version-check"])
+        // Several requirements may be named, separated by spaces.
+        .args(requirement.split_whitespace())
         .status()
         .context("starting pip")?;
     if !status.success() {

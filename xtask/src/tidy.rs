@@ -58,6 +58,11 @@ const LAYERS: &[(&str, &[&str])] = &[
         "spool-mcp",
         &["spool-edge", "spool-runtime", "spool-journal", "spool-wire"],
     ),
+    // A2A: Spool's runs as an agent's durable tasks, through the edge.
+    (
+        "spool-a2a",
+        &["spool-edge", "spool-runtime", "spool-journal", "spool-wire"],
+    ),
     ("spool-cli", &["*"]),
     ("spool-bench", &["*"]),
 ];
@@ -102,6 +107,7 @@ const NEVER_NAMES: &[(&str, &[&str])] = &[
     ("spool-bus", &["rusqlite", "tokio-postgres"]),
     ("spool-otel", &["rusqlite", "tokio-postgres"]),
     ("spool-mcp", &["rusqlite", "tokio-postgres"]),
+    ("spool-a2a", &["rusqlite", "tokio-postgres"]),
 ];
 
 /// Transport vocabularies the domain must not use: the journal and the

@@ -30,6 +30,7 @@ pub(crate) fn run(command: AgentCommand) -> anyhow::Result<ExitCode> {
             schema["properties"]["bus"] = spool_bus::config::schema();
             schema["properties"]["telemetry"] = spool_otel::config::schema();
             schema["properties"]["mcp"] = spool_mcp::config::schema();
+            schema["properties"]["a2a"] = spool_a2a::config::schema();
             let schema = serde_json::to_string_pretty(&schema)?;
             writeln!(std::io::stdout(), "{schema}")?;
             return Ok(ExitCode::SUCCESS);
@@ -41,6 +42,7 @@ pub(crate) fn run(command: AgentCommand) -> anyhow::Result<ExitCode> {
         spool_bus::config::BusSection::from_definition(definition).map_err(anyhow::Error::msg)?;
     let tools = crate::serve::tools_of(&loaded, bus.as_ref())?;
     let telemetry = spool_otel::TelemetrySection::from_definition(definition)?;
+    spool_a2a::A2aSection::from_definition(definition).map_err(anyhow::Error::msg)?;
     let servers = spool_mcp::McpServers::from_definition(definition, &loaded.base)
         .map_err(anyhow::Error::msg)?;
     // Building the engine checks what a first turn would otherwise find:

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod a2a;
 mod agent;
 mod bus;
 mod cluster;
@@ -53,6 +54,11 @@ enum Command {
     Agent {
         #[command(subcommand)]
         command: agent::AgentCommand,
+    },
+    /// Reach an A2A agent: print its card, send it a message.
+    A2a {
+        #[command(subcommand)]
+        command: a2a::A2aCommand,
     },
     /// The agent's MCP servers (`[[mcp]]` in spool.toml).
     Mcp {
@@ -123,6 +129,7 @@ fn main() -> ExitCode {
         Command::Bus { command } => bus::run(command),
         Command::Agent { command } => agent::run(command),
         Command::Mcp { command } => mcp::run(command),
+        Command::A2a { command } => a2a::run(command),
         Command::Serve(args) => serve::run(*args),
         Command::Run(args) => talk::run(args),
         Command::Chat(args) => talk::chat(args),

@@ -308,6 +308,26 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         &spool_mcp::serve::RunsServer::new(runtime.clone(), access),
         &closing,
     );
+    // A2A (both bindings at `/a2a`, the card at the well-known paths),
+    // behind the same guard, tokens and ownership rules.
+    let a2a_section = spool_a2a::A2aSection::from_definition(&agent.loaded.definition)
+        .map_err(anyhow::Error::msg)?;
+    let a2a = spool_a2a::A2aServer::new(runtime.clone(), access, closing.clone())
+        .with_card(a2a_section, agent.loaded.definition.agent.name.clone())
+        .with_tokens(tokens.is_some())
+        .with_tls(scheme == "https");
+    // Push notifications a restart left undelivered go out again. A
+    // journal that cannot say which (a cluster node whose registry run
+    // another node drives) does not stop the server.
+    match a2a.resume_push().await {
+        Ok(0) => {}
+        Ok(resumed) => say(&format!(
+            "spool: resuming {resumed} A2A push notification configs"
+        )),
+        Err(error) => say(&format!(
+            "spool: A2A push notifications left undelivered by the last run are not resumed here: {error}"
+        )),
+    }
     // Kept to stop the runtime's own tasks once nothing takes requests.
     let lifecycle = runtime.clone();
     let mut channel = HttpChannel::new(runtime, closing.clone())
@@ -318,7 +338,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     for (prefix, handler) in spool_rpc::http::routes(&rpc, &closing) {
         channel = channel.mount(prefix, handler)?;
     }
-    channel = channel.mount("/mcp", mcp)?;
+    channel = channel
+        .mount("/mcp", mcp)?
+        .mount(spool_a2a::PREFIX, a2a.route())?
+        .mount_public(spool_wire::a2a::CARD_PATH, a2a.card_route())?
+        .mount_public(spool_wire::a2a::LEGACY_CARD_PATH, a2a.card_route())?;
     if let Some(tokens) = tokens {
         // Triggers need a proven caller: tokens with the `trigger` scope
         // (or an administrator's).
@@ -462,6 +486,11 @@ pub(crate) fn tools_of(
     let mut tools = loaded.definition.tools(&loaded.base)?;
     if let Some(bus) = bus.filter(|bus| bus.delegate) {
         tools.add(Arc::new(spool_bus::tool::Delegate::new(bus)))?;
+    }
+    let a2a =
+        spool_a2a::A2aSection::from_definition(&loaded.definition).map_err(anyhow::Error::msg)?;
+    if let Some(send) = spool_a2a::peer::tool(&a2a, &loaded.base) {
+        tools.add(send)?;
     }
     Ok(tools)
 }

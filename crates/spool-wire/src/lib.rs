@@ -33,6 +33,7 @@
 
 mod code;
 
+pub mod a2a;
 pub mod bus;
 pub mod canonical;
 pub mod http;

@@ -164,6 +164,9 @@ fn a_rebinding_host_is_refused_on_every_surface_and_loopback_names_are_served() 
         "/stream",
         "/ws",
         "/mcp",
+        "/a2a",
+        "/a2a/tasks",
+        "/.well-known/agent-card.json",
     ] {
         let reply = exchange(addr, &raw("GET", path, &[&rebound], b""));
         refused_with(&reply, 403, "host_not_allowed", path);
@@ -602,5 +605,162 @@ fn the_mcp_endpoint_applies_the_same_origin_host_token_and_ownership_rules() {
     );
     let listed = mcp_call(addr, &bob, "list_runs", "{}");
     assert!(!listed.contains(&run), "nor is it listed: {listed}");
+    terminate(running);
+}
+
+/// One A2A JSON-RPC call as `token`'s holder: the reply.
+fn a2a_call(addr: &str, token: &str, method: &str, params: &str) -> Reply {
+    exchange(
+        addr,
+        &raw(
+            "POST",
+            "/a2a",
+            &[
+                &format!("Host: {addr}"),
+                &format!("Authorization: Bearer {token}"),
+                "Content-Type: application/json",
+            ],
+            format!(r#"{{"jsonrpc":"2.0","id":1,"method":"{method}","params":{params}}}"#)
+                .as_bytes(),
+        ),
+    )
+}
+
+#[test]
+fn the_a2a_endpoints_apply_the_same_origin_host_token_and_ownership_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    let alice = token(&tokens, "alice", false);
+    let bob = token(&tokens, "bob", false);
+    let running = serve(
+        dir.path(),
+        &[
+            "--token-file",
+            tokens.to_str().unwrap(),
+            "--run-access",
+            "owner",
+        ],
+    );
+    let addr = running.addr.as_str();
+    let port = addr.rsplit_once(':').unwrap().1;
+    let host = format!("Host: {addr}");
+    let auth = format!("Authorization: Bearer {alice}");
+    let json = "Content-Type: application/json";
+    let send = br#"{"message":{"messageId":"m1","role":"ROLE_USER","parts":[{"text":"mine"}]}}"#;
+    for path in ["/a2a/message:send", "/a2a"] {
+        let reply = exchange(
+            addr,
+            &raw(
+                "POST",
+                path,
+                &[&host, &auth, json, "Origin: http://evil.example"],
+                send,
+            ),
+        );
+        refused_with(&reply, 403, "origin_not_allowed", path);
+        let reply = exchange(
+            addr,
+            &raw(
+                "POST",
+                path,
+                &[&host, &auth, "Content-Type: text/plain"],
+                send,
+            ),
+        );
+        refused_with(&reply, 415, "unsupported_media_type", path);
+        let reply = exchange(addr, &raw("POST", path, &[&host, json], send));
+        assert_eq!(reply.status, 401, "{path} without a token: {}", reply.body);
+    }
+    let rebound = format!("Host: evil.example:{port}");
+    let reply = exchange(
+        addr,
+        &raw("POST", "/a2a/message:send", &[&rebound, &auth, json], send),
+    );
+    refused_with(&reply, 403, "host_not_allowed", "a rebound host");
+
+    // The card is public (discovery comes before credentials), and says
+    // that calls need a bearer token.
+    let card = exchange(
+        addr,
+        &raw("GET", "/.well-known/agent-card.json", &[&host], b""),
+    );
+    assert_eq!(card.status, 200, "{}", card.body);
+    let card = card.json();
+    assert_eq!(
+        card["securitySchemes"]["bearer"]["httpAuthSecurityScheme"]["scheme"], "Bearer",
+        "{card}"
+    );
+    assert_eq!(card["capabilities"]["extendedAgentCard"], true, "{card}");
+    let extended = exchange(
+        addr,
+        &raw("GET", "/a2a/extendedAgentCard", &[&host, &auth], b""),
+    );
+    assert_eq!(extended.status, 200, "{}", extended.body);
+
+    // Alice's task is hers alone.
+    let sent = exchange(
+        addr,
+        &raw("POST", "/a2a/message:send", &[&host, &auth, json], send),
+    );
+    assert_eq!(sent.status, 200, "{}", sent.body);
+    let task = sent.json()["task"].clone();
+    let (id, context) = (
+        task["id"].as_str().unwrap().to_owned(),
+        task["contextId"].as_str().unwrap().to_owned(),
+    );
+    let hers = a2a_call(addr, &alice, "GetTask", &format!(r#"{{"id":"{id}"}}"#));
+    assert_eq!(hers.json()["result"]["id"], id.as_str(), "{}", hers.body);
+    for (method, params) in [
+        ("GetTask", format!(r#"{{"id":"{id}"}}"#)),
+        ("CancelTask", format!(r#"{{"id":"{id}"}}"#)),
+        ("SubscribeToTask", format!(r#"{{"id":"{id}"}}"#)),
+    ] {
+        let his = a2a_call(addr, &bob, method, &params);
+        assert_eq!(
+            his.json()["error"]["code"],
+            -32001,
+            "{method}: {}",
+            his.body
+        );
+    }
+    let his = exchange(
+        addr,
+        &raw(
+            "GET",
+            &format!("/a2a/tasks/{id}"),
+            &[&host, &format!("Authorization: Bearer {bob}")],
+            b"",
+        ),
+    );
+    assert_eq!(his.status, 404, "{}", his.body);
+    let into = a2a_call(
+        addr,
+        &bob,
+        "SendMessage",
+        &format!(
+            r#"{{"message":{{"messageId":"m2","contextId":"{context}","role":"ROLE_USER","parts":[{{"text":"yours?"}}]}}}}"#
+        ),
+    );
+    assert_eq!(into.json()["error"]["code"], -32602, "{}", into.body);
+    let listed = a2a_call(addr, &bob, "ListTasks", "{}");
+    assert_eq!(
+        listed.json()["result"]["tasks"],
+        serde_json::json!([]),
+        "{}",
+        listed.body
+    );
+    // The same message id from him is a task of his own.
+    let same = a2a_call(
+        addr,
+        &bob,
+        "SendMessage",
+        r#"{"message":{"messageId":"m1","role":"ROLE_USER","parts":[{"text":"mine"}]}}"#,
+    );
+    assert_ne!(
+        same.json()["result"]["task"]["id"],
+        id.as_str(),
+        "{}",
+        same.body
+    );
     terminate(running);
 }

@@ -49,6 +49,8 @@ pub struct HttpChannel {
     /// How long a request's body may take to arrive.
     body_timeout: std::time::Duration,
     mounted: Vec<(String, crate::server::Handler)>,
+    /// Exact paths answered before authentication (discovery documents).
+    public: Vec<(String, crate::server::Handler)>,
     /// Stream lines encoded once for every stream of a run.
     lines: Arc<crate::stream::SharedLines>,
     /// The runs whose caught-up streams share one reader.
@@ -145,6 +147,7 @@ impl HttpChannel {
             closing,
             body_timeout: body::BODY_READ_TIMEOUT,
             mounted: Vec::new(),
+            public: Vec::new(),
             lines: Arc::default(),
             fanouts: Arc::default(),
             streams: Arc::new(watch::channel(0).0),
@@ -296,6 +299,27 @@ impl HttpChannel {
         Ok(self)
     }
 
+    /// Mounts a public document at exactly `path`: answered without
+    /// credentials, as discovery comes before them (an A2A agent card at
+    /// `/.well-known/agent-card.json`). The origin and host rules still
+    /// apply; anything a caller should not see without credentials does
+    /// not belong here.
+    ///
+    /// # Errors
+    ///
+    /// [`MountError`] as for [`HttpChannel::mount`].
+    pub fn mount_public(
+        mut self,
+        path: &str,
+        handler: crate::server::Handler,
+    ) -> Result<Self, MountError> {
+        if !path.starts_with('/') || path == "/" || path.starts_with("/spool/") {
+            return Err(MountError(path.to_owned()));
+        }
+        self.public.push((path.to_owned(), handler));
+        Ok(self)
+    }
+
     /// The channel as a server handler, logging each request (method,
     /// path, status, time taken) through `tracing`.
     #[must_use]
@@ -348,9 +372,11 @@ impl HttpChannel {
     /// The methods the route at `path` takes, for a CORS preflight.
     fn methods(&self, path: &str) -> Vec<Method> {
         let Some(rest) = path.strip_prefix(wire::BASE_PATH) else {
-            // A mounted route (JSON-RPC's, a host's) says for itself which
-            // method it takes; both are named.
-            return vec![Method::GET, Method::POST];
+            // A mounted route (JSON-RPC's, MCP's, A2A's, a host's) says
+            // for itself which method it takes; each one any of them
+            // takes is named (MCP ends a session and A2A withdraws a push
+            // config with DELETE).
+            return vec![Method::GET, Method::POST, Method::DELETE];
         };
         let segments: Vec<&str> = rest.trim_start_matches('/').split('/').collect();
         let matches = |template: &str| {

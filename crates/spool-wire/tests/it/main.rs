@@ -5,6 +5,7 @@
 // test on the line that broke, which is what it is for.
 #![allow(clippy::unwrap_used)]
 
+mod a2a;
 mod bus;
 mod http;
 mod pod;

@@ -9,6 +9,7 @@
 use std::io::Write;
 use std::process::ExitCode;
 
+mod a2a;
 mod http;
 mod journal;
 mod long;
@@ -56,6 +57,7 @@ const BENCHES: &[(&str, Bench)] = &[
     ("wire-decode", wire::decode),
     ("http-runs", http::runs),
     ("serve-runs", serve::run),
+    ("a2a-tasks", a2a::run),
     ("soak", http::soak),
     ("parked-runs", http::parked),
     ("stream-fanout", http::fanout),

@@ -21,9 +21,9 @@ use crate::Scale;
 use crate::report::Row;
 
 /// A `spool serve` child, killed when dropped.
-struct Server {
+pub(crate) struct Server {
     child: Child,
-    addr: String,
+    pub(crate) addr: String,
     _dir: tempfile::TempDir,
 }
 
@@ -35,8 +35,17 @@ impl Drop for Server {
 }
 
 impl Server {
-    fn start(spool: &str) -> anyhow::Result<Self> {
+    pub(crate) fn start(spool: &str) -> anyhow::Result<Self> {
+        Self::start_with(spool, &[])
+    }
+
+    /// A server whose directory holds `files` (`spool.toml`, a script),
+    /// each a name and its contents.
+    pub(crate) fn start_with(spool: &str, files: &[(&str, &str)]) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir()?;
+        for (name, contents) in files {
+            std::fs::write(dir.path().join(name), contents)?;
+        }
         // A free port, given back for the server to take.
         let addr = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
@@ -66,18 +75,18 @@ impl Server {
         Ok(server)
     }
 
-    fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
 }
 
 /// User and system CPU of process `pid` so far, in milliseconds.
-fn cpu_ms(pid: u32) -> anyhow::Result<f64> {
+pub(crate) fn cpu_ms(pid: u32) -> anyhow::Result<f64> {
     crate::oneshot::cpu_ms(&pid.to_string(), 14)
 }
 
 /// A field of `/proc/PID/status` (its number).
-fn status_field(pid: u32, field: &str) -> anyhow::Result<f64> {
+pub(crate) fn status_field(pid: u32, field: &str) -> anyhow::Result<f64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     let line = status
         .lines()
@@ -91,12 +100,12 @@ fn status_field(pid: u32, field: &str) -> anyhow::Result<f64> {
 }
 
 /// One keep-alive HTTP/1.1 connection.
-struct Conn {
+pub(crate) struct Conn {
     stream: BufReader<TcpStream>,
 }
 
 impl Conn {
-    async fn open(addr: &str) -> anyhow::Result<Self> {
+    pub(crate) async fn open(addr: &str) -> anyhow::Result<Self> {
         let stream = TcpStream::connect(addr).await?;
         stream.set_nodelay(true)?;
         Ok(Self {
@@ -105,7 +114,11 @@ impl Conn {
     }
 
     /// Sends one request and reads its reply; the status and the body.
-    async fn request(&mut self, head: &str, body: &[u8]) -> anyhow::Result<(u16, Vec<u8>)> {
+    pub(crate) async fn request(
+        &mut self,
+        head: &str,
+        body: &[u8],
+    ) -> anyhow::Result<(u16, Vec<u8>)> {
         // One write: with TCP_NODELAY, a head and a body written apart go
         // out as two segments, and the server would be woken twice per
         // request, which is the client's cost, not the server's.
@@ -156,15 +169,40 @@ async fn closed_loop(
     clients: usize,
     duration: Duration,
 ) -> anyhow::Result<f64> {
+    closed_loop_with(
+        addr,
+        head,
+        Arc::new(|_| body.to_vec()),
+        expect,
+        clients,
+        duration,
+    )
+    .await
+}
+
+/// [`closed_loop`] with each request's body made by `body` from a number
+/// no other request of the loop gets.
+pub(crate) async fn closed_loop_with(
+    addr: &str,
+    head: &'static str,
+    body: Arc<dyn Fn(u64) -> Vec<u8> + Send + Sync>,
+    expect: &'static str,
+    clients: usize,
+    duration: Duration,
+) -> anyhow::Result<f64> {
     let done = Arc::new(AtomicU64::new(0));
+    let numbers = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..clients {
         let mut conn = Conn::open(addr).await?;
         let done = Arc::clone(&done);
+        let numbers = Arc::clone(&numbers);
+        let body = Arc::clone(&body);
         tasks.push(tokio::spawn(async move {
             while started.elapsed() < duration {
-                let (status, reply) = conn.request(head, body).await?;
+                let body = body(numbers.fetch_add(1, Ordering::Relaxed));
+                let (status, reply) = conn.request(head, &body).await?;
                 if status != 200 || !String::from_utf8_lossy(&reply).contains(expect) {
                     bail!(
                         "{head} answered {status}: {}",
@@ -182,7 +220,7 @@ async fn closed_loop(
     Ok(done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64())
 }
 
-const RUN: (&str, &[u8], &str) = (
+pub(crate) const RUN: (&str, &[u8], &str) = (
     "POST /spool/v1/runs",
     b"{\"text\":\"hello\"}",
     "\"completed\"",

@@ -332,3 +332,45 @@ fn a_v1_task_rewritten_for_v0_3_has_kinds_and_lowercase_states() {
     assert_eq!(old["kind"], "status-update");
     assert_eq!(old["final"], true);
 }
+
+#[tokio::test]
+async fn two_subscribers_to_one_task_see_the_same_changes_in_the_same_order() {
+    let story: Vec<String> = (0..40).map(|n| format!("w{n}")).collect();
+    let script = json!({"text": story.join(" "), "delay_ms": 5}).to_string();
+    let (server, runtime) = server(&script, RunAccess::Any);
+    let sent = server.send(None, message("m", "go", None)).await.unwrap();
+    let watch = || spool_a2a::task::Watch::open(&runtime, sent.task.clone());
+    let (first, second) = (watch().await.unwrap(), watch().await.unwrap());
+    let drain = |mut watch: spool_a2a::task::Watch| async move {
+        let mut items = Vec::new();
+        while let Some(item) = watch.next().await {
+            items.push(serde_json::to_value(&item).unwrap());
+        }
+        items
+    };
+    // Both opened while the turn streams (the last assertion fails
+    // otherwise); each ends where the task rests.
+    let (a, b) = tokio::time::timeout(PATIENCE, async {
+        tokio::join!(drain(first), drain(second))
+    })
+    .await
+    .expect("both streams end");
+    let durable = |items: &[Value]| -> Vec<Value> {
+        // Pieces of the answer are live: a subscriber opened after some
+        // were sent does not get those. The changes recorded in the
+        // journal are the same for both.
+        items
+            .iter()
+            .filter(|item| {
+                item.get("artifactUpdate")
+                    .is_none_or(|u| u["lastChunk"] == true)
+            })
+            .cloned()
+            .collect()
+    };
+    assert_eq!(durable(&a), durable(&b));
+    assert_eq!(
+        durable(&a).last().unwrap()["statusUpdate"]["status"]["state"],
+        "TASK_STATE_COMPLETED"
+    );
+}

@@ -16,6 +16,9 @@
 //! - a task's state is read from the run's journal through the activity
 //!   layer, so a task interrupted by a crash is the same task once the
 //!   runtime resumes its turn.
+//!
+#![doc = include_str!("../README.md")]
+#![warn(missing_docs)]
 
 pub mod client;
 pub mod config;

@@ -11,7 +11,7 @@
 
 use std::collections::VecDeque;
 
-use spool_journal::{Envelope, Event, RunId, Seq, TurnId};
+use spool_journal::{Envelope, RunId, Seq, TurnId};
 use spool_runtime::activity::{Activity, Reader, TurnOutcome};
 use spool_runtime::engine::Delta;
 use spool_runtime::hub::{LiveDelta, StreamItem, Subscription};
@@ -210,30 +210,35 @@ impl Tracker {
         let mut out = Vec::new();
         let at = envelope.recorded_at;
         if envelope.seq == self.at.seq {
-            // The event that records the task's message.
-            let (message_id, input, state) = match &envelope.event {
-                Event::TurnStarted(started) if started.from_queue.is_none() => {
-                    self.turn = Some(started.turn_id.clone());
-                    (&started.operation_id, &started.input, TaskState::Working)
+            // The event that records the task's message: a turn started
+            // by it, or input queued behind another turn.
+            for fact in reader.envelope(envelope) {
+                let recorded = match fact {
+                    Activity::TurnStarted { started, .. } if started.from_queue.is_none() => {
+                        self.turn = Some(started.turn_id.clone());
+                        Some((
+                            started.operation_id.as_deref(),
+                            started.input.as_str(),
+                            TaskState::Working,
+                        ))
+                    }
+                    Activity::Input {
+                        input,
+                        turn: None,
+                        operation,
+                    } => Some((operation, input, TaskState::Submitted)),
+                    _ => None,
+                };
+                if let Some((message_id, input, state)) = recorded {
+                    self.found = true;
+                    let message_id =
+                        message_id.map_or_else(|| format!("{}-input", self.id), str::to_owned);
+                    let message = self.user(message_id, input);
+                    self.history.push(message);
+                    self.state = state;
+                    self.updated = Some(at);
                 }
-                Event::InputQueued(queued) => {
-                    (&queued.operation_id, &queued.input, TaskState::Submitted)
-                }
-                _ => {
-                    // Read for the reader's sake; it names no task.
-                    reader.envelope(envelope).for_each(drop);
-                    return out;
-                }
-            };
-            self.found = true;
-            let message_id = message_id
-                .clone()
-                .unwrap_or_else(|| format!("{}-input", self.id));
-            let message = self.user(message_id, input);
-            self.history.push(message);
-            self.state = state;
-            self.updated = Some(at);
-            reader.envelope(envelope).for_each(drop);
+            }
             return out;
         }
         if !self.found || self.state.is_terminal() {
@@ -579,11 +584,12 @@ pub async fn run_tasks(runtime: &Runtime, run: &RunId) -> Result<Vec<Tracker>, R
         let StreamItem::Event(envelope) = item else {
             continue;
         };
-        let records = match &envelope.event {
-            Event::TurnStarted(started) => started.from_queue.is_none(),
-            Event::InputQueued(_) => true,
+        // A task per message recorded: a turn it started, or input queued.
+        let records = reader.clone().envelope(&envelope).any(|fact| match fact {
+            Activity::TurnStarted { started, .. } => started.from_queue.is_none(),
+            Activity::Input { turn: None, .. } => true,
             _ => false,
-        };
+        });
         if records {
             tasks.push(Tracker::new(TaskRef {
                 run: run.clone(),

@@ -142,7 +142,7 @@ impl Mapper {
             // set of kinds: a `run:status` of the running run, the input
             // and its policy as attributes (a strict client reading
             // `run:status` as "the state now" reads the truth).
-            Activity::Input { input, turn } => events.push(
+            Activity::Input { input, turn, .. } => events.push(
                 self.event("run:status", nanos, "running")
                     .with_attribute("spool.state", "running")
                     .with_attribute("spool.input", *input)

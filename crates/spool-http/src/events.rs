@@ -98,7 +98,7 @@ pub(crate) fn event_lines(envelope: &Envelope) -> Vec<StreamEvent> {
                 }));
                 primary = Some(line);
             }
-            Activity::Input { input, turn } => {
+            Activity::Input { input, turn, .. } => {
                 let mut line = line(StreamEventType::RunInput, turn, Some(input.to_owned()));
                 line.data = Some(to_data(&data::RunInputData {
                     policy: if turn.is_some() { "steer" } else { "queue" }.into(),

@@ -66,6 +66,9 @@ pub enum Activity<'a> {
         input: &'a str,
         /// The running turn it was steered into; absent when queued.
         turn: Option<&'a TurnId>,
+        /// The caller's idempotency key for queued input
+        /// (`Runtime::send_once`).
+        operation: Option<&'a str>,
     },
     /// A model call began; `call` is its request's journal position, which
     /// names it.
@@ -395,10 +398,12 @@ impl Reader {
             Event::InputSteered(steered) => Some(Activity::Input {
                 input: &steered.input,
                 turn: Some(&steered.turn_id),
+                operation: None,
             }),
             Event::InputQueued(queued) => Some(Activity::Input {
                 input: &queued.input,
                 turn: None,
+                operation: queued.operation_id.as_deref(),
             }),
             Event::ModelCallRequested(_) => {
                 if !self.stateless {

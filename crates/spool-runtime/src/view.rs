@@ -140,6 +140,7 @@ impl Conversation {
                 Activity::Input {
                     input,
                     turn: Some(_),
+                    ..
                 } => {
                     let message = user_message(input);
                     if model_call_open {

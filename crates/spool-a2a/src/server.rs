@@ -701,6 +701,11 @@ impl A2aServer {
             None => {
                 let mut runs = Vec::new();
                 for summary in self.runtime.list().await.map_err(|e| internal(&e))? {
+                    // A run that never had a turn holds no task (a record
+                    // run, an address made before its first message).
+                    if summary.status == spool_journal::fold::Status::Pending {
+                        continue;
+                    }
                     if self
                         .access
                         .reaches(&self.runtime, caller, &summary.run_id)

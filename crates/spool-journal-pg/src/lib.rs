@@ -616,6 +616,7 @@ struct ReadStatements {
     watch_one: Statement,
     runs: Statement,
     address: Statement,
+    addresses: Statement,
     operation: Statement,
 }
 
@@ -709,6 +710,10 @@ impl Readers {
                 .map_err(storage)?,
             address: client
                 .prepare("SELECT run_id FROM spool_addresses WHERE namespace = $1 AND name = $2")
+                .await
+                .map_err(storage)?,
+            addresses: client
+                .prepare("SELECT namespace, name, run_id FROM spool_addresses")
                 .await
                 .map_err(storage)?,
             operation: client
@@ -836,6 +841,20 @@ impl Readers {
             .collect()
     }
 
+    async fn addresses(&self) -> Result<Vec<(Address, RunId)>, JournalError> {
+        let rows = self
+            .query(|client, st| async move { client.query(&st.addresses, &[]).await })
+            .await?;
+        rows.iter()
+            .map(|row| {
+                Ok((
+                    Address::new(row.get::<_, String>(0), row.get::<_, String>(1)),
+                    stored_run_id(row.get(2))?,
+                ))
+            })
+            .collect()
+    }
+
     async fn find(
         &self,
         pick: fn(&ReadStatements) -> &Statement,
@@ -875,6 +894,10 @@ impl Journal for PgJournal {
 
     fn runs(&self) -> BoxFuture<'_, Result<Vec<RunSummary>, JournalError>> {
         Box::pin(self.readers.runs())
+    }
+
+    fn addresses(&self) -> BoxFuture<'_, Result<Vec<(Address, RunId)>, JournalError>> {
+        Box::pin(self.readers.addresses())
     }
 
     fn find_address<'a>(

@@ -347,6 +347,11 @@ async fn addresses_bind_once_and_free_on_unbind_and_retire(journal: Arc<dyn Jour
         Some(a.clone()),
         "the address finds its run"
     );
+    assert_eq!(
+        journal.addresses().await.unwrap(),
+        vec![(address.clone(), a.clone())],
+        "the listing of addresses holds the binding"
+    );
     match journal.append(&b, Seq(0), vec![bound.clone()]).await {
         Err(JournalError::AddressTaken { run, .. }) => {
             assert_eq!(run, a, "the refusal names the holder")
@@ -371,6 +376,10 @@ async fn addresses_bind_once_and_free_on_unbind_and_retire(journal: Arc<dyn Jour
         journal.find_address(&address).await.unwrap(),
         None,
         "unbinding frees the address"
+    );
+    assert!(
+        journal.addresses().await.unwrap().is_empty(),
+        "and takes it off the listing of addresses"
     );
     journal.append(&b, Seq(0), vec![bound]).await.unwrap();
     journal

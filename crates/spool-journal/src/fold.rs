@@ -40,6 +40,14 @@ pub struct State {
     pub usage: Usage,
     /// The last turn's answer.
     pub response: Option<String>,
+    /// How many turns have started, over the run's whole life (clears
+    /// and compactions included): what a listing shows beside its tokens.
+    pub turns: u64,
+    /// Why the last turn failed, while the run rests failed.
+    pub failure: Option<crate::event::TurnFailed>,
+    /// The tool call whose recorded suspension parks the run, with its
+    /// arguments, while it waits: what whoever answers is shown.
+    pub parked_call: Option<ToolCallRequested>,
     /// Tool calls requested and not yet completed, by call id: on recovery
     /// these are the dangling intents.
     pub open_calls: BTreeMap<String, (Seq, ToolCallRequested)>,
@@ -60,6 +68,8 @@ pub struct State {
     pub last_seq: Option<Seq>,
     /// When the last event was recorded.
     pub updated_at: Option<OffsetDateTime>,
+    /// When the run was created (its first event recorded).
+    pub created_at: Option<OffsetDateTime>,
 }
 
 /// A run's public state, with why it waits.
@@ -229,6 +239,9 @@ impl State {
         }
         self.last_seq = Some(seq);
         self.updated_at = Some(envelope.recorded_at);
+        if self.created_at.is_none() {
+            self.created_at = Some(envelope.recorded_at);
+        }
         // Retirement is permanent: nothing after it changes the state but
         // the bookkeeping above.
         if self.status == Status::Retired {
@@ -252,6 +265,9 @@ impl State {
                     self.operations.insert(operation.clone(), seq);
                 }
                 self.turn = Some(started.turn_id.clone());
+                self.turns += 1;
+                self.failure = None;
+                self.parked_call = None;
                 self.suspension = None;
                 self.sleep = None;
                 self.budget = None;
@@ -283,7 +299,16 @@ impl State {
                     .insert(requested.call_id.clone(), (seq, requested.clone()));
             }
             Event::ToolCallCompleted(completed) => {
-                self.open_calls.remove(&completed.call_id);
+                let requested = self.open_calls.remove(&completed.call_id);
+                // A suspension is recorded inside the call's completion
+                // (seed 004); its `suspended` follows.
+                if completed
+                    .output
+                    .get(spool_wire::sentinel::SUSPEND_KEY)
+                    .is_some()
+                {
+                    self.parked_call = requested.map(|(_, requested)| requested);
+                }
                 self.push(
                     seq,
                     ItemContent::ToolResult {
@@ -314,6 +339,7 @@ impl State {
             Event::Suspended(suspended) => self.suspension = Some(suspended.clone()),
             Event::Resumed(resumed) => {
                 self.suspension = None;
+                self.parked_call = None;
                 self.budget = None;
                 self.push(seq, ItemContent::Answers(resumed.answers.clone()));
             }
@@ -324,7 +350,11 @@ impl State {
                 self.finish();
                 self.response.clone_from(&completed.response);
             }
-            Event::TurnFailed(_) | Event::TurnCancelled(_) => self.finish(),
+            Event::TurnFailed(failed) => {
+                self.finish();
+                self.failure = Some(failed.clone());
+            }
+            Event::TurnCancelled(_) => self.finish(),
             Event::ContextCleared(_) => self.conversation.clear(),
             Event::Compacted(compacted) => {
                 let at = self
@@ -390,6 +420,7 @@ impl State {
 
     fn finish(&mut self) {
         self.suspension = None;
+        self.parked_call = None;
         self.sleep = None;
         self.budget = None;
         self.cancel_requested = None;

@@ -52,4 +52,4 @@ pub use schedule::{ScheduleDefinition, Scheduler};
 pub use spool_journal::store::BoxFuture;
 pub use storage::{JournalHealth, PROBE_FIRST, PROBE_MAX, RESUME_MAX};
 pub use tool::{LiveTools, Tool, ToolContext, ToolOutcome, Tools};
-pub use view::{RunView, Snapshot};
+pub use view::{RunDetail, RunView, Snapshot};

@@ -43,6 +43,65 @@ pub struct Snapshot {
     pub messages: Vec<Value>,
 }
 
+/// What a listing shows of a run beyond its journal row: its turns,
+/// tokens and cost, the addresses it holds, why its last turn failed, and
+/// what it waits on (with the parked tool call's arguments). The console's
+/// run list and inbox read it.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct RunDetail {
+    /// The run's state and latest boundary result.
+    pub view: RunView,
+    /// Turns started over the run's life.
+    pub turns: u64,
+    /// Tokens every model call used, over all turns.
+    pub usage: Usage,
+    /// What those tokens cost in micro-dollars under the runtime's
+    /// `[pricing]`; `None` without one.
+    pub cost_micro_usd: Option<u64>,
+    /// The addresses the run holds.
+    pub addresses: Vec<spool_journal::Address>,
+    /// Why the last turn failed, while the run rests failed.
+    pub failure: Option<spool_journal::event::TurnFailed>,
+    /// The parked tool call, while a tool's suspension holds the run.
+    pub suspended_call: Option<spool_journal::event::ToolCallRequested>,
+    /// When the run was created.
+    pub created_at: Option<time::OffsetDateTime>,
+    /// When its last event was recorded.
+    pub updated_at: Option<time::OffsetDateTime>,
+}
+
+impl RunDetail {
+    pub(crate) fn of(locked: &Locked, pricing: Option<&crate::agent::Pricing>) -> Self {
+        let view = RunView::of(locked);
+        let state = locked.state();
+        let suspended_call = view
+            .suspend
+            .as_ref()
+            .and_then(|suspend| suspend.call_id.as_ref())
+            .and_then(|call| {
+                state
+                    .parked_call
+                    .as_ref()
+                    .filter(|parked| parked.call_id == *call)
+                    .or_else(|| state.open_calls.get(call).map(|(_, requested)| requested))
+            })
+            .cloned();
+        Self {
+            turns: state.turns,
+            usage: state.usage,
+            cost_micro_usd: pricing
+                .map(|p| p.micro_usd(state.usage.input_tokens, state.usage.output_tokens)),
+            addresses: state.addresses.iter().cloned().collect(),
+            failure: state.failure.clone(),
+            suspended_call,
+            created_at: state.created_at,
+            updated_at: state.updated_at,
+            view,
+        }
+    }
+}
+
 impl RunView {
     pub(crate) fn of(locked: &Locked) -> Self {
         let cached = locked.cached();

@@ -232,6 +232,119 @@ pub struct SnapshotReply {
     pub messages: Vec<Value>,
 }
 
+/// `GET /runs`: a page of runs, and how many match the filters.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunList {
+    /// The page.
+    pub runs: Vec<RunRow>,
+    /// Pass as `after` for the next page; absent on the last page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
+    /// How many runs the caller may see match the filters, over all
+    /// pages.
+    pub total: u64,
+}
+
+/// One run in a listing: its journal row, with what its state adds.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunRow {
+    /// The run.
+    pub id: String,
+    /// Its state.
+    pub state: RunState,
+    /// Its title.
+    pub title: Option<String>,
+    /// When its last event was recorded (RFC 3339).
+    pub updated: Option<String>,
+    /// When it was created (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created: Option<String>,
+    /// Its address in this channel, or else the first it holds in any
+    /// (`namespace:name`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    /// Turns started over its life.
+    #[serde(default)]
+    pub turns: u64,
+    /// Tokens every model call used, over all turns.
+    #[serde(default)]
+    pub usage: Usage,
+    /// What those tokens cost in USD under the server's `[pricing]`;
+    /// absent without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_usd: Option<f64>,
+    /// Why the last turn failed, while the run rests failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<Failure>,
+    /// Why it waits, while it waits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suspend: Option<Suspend>,
+    /// The tool call a tool's suspension parked, with its arguments.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call: Option<ParkedCall>,
+    /// Its last journal position: stream after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cursor: Option<u64>,
+}
+
+/// A turn's failure: its stable code and message.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Failure {
+    /// The stable code (`provider_error`, `internal`, …).
+    pub code: String,
+    /// What went wrong.
+    pub message: String,
+}
+
+/// A parked tool call.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ParkedCall {
+    /// The call.
+    pub id: String,
+    /// The tool.
+    pub name: String,
+    /// Its arguments, as the model gave them.
+    pub arguments: Value,
+}
+
+/// `GET /runs/{id}/events`: a page of the run's journal, oldest first.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JournalPage {
+    /// The page.
+    pub events: Vec<JournalEntry>,
+    /// Pass as `after` for the next page; absent on the last page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<u64>,
+}
+
+/// One recorded event with its timing.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JournalEntry {
+    /// Its journal position.
+    pub seq: u64,
+    /// Its kind (`turn_started`, `model_call_completed`, …; see
+    /// `docs/journal.md`).
+    pub kind: String,
+    /// When it was recorded (RFC 3339).
+    pub time: String,
+    /// The turn it belongs to, once one started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_id: Option<String>,
+    /// For a model or tool call's completion: milliseconds since its
+    /// request was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<u64>,
+    /// For a model call's completion: the tokens it used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+    /// For a model call's completion: what it cost in USD under the
+    /// server's `[pricing]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_usd: Option<f64>,
+    /// The event's payload as recorded.
+    pub data: Value,
+}
+
 /// `POST /runs/{id}/respond`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Respond {
@@ -436,6 +549,11 @@ pub struct Readiness {
 pub struct ScheduleList {
     /// The schedules, by name.
     pub schedules: Vec<ScheduleReply>,
+    /// Whether this caller may trigger them (`POST
+    /// /schedules/{name}/trigger`): what a console asks before it offers
+    /// the button.
+    #[serde(default)]
+    pub can_trigger: bool,
 }
 
 /// A schedule: its definition, next firing and recent firings (`GET

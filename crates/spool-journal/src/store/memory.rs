@@ -244,6 +244,17 @@ impl Journal for MemoryJournal {
         })
     }
 
+    fn addresses(&self) -> BoxFuture<'_, Result<Vec<(Address, RunId)>, JournalError>> {
+        Box::pin(async move {
+            Ok(self
+                .lock()
+                .addresses
+                .iter()
+                .map(|(address, run)| (address.clone(), run.clone()))
+                .collect())
+        })
+    }
+
     fn find_address<'a>(
         &'a self,
         address: &'a Address,

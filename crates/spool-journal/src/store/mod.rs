@@ -79,6 +79,10 @@ pub trait Journal: Send + Sync + 'static {
         })
     }
 
+    /// Every address bound now, with its run: what a search over
+    /// addresses reads (`GET /runs?q=`), one row per binding.
+    fn addresses(&self) -> BoxFuture<'_, Result<Vec<(Address, RunId)>, JournalError>>;
+
     /// The run an address is bound to.
     fn find_address<'a>(
         &'a self,
@@ -129,7 +133,8 @@ pub trait Journal: Send + Sync + 'static {
 }
 
 /// Inside an `impl Journal for Wrapper`, forwards the methods that only
-/// read (`read`, `runs`, `find_address`, `find_operation`, `subscribe`) to
+/// read (`read`, `runs`, `addresses`, `find_address`, `find_operation`,
+/// `subscribe`) to
 /// the journal in field `$inner`: a wrapper that watches or fails writes
 /// writes only `append`, `claim` and, when it cares, `probe`.
 ///
@@ -194,6 +199,15 @@ macro_rules! forward_journal_reads {
             Result<Vec<$crate::store::RunSummary>, $crate::JournalError>,
         > {
             self.$inner.runs_with_status(status)
+        }
+
+        fn addresses(
+            &self,
+        ) -> $crate::store::BoxFuture<
+            '_,
+            Result<Vec<($crate::Address, $crate::RunId)>, $crate::JournalError>,
+        > {
+            self.$inner.addresses()
         }
 
         fn find_address<'a>(

@@ -344,3 +344,54 @@ fn a_replayed_conversation_shares_the_logs_messages_and_outputs_instead_of_copyi
     assert!(std::sync::Arc::ptr_eq(message, &answer.message));
     assert!(std::sync::Arc::ptr_eq(output, &done.output));
 }
+
+#[test]
+fn a_run_counts_its_turns_keeps_its_last_failure_and_the_call_a_suspension_parked() {
+    let parked = Suspended {
+        call_id: Some("c1".into()),
+        ..suspended("t1", SuspendKind::Approval, "Deploy?")
+    };
+    let envelopes = log(
+        "r",
+        0,
+        vec![
+            created(),
+            started("t1", "deploy"),
+            Event::ToolCallRequested(tool_call("c1", Effect::Read, None)),
+            // A suspension is recorded inside the call's completion.
+            tool_done("c1", json!({"__spool_suspend": {"reason": "Deploy?"}})),
+            Event::Suspended(parked),
+            Event::Resumed(Resumed {
+                turn_id: turn("t1"),
+                answers: vec![],
+            }),
+            Event::TurnFailed(TurnFailed {
+                turn_id: turn("t1"),
+                code: "provider_error".into(),
+                message: "503".into(),
+            }),
+            started("t2", "again"),
+        ],
+    );
+    let waiting = fold(&envelopes[..5]);
+    let call = waiting.parked_call.expect("the parked call is kept");
+    assert_eq!(
+        (call.call_id.as_str(), call.input.clone()),
+        ("c1", json!({"env": "staging"}))
+    );
+    assert!(waiting.open_calls.is_empty(), "and no longer open");
+    assert_eq!(
+        fold(&envelopes[..6]).parked_call,
+        None,
+        "an answer lets it go"
+    );
+    let failed = fold(&envelopes[..7]);
+    assert_eq!(failed.turns, 1);
+    assert_eq!(
+        failed.failure.map(|f| (f.code.to_string(), f.message)),
+        Some(("provider_error".to_owned(), "503".to_owned()))
+    );
+    let again = fold(&envelopes);
+    assert_eq!(again.turns, 2);
+    assert_eq!(again.failure, None, "a new turn clears the last failure");
+}

@@ -11,7 +11,7 @@ use super::Runtime;
 use crate::error::RuntimeError;
 use crate::hub::Subscription;
 use crate::runs::Locked;
-use crate::view::{RunView, Snapshot};
+use crate::view::{RunDetail, RunView, Snapshot};
 
 impl Runtime {
     /// A run's state and latest boundary result.
@@ -22,6 +22,52 @@ impl Runtime {
     pub async fn get(&self, run: &RunId) -> Result<RunView, RuntimeError> {
         let locked = self.inner.lock(run).await?;
         Ok(RunView::of(&locked))
+    }
+
+    /// What a listing shows of a run: its view with its turns, tokens,
+    /// cost, addresses, failure and parked call. Read from the run's
+    /// cached state, as [`Runtime::get`] is.
+    ///
+    /// # Errors
+    ///
+    /// `RunNotFound`.
+    pub async fn detail(&self, run: &RunId) -> Result<RunDetail, RuntimeError> {
+        let locked = self.inner.lock(run).await?;
+        Ok(RunDetail::of(&locked, self.inner.pricing.as_ref()))
+    }
+
+    /// The run's recorded events from position `from` on, verified as
+    /// every read is: what shows a run's journal as it is (the console's
+    /// timeline).
+    ///
+    /// # Errors
+    ///
+    /// `RunNotFound`; a journal error when the log cannot be read.
+    pub async fn events(
+        &self,
+        run: &RunId,
+        from: Seq,
+    ) -> Result<Vec<spool_journal::Envelope>, RuntimeError> {
+        // Through the lock, so a run the runtime hides (a schedule's
+        // record) is as unknown here as everywhere else.
+        drop(self.inner.lock(run).await?);
+        Ok(self.inner.journal.read(run, from).await?)
+    }
+
+    /// Every address bound now, with its run: what a search over
+    /// addresses reads.
+    ///
+    /// # Errors
+    ///
+    /// When the journal fails.
+    pub async fn addresses(&self) -> Result<Vec<(Address, RunId)>, RuntimeError> {
+        Ok(self.inner.journal.addresses().await?)
+    }
+
+    /// The `[pricing]` the runtime prices tokens with, when it has one.
+    #[must_use]
+    pub fn pricing(&self) -> Option<crate::agent::Pricing> {
+        self.inner.pricing
     }
 
     /// A run's conversation, state and cursor.

@@ -250,6 +250,15 @@ impl spool_journal::Journal for Counting {
         self.inner.runs()
     }
 
+    fn addresses(
+        &self,
+    ) -> spool_runtime::BoxFuture<
+        '_,
+        Result<Vec<(spool_journal::Address, spool_journal::RunId)>, spool_journal::JournalError>,
+    > {
+        self.inner.addresses()
+    }
+
     fn find_address<'a>(
         &'a self,
         address: &'a spool_journal::Address,

@@ -295,6 +295,13 @@ impl Journal for Instrumented {
         self.inner.runs()
     }
 
+    fn addresses(
+        &self,
+    ) -> BoxFuture<'_, Result<Vec<(spool_journal::Address, RunId)>, spool_journal::JournalError>>
+    {
+        self.inner.addresses()
+    }
+
     fn find_address<'a>(
         &'a self,
         address: &'a spool_journal::Address,

@@ -535,6 +535,29 @@ impl Journal for SqliteJournal {
         }))
     }
 
+    fn addresses(&self) -> BoxFuture<'_, Result<Vec<(Address, RunId)>, JournalError>> {
+        Box::pin(self.with_reader(|conn| {
+            let mut statement = conn
+                .prepare_cached("SELECT namespace, name, run_id FROM addresses")
+                .map_err(storage)?;
+            let rows = statement
+                .query_map([], |row| {
+                    Ok((
+                        row.get::<_, String>(0)?,
+                        row.get::<_, String>(1)?,
+                        row.get::<_, String>(2)?,
+                    ))
+                })
+                .map_err(storage)?;
+            let mut found = Vec::new();
+            for row in rows {
+                let (namespace, name, run) = row.map_err(storage)?;
+                found.push((Address::new(namespace, name), stored_run_id(&run)?));
+            }
+            Ok(found)
+        }))
+    }
+
     fn find_address<'a>(
         &'a self,
         address: &'a Address,

@@ -82,6 +82,9 @@ pub(crate) struct ServeArgs {
     /// (default: $XDG_RUNTIME_DIR/spool/pods).
     #[arg(long)]
     runtime_dir: Option<PathBuf>,
+    /// Do not serve the web console at `/` (the API is served either way).
+    #[arg(long)]
+    no_console: bool,
     #[command(flatten)]
     bus: crate::bus::BusArgs,
     #[command(flatten)]
@@ -335,6 +338,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         .with_guard(guard)
         .with_agent(agent.loaded.definition.agent.name.clone())
         .with_schedules(scheduler);
+    if !args.no_console {
+        channel = channel.with_console();
+    }
     for (prefix, handler) in spool_rpc::http::routes(&rpc, &closing) {
         channel = channel.mount(prefix, handler)?;
     }
@@ -386,6 +392,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         say(&format!(
             "spool: try: curl -s {scheme}://{place}/spool/v1/runs{auth} -H 'Content-Type: application/json' -d '{{\"text\": \"hello\"}}'{named}",
         ));
+        if !args.no_console {
+            say(&format!("spool: console: {scheme}://{place}/{named}"));
+        }
     }
     // Held to the end of this function, past the graceful drain; the
     // shutdown future only watches it.

@@ -11,9 +11,11 @@
 
 pub mod channel;
 pub mod client;
+pub mod console;
 pub mod events;
 mod fanout;
 pub mod forward;
+mod journal;
 pub mod schedules;
 pub mod stream;
 

@@ -18,13 +18,24 @@ use crate::body::{self, Body};
 /// principal the authenticator proved (`None` without one).
 pub type TriggerAuthorizer = Arc<dyn Fn(Option<&Principal>) -> bool + Send + Sync>;
 
-/// `GET /schedules`.
-pub(crate) async fn list(scheduler: Option<&Scheduler>) -> Response<Body> {
+/// `GET /schedules`, with whether `principal` may trigger them.
+pub(crate) async fn list(
+    scheduler: Option<&Scheduler>,
+    authorizer: Option<&TriggerAuthorizer>,
+    principal: Option<&Principal>,
+) -> Response<Body> {
     let schedules = match scheduler {
         Some(scheduler) => scheduler.list().await.iter().map(reply).collect(),
         None => Vec::new(),
     };
-    body::json(StatusCode::OK, &ScheduleList { schedules })
+    let can_trigger = authorizer.is_some_and(|authorizer| authorizer(principal));
+    body::json(
+        StatusCode::OK,
+        &ScheduleList {
+            schedules,
+            can_trigger,
+        },
+    )
 }
 
 /// `GET /schedules/{name}`.

@@ -10,7 +10,7 @@ use std::net::TcpStream;
 use std::process::Command;
 
 use super::{PATIENCE, Reply, exchange, get, post};
-use crate::server::{serve, terminate};
+use crate::server::{Running, serve, terminate};
 
 /// A raw request with `headers` (each `Name: value`) and `body`.
 fn raw(method: &str, path: &str, headers: &[&str], body: &[u8]) -> Vec<u8> {
@@ -167,6 +167,8 @@ fn a_rebinding_host_is_refused_on_every_surface_and_loopback_names_are_served() 
         "/a2a",
         "/a2a/tasks",
         "/.well-known/agent-card.json",
+        "/",
+        "/console/app.js",
     ] {
         let reply = exchange(addr, &raw("GET", path, &[&rebound], b""));
         refused_with(&reply, 403, "host_not_allowed", path);
@@ -532,14 +534,14 @@ fn mcp_call(addr: &str, token: &str, tool: &str, arguments: &str) -> String {
     )
 }
 
-#[test]
-fn the_mcp_endpoint_applies_the_same_origin_host_token_and_ownership_rules() {
-    let dir = tempfile::tempdir().unwrap();
-    let tokens = dir.path().join("tokens");
+/// `spool serve --run-access owner` in `dir`, with the tokens of two
+/// principals, alice's and bob's.
+fn owners(dir: &std::path::Path) -> (Running, String, String) {
+    let tokens = dir.join("tokens");
     let alice = token(&tokens, "alice", false);
     let bob = token(&tokens, "bob", false);
     let running = serve(
-        dir.path(),
+        dir,
         &[
             "--token-file",
             tokens.to_str().unwrap(),
@@ -547,6 +549,13 @@ fn the_mcp_endpoint_applies_the_same_origin_host_token_and_ownership_rules() {
             "owner",
         ],
     );
+    (running, alice, bob)
+}
+
+#[test]
+fn the_mcp_endpoint_applies_the_same_origin_host_token_and_ownership_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    let (running, alice, bob) = owners(dir.path());
     let addr = running.addr.as_str();
     let port = addr.rsplit_once(':').unwrap().1;
     let host = format!("Host: {addr}");
@@ -629,18 +638,7 @@ fn a2a_call(addr: &str, token: &str, method: &str, params: &str) -> Reply {
 #[test]
 fn the_a2a_endpoints_apply_the_same_origin_host_token_and_ownership_rules() {
     let dir = tempfile::tempdir().unwrap();
-    let tokens = dir.path().join("tokens");
-    let alice = token(&tokens, "alice", false);
-    let bob = token(&tokens, "bob", false);
-    let running = serve(
-        dir.path(),
-        &[
-            "--token-file",
-            tokens.to_str().unwrap(),
-            "--run-access",
-            "owner",
-        ],
-    );
+    let (running, alice, bob) = owners(dir.path());
     let addr = running.addr.as_str();
     let port = addr.rsplit_once(':').unwrap().1;
     let host = format!("Host: {addr}");
@@ -762,5 +760,84 @@ fn the_a2a_endpoints_apply_the_same_origin_host_token_and_ownership_rules() {
         "{}",
         same.body
     );
+    terminate(running);
+}
+
+#[test]
+fn the_console_applies_the_same_origin_host_token_and_ownership_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    let (running, alice, bob) = owners(dir.path());
+    let addr = running.addr.as_str();
+    let host = format!("Host: {addr}");
+    // The page and its modules hold no data: served without a token, with
+    // the policy that forbids inline script and framing.
+    for path in ["/", "/console/app.js", "/console/api.js"] {
+        let reply = exchange(addr, &raw("GET", path, &[&host], b""));
+        assert_eq!(reply.status, 200, "{path}: {}", reply.body);
+    }
+    let head = exchange(addr, &raw("GET", "/", &[&host], b""));
+    assert!(!head.body.contains("<script>"), "no inline script");
+    // A module a page on another site asks for is refused like any
+    // cross-origin request (the modules are loaded in CORS mode).
+    let foreign = exchange(
+        addr,
+        &raw(
+            "GET",
+            "/console/app.js",
+            &[&host, "Origin: http://evil.example"],
+            b"",
+        ),
+    );
+    refused_with(&foreign, 403, "origin_not_allowed", "a foreign origin");
+    // What the page reads needs the token, and shows a caller its own
+    // runs only: the list, the inbox's count and a run's journal.
+    let json = "Content-Type: application/json";
+    let start = |token: &str, title: &str| {
+        let auth = format!("Authorization: Bearer {token}");
+        let body = format!(r#"{{"text": "x", "title": "{title}"}}"#);
+        let reply = exchange(
+            addr,
+            &raw(
+                "POST",
+                "/spool/v1/runs",
+                &[&host, &auth, json],
+                body.as_bytes(),
+            ),
+        );
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        reply.json()["run_id"].as_str().unwrap().to_owned()
+    };
+    let hers = start(&alice, "hers");
+    let his = start(&bob, "his");
+    let unauthenticated = exchange(addr, &raw("GET", "/spool/v1/runs", &[&host], b""));
+    assert_eq!(unauthenticated.status, 401, "{}", unauthenticated.body);
+    let auth = format!("Authorization: Bearer {alice}");
+    let listed = exchange(
+        addr,
+        &raw("GET", "/spool/v1/runs?q=h", &[&host, &auth], b""),
+    );
+    let listed = listed.json();
+    assert_eq!(listed["total"], 1, "{listed}");
+    assert_eq!(listed["runs"][0]["id"], hers.as_str(), "{listed}");
+    let journal = exchange(
+        addr,
+        &raw(
+            "GET",
+            &format!("/spool/v1/runs/{his}/events"),
+            &[&host, &auth],
+            b"",
+        ),
+    );
+    refused_with(&journal, 404, "run_not_found", "another's journal");
+    terminate(running);
+
+    // `--no-console` serves no page, and the API as before.
+    let dir = tempfile::tempdir().unwrap();
+    let running = serve(dir.path(), &["--no-console"]);
+    let host = format!("Host: {}", running.addr);
+    let reply = exchange(&running.addr, &raw("GET", "/", &[&host], b""));
+    refused_with(&reply, 404, "run_not_found", "no console");
+    let reply = exchange(&running.addr, &raw("GET", "/spool/v1/runs", &[&host], b""));
+    assert_eq!(reply.status, 200, "{}", reply.body);
     terminate(running);
 }

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use hyper::body::Incoming;
-use serde_json::{Value, json};
 use spool_journal::event::Answer;
 use spool_journal::{Address, Principal, RunId, Seq};
 use spool_runtime::{
@@ -30,9 +29,10 @@ mod route;
 mod runs;
 
 use params::*;
-pub use replies::IDEMPOTENT_REPLAYED;
 pub(crate) use replies::runtime_error;
 use replies::*;
+pub use replies::{IDEMPOTENT_REPLAYED, PREFERENCE_APPLIED};
+use runs::Asked;
 
 /// The namespace HTTP addresses live in.
 pub use spool_edge::tables::HTTP_NAMESPACE as NAMESPACE;
@@ -49,6 +49,8 @@ pub struct HttpChannel {
     /// How long a request's body may take to arrive.
     body_timeout: std::time::Duration,
     mounted: Vec<(String, crate::server::Handler)>,
+    /// Whether the web console is served at `/`.
+    console: bool,
     /// Exact paths answered before authentication (discovery documents).
     public: Vec<(String, crate::server::Handler)>,
     /// Stream lines encoded once for every stream of a run.
@@ -92,6 +94,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/runs/{id}"),
     ("GET", "/runs/{id}/snapshot"),
     ("GET", "/runs/{id}/stream"),
+    ("GET", "/runs/{id}/events"),
+    ("GET", "/runs/{id}/summary"),
     ("POST", "/runs/{id}/respond"),
     ("POST", "/runs/{id}/cancel"),
     ("POST", "/runs/{id}/reset"),
@@ -148,6 +152,7 @@ impl HttpChannel {
             body_timeout: body::BODY_READ_TIMEOUT,
             mounted: Vec::new(),
             public: Vec::new(),
+            console: false,
             lines: Arc::default(),
             fanouts: Arc::default(),
             streams: Arc::new(watch::channel(0).0),
@@ -297,6 +302,16 @@ impl HttpChannel {
         self.mounted
             .push((prefix.trim_end_matches('/').to_owned(), handler));
         Ok(self)
+    }
+
+    /// Serves the web console at `/` (its files under `/console/`,
+    /// `crate::console`). Its files are answered without credentials, as
+    /// they hold no data; what the page reads it reads through the API,
+    /// with the token it is given.
+    #[must_use]
+    pub fn with_console(mut self) -> Self {
+        self.console = true;
+        self
     }
 
     /// Mounts a public document at exactly `path`: answered without

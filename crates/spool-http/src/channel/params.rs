@@ -31,8 +31,9 @@ pub(super) fn segment(raw: &str, what: &str) -> Result<String, String> {
         .map_err(|_| format!("the {what} is not UTF-8 once percent-decoded"))
 }
 
-/// The value of `name` in a query string, when it is there.
-/// The query parameter `name`, percent-decoded. Given twice it is
+/// The query parameter `name`, decoded as a form encodes it: `+` is a
+/// space (a browser's `URLSearchParams` writes one so; a plus itself
+/// comes as `%2B`), then percent-escapes, strictly. Given twice it is
 /// refused: two cursors (or limits) cannot both be meant.
 pub(super) fn query_value(query: Option<&str>, name: &str) -> Result<Option<String>, String> {
     let mut found = None;
@@ -43,7 +44,7 @@ pub(super) fn query_value(query: Option<&str>, name: &str) -> Result<Option<Stri
         if found.is_some() {
             return Err(format!("`{name}` is given more than once"));
         }
-        found = Some(segment(raw, name)?);
+        found = Some(segment(&raw.replace('+', " "), name)?);
     }
     Ok(found)
 }
@@ -98,6 +99,90 @@ impl Page {
             })
             .transpose()?;
         Ok(Self { limit, after })
+    }
+}
+
+/// What `GET /runs` keeps and in which order: `state` (states, comma
+/// separated), `kind` (suspension kinds: waiting runs parked on one of
+/// them), `q` (a search) and `order` (`newest`, the default, or
+/// `oldest`, updated longest ago first: an inbox's order).
+pub(super) struct Filter {
+    states: Option<Vec<spool_wire::run::RunState>>,
+    kinds: Option<Vec<spool_wire::run::SuspendKind>>,
+    /// The search, lowercased.
+    pub(super) search: Option<String>,
+    pub(super) oldest_first: bool,
+}
+
+impl Filter {
+    /// The longest search taken: a title is at most this long.
+    const MAX_SEARCH: usize = 256;
+
+    pub(super) fn parse(query: Option<&str>) -> Result<Self, String> {
+        fn list<T: std::str::FromStr>(
+            query: Option<&str>,
+            name: &str,
+        ) -> Result<Option<Vec<T>>, String>
+        where
+            T::Err: std::fmt::Display,
+        {
+            query_value(query, name)?
+                .map(|value| {
+                    value
+                        .split(',')
+                        .map(|one| {
+                            one.trim()
+                                .parse::<T>()
+                                .map_err(|e| format!("`{name}`: {e}"))
+                        })
+                        .collect()
+                })
+                .transpose()
+        }
+        let search = query_value(query, "q")?
+            .map(|q| q.trim().to_lowercase())
+            .filter(|q| !q.is_empty());
+        if search
+            .as_ref()
+            .is_some_and(|q| q.chars().count() > Self::MAX_SEARCH)
+        {
+            return Err(format!(
+                "`q` is longer than {} characters",
+                Self::MAX_SEARCH
+            ));
+        }
+        let oldest_first = match query_value(query, "order")?.as_deref() {
+            None | Some("newest") => false,
+            Some("oldest") => true,
+            Some(other) => {
+                return Err(format!(
+                    "`order` must be `newest` or `oldest`, not `{other}`"
+                ));
+            }
+        };
+        Ok(Self {
+            states: list(query, "state")?,
+            kinds: list(query, "kind")?,
+            search,
+            oldest_first,
+        })
+    }
+
+    /// Whether a run in `status` passes the state and kind filters.
+    pub(super) fn admits(&self, status: &spool_journal::fold::Status) -> bool {
+        let state = status.state();
+        if self
+            .states
+            .as_ref()
+            .is_some_and(|states| !states.contains(&state))
+        {
+            return false;
+        }
+        match (&self.kinds, status) {
+            (None, _) => true,
+            (Some(kinds), spool_journal::fold::Status::Waiting(kind)) => kinds.contains(kind),
+            (Some(_), _) => false,
+        }
     }
 }
 

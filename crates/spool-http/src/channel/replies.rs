@@ -8,6 +8,26 @@ use super::*;
 /// run, not a new turn.
 pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
 
+/// The header that says a request's `Prefer: respond-async` was honoured.
+pub const PREFERENCE_APPLIED: &str = "preference-applied";
+
+/// Whether a request asked to be answered before its turn's boundary
+/// (`Prefer: respond-async`, RFC 7240; several preferences may share the
+/// header, or headers).
+pub(super) fn prefers_async(headers: &http::HeaderMap) -> bool {
+    headers
+        .get_all("prefer")
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .any(|preference| {
+            preference
+                .split(';')
+                .next()
+                .is_some_and(|name| name.trim().eq_ignore_ascii_case("respond-async"))
+        })
+}
+
 /// A cancel's reply: 202 for `requested`, 200 for the no-op outcomes.
 pub(super) fn cancel_reply(
     status: CancelStatus,

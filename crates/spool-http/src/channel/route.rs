@@ -23,6 +23,9 @@ impl HttpChannel {
             }
             _ => {}
         }
+        if self.console && crate::console::paths().any(|asset| asset == path) {
+            return crate::console::reply(&method, &path);
+        }
         if let Some((_, handler)) = self.public.iter().find(|(public, _)| *public == path) {
             return handler(request).await;
         }
@@ -71,7 +74,7 @@ impl HttpChannel {
             ["runs", id] => (&[Method::GET, Method::POST], Route::Run((*id).to_owned())),
             ["runs", id, action] => {
                 let allowed: &[Method] = match *action {
-                    "snapshot" | "stream" => &[Method::GET],
+                    "snapshot" | "stream" | "events" | "summary" => &[Method::GET],
                     "respond" | "cancel" | "reset" | "clear" | "compact" => &[Method::POST],
                     _ => return body::error(ErrorCode::RunNotFound, format!("no route {path}")),
                 };
@@ -154,6 +157,7 @@ impl HttpChannel {
                 );
             }
         };
+        let respond_async = prefers_async(&parts.headers);
         let result = match (route, method) {
             (Route::Info, _) => Ok(body::json(
                 StatusCode::OK,
@@ -167,7 +171,12 @@ impl HttpChannel {
                 },
             )),
             (Route::Schedules, _) => {
-                return crate::schedules::list(self.schedules.as_ref()).await;
+                return crate::schedules::list(
+                    self.schedules.as_ref(),
+                    self.trigger.as_ref(),
+                    caller.proven(),
+                )
+                .await;
             }
             (Route::Schedule(name), _) => {
                 return crate::schedules::get(self.schedules.as_ref(), &name).await;
@@ -183,7 +192,7 @@ impl HttpChannel {
                 .await;
             }
             (Route::Runs, Method::GET) => self.list(query.as_deref(), &caller).await,
-            (Route::Runs, _) => self.start(text, caller).await,
+            (Route::Runs, _) => self.start(text, caller, respond_async).await,
             (Route::Address(address), Method::GET) => self.address(&address, false, &caller).await,
             (Route::Address(address), _) => self.address(&address, true, &caller).await,
             (Route::Run(id), Method::GET) => match run_id(&id) {
@@ -195,13 +204,23 @@ impl HttpChannel {
                 Err(message) => return body::error(ErrorCode::InvalidRunId, message),
             },
             (Route::Run(id), _) => match run_id(&id) {
-                Ok(run) => self.message(&run, text, caller).await,
+                Ok(run) => self.message(&run, text, caller, respond_async).await,
                 Err(message) => return body::error(ErrorCode::InvalidRunId, message),
             },
             (Route::RunAction(id, action), _) => match run_id(&id) {
                 Ok(run) => {
-                    self.action(&run, &action, text, query.as_deref(), tap, &caller.session)
-                        .await
+                    self.action(
+                        &run,
+                        &action,
+                        Asked {
+                            text,
+                            query: query.as_deref(),
+                            tap,
+                            session: &caller.session,
+                            respond_async,
+                        },
+                    )
+                    .await
                 }
                 Err(message) => return body::error(ErrorCode::InvalidRunId, message),
             },

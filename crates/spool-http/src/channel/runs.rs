@@ -5,8 +5,10 @@ use super::*;
 
 impl HttpChannel {
     /// `GET /runs?limit=N&after=NEXT`: a page of runs, most recently
-    /// updated first. `next` names where the following page starts; it is
-    /// a position in the order (updated time, then id), so a walk neither
+    /// updated first (`order=oldest`: updated longest ago first), kept by
+    /// `state`, `kind` and `q` (see [`Filter`]), with how many match in
+    /// all. `next` names where the following page starts; it is a
+    /// position in the order (updated time, then id), so a walk neither
     /// repeats nor skips a run that stays unchanged during it, and a run
     /// updated meanwhile moves to the front.
     pub(super) async fn list(
@@ -14,68 +16,135 @@ impl HttpChannel {
         query: Option<&str>,
         caller: &Caller,
     ) -> Result<Response<Body>, RuntimeError> {
-        let page = match Page::parse(query) {
-            Ok(page) => page,
+        let (page, filter) = match Page::parse(query).and_then(|p| Ok((p, Filter::parse(query)?))) {
+            Ok(parsed) => parsed,
             Err(message) => return Ok(body::error(ErrorCode::BadRequest, message)),
         };
         let mut all = self.runtime.list().await?;
-        // The journals list in this order already; sorting again keeps
-        // paging right over a journal an embedder wrote.
-        all.sort_by(|a, b| {
-            b.updated_at
-                .cmp(&a.updated_at)
-                .then_with(|| a.run_id.cmp(&b.run_id))
+        // A search matches a run whose title, id or one of whose
+        // addresses (`namespace:name`) contains it, ignoring case.
+        let addressed: std::collections::HashSet<RunId> = match &filter.search {
+            Some(q) => self
+                .runtime
+                .addresses()
+                .await?
+                .into_iter()
+                .filter(|(address, _)| {
+                    format!("{}:{}", address.namespace, address.name)
+                        .to_lowercase()
+                        .contains(q.as_str())
+                })
+                .map(|(_, run)| run)
+                .collect(),
+            None => std::collections::HashSet::new(),
+        };
+        all.retain(|run| {
+            filter.admits(&run.status)
+                && filter.search.as_ref().is_none_or(|q| {
+                    addressed.contains(&run.run_id)
+                        || run.run_id.as_str().to_lowercase().contains(q.as_str())
+                        || run
+                            .title
+                            .as_ref()
+                            .is_some_and(|title| title.to_lowercase().contains(q.as_str()))
+                })
         });
-        let mut runs = all.into_iter().filter(|run| {
+        // The journals list newest first already; sorting again keeps
+        // paging right over a journal an embedder wrote, and gives the
+        // oldest-first order.
+        let oldest_first = filter.oldest_first;
+        all.sort_by(|a, b| {
+            let by_time = if oldest_first {
+                a.updated_at.cmp(&b.updated_at)
+            } else {
+                b.updated_at.cmp(&a.updated_at)
+            };
+            by_time.then_with(|| a.run_id.cmp(&b.run_id))
+        });
+        let after = |run: &spool_journal::store::RunSummary| {
             page.after.as_ref().is_none_or(|(updated, id)| {
                 let at = run.updated_at.unix_timestamp_nanos();
-                at < *updated || (at == *updated && run.run_id.as_str() > id.as_str())
+                let later = if oldest_first {
+                    at > *updated
+                } else {
+                    at < *updated
+                };
+                later || (at == *updated && run.run_id.as_str() > id.as_str())
             })
-        });
-        // Under owner access a page holds the caller's runs only, found by
-        // reading each listed run's creator.
+        };
+        // Under owner access the count and the page hold the caller's
+        // runs only, found by reading each run's creator (an
+        // administrator reaches every run, so nothing is read for one).
+        let checked = self.access == RunAccess::Owner
+            && !caller.proven().is_some_and(spool_runtime::access::is_admin);
+        let mut total = 0u64;
         let mut listed = Vec::with_capacity(page.limit);
-        let mut more = None;
-        for run in runs.by_ref() {
-            if !self.reaches(caller, &run.run_id).await? {
+        let mut more = false;
+        for run in all {
+            if checked && !self.reaches(caller, &run.run_id).await? {
+                continue;
+            }
+            total += 1;
+            if !after(&run) {
                 continue;
             }
             if listed.len() == page.limit {
-                more = Some(run);
-                break;
+                more = true;
+            } else {
+                listed.push(run);
             }
-            listed.push(run);
         }
         let next = match (more, listed.last()) {
-            (Some(_), Some(last)) => Some(format!(
+            (true, Some(last)) => Some(format!(
                 "{}.{}",
                 last.updated_at.unix_timestamp_nanos(),
                 last.run_id
             )),
             _ => None,
         };
-        let runs: Vec<Value> = listed
-            .into_iter()
-            .map(|run| {
-                json!({
-                    "id": run.run_id,
-                    "state": wire::RunState::from(run.status.state()),
-                    "title": run.title,
-                    "updated": run.updated_at.format(&time::format_description::well_known::Rfc3339).ok(),
-                })
-            })
-            .collect();
-        let mut reply = json!({ "runs": runs });
-        if let Some(next) = next {
-            reply["next"] = Value::String(next);
+        let mut runs = Vec::with_capacity(listed.len());
+        for run in listed {
+            runs.push(self.row(run).await?);
         }
-        Ok(body::json(StatusCode::OK, &reply))
+        Ok(body::json(
+            StatusCode::OK,
+            &wire::RunList { runs, next, total },
+        ))
+    }
+
+    /// A listed run's row: its journal row with what its state adds. A
+    /// run the runtime keeps to itself (a schedule's record) shows its
+    /// journal row alone.
+    async fn row(
+        &self,
+        run: spool_journal::store::RunSummary,
+    ) -> Result<wire::RunRow, RuntimeError> {
+        match self.runtime.detail(&run.run_id).await {
+            Ok(detail) => Ok(row_of(detail)),
+            Err(RuntimeError::RunNotFound(_)) => Ok(wire::RunRow {
+                id: run.run_id.to_string(),
+                state: run.status.state().into(),
+                title: run.title.clone(),
+                updated: rfc3339(Some(run.updated_at)),
+                created: rfc3339(Some(run.created_at)),
+                address: None,
+                turns: 0,
+                usage: wire::Usage::default(),
+                cost_usd: None,
+                failure: None,
+                suspend: None,
+                call: None,
+                cursor: run.next_seq.0.checked_sub(1),
+            }),
+            Err(error) => Err(error),
+        }
     }
 
     pub(super) async fn start(
         &self,
         text: &str,
         caller: Caller,
+        respond_async: bool,
     ) -> Result<Response<Body>, RuntimeError> {
         let start = match StartRun::decode(text) {
             Ok(start) => start,
@@ -126,7 +195,7 @@ impl HttpChannel {
             policy: turn_policy(start.turn_policy.as_ref())?,
         };
         let accepted = self.runtime.start(request).await?;
-        self.answer(accepted).await
+        self.answer(accepted, respond_async).await
     }
 
     pub(super) async fn message(
@@ -134,6 +203,7 @@ impl HttpChannel {
         run: &RunId,
         text: &str,
         _caller: Caller,
+        respond_async: bool,
     ) -> Result<Response<Body>, RuntimeError> {
         let message = match MessageRun::decode(text) {
             Ok(message) => message,
@@ -145,18 +215,35 @@ impl HttpChannel {
             policy: turn_policy(message.turn_policy.as_ref())?,
         };
         let accepted = self.runtime.send(run, request).await?;
-        self.answer(accepted).await
+        self.answer(accepted, respond_async).await
     }
 
     /// Replies once the turn reaches a boundary; the turn itself runs
-    /// detached, so a client that leaves does not stop it.
+    /// detached, so a client that leaves does not stop it. With
+    /// `respond_async` (the request said `Prefer: respond-async`, RFC
+    /// 7240) it replies 202 at once with the run as it is, for a client
+    /// that follows the turn on the run's stream instead.
     ///
     /// A turn whose input was recorded but whose progress cannot be (the
     /// journal stopped writing) is answered 202 with the run as it is,
     /// `running`: the request was taken and must not be sent again; the
     /// turn goes on by itself once the journal writes.
-    pub(super) async fn answer(&self, accepted: Accepted) -> Result<Response<Body>, RuntimeError> {
-        let mut reply = self.answer_at_boundary(&accepted).await?;
+    pub(super) async fn answer(
+        &self,
+        accepted: Accepted,
+        respond_async: bool,
+    ) -> Result<Response<Body>, RuntimeError> {
+        let mut reply = if respond_async {
+            let view = self.runtime.get(accepted.run()).await?;
+            let mut reply = body::json(StatusCode::ACCEPTED, &reply(&view));
+            reply.headers_mut().insert(
+                PREFERENCE_APPLIED,
+                HeaderValue::from_static("respond-async"),
+            );
+            reply
+        } else {
+            self.answer_at_boundary(&accepted).await?
+        };
         // The seed: a retry's changed text does not change the admitted
         // operation (the runtime logs one that differs); every replay is
         // marked.
@@ -222,11 +309,15 @@ impl HttpChannel {
         &self,
         run: &RunId,
         action: &str,
-        text: &str,
-        query: Option<&str>,
-        tap: Option<Arc<spool_edge::tap::Tap>>,
-        session: &crate::session::Session,
+        asked: Asked<'_>,
     ) -> Result<Response<Body>, RuntimeError> {
+        let Asked {
+            text,
+            query,
+            tap,
+            session,
+            respond_async,
+        } = asked;
         match action {
             "snapshot" => {
                 let snapshot = self.runtime.snapshot(run).await?;
@@ -243,6 +334,11 @@ impl HttpChannel {
                 Ok(reply)
             }
             "stream" => self.stream(run, query, tap, session).await,
+            "events" => self.events(run, query).await,
+            "summary" => {
+                let detail = self.runtime.detail(run).await?;
+                Ok(body::json(StatusCode::OK, &row_of(detail)))
+            }
             "respond" => {
                 let respond = match Respond::decode(text) {
                     Ok(respond) => respond,
@@ -286,6 +382,14 @@ impl HttpChannel {
                     .collect();
                 self.runtime.respond(run, turn.as_ref(), answers).await?;
                 let view = self.runtime.get(run).await?;
+                if respond_async {
+                    let mut reply = body::json(StatusCode::ACCEPTED, &reply(&view));
+                    reply.headers_mut().insert(
+                        PREFERENCE_APPLIED,
+                        HeaderValue::from_static("respond-async"),
+                    );
+                    return Ok(reply);
+                }
                 let turn = view.turn_id.clone();
                 let view = match turn {
                     Some(turn) => self.runtime.wait_for(run, &turn).await?,
@@ -391,4 +495,128 @@ impl HttpChannel {
             .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         Ok(response)
     }
+
+    /// `GET /runs/{id}/events?after=SEQ&limit=N`: the run's journal,
+    /// oldest first, each event with its time, the turn it belongs to,
+    /// and for a model or tool call's completion how long the call took
+    /// (and a model call's tokens and cost). The whole log is read to
+    /// time the calls whose requests lie on earlier pages.
+    async fn events(
+        &self,
+        run: &RunId,
+        query: Option<&str>,
+    ) -> Result<Response<Body>, RuntimeError> {
+        const DEFAULT: usize = 200;
+        const MAX: usize = 1000;
+        let parsed = (|| {
+            let after = query_value(query, "after")?
+                .map(|value| {
+                    value.parse::<u64>().map_err(|_| {
+                        format!("`after` must be a non-negative integer, not `{value}`")
+                    })
+                })
+                .transpose()?;
+            let limit = match query_value(query, "limit")? {
+                None => DEFAULT,
+                Some(value) => value
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| (1..=MAX).contains(n))
+                    .ok_or_else(|| {
+                        format!("`limit` must be an integer from 1 to {MAX}, not `{value}`")
+                    })?,
+            };
+            Ok::<_, String>((after, limit))
+        })();
+        let (after, limit) = match parsed {
+            Ok(parsed) => parsed,
+            Err(message) => return Ok(body::error(ErrorCode::BadRequest, message)),
+        };
+        let log = self.runtime.events(run, Seq(0)).await?;
+        let pricing = self.runtime.pricing();
+        let mut timing = crate::journal::Timing::default();
+        let mut events = Vec::with_capacity(limit.min(log.len()));
+        let mut next = None;
+        for envelope in &log {
+            let entry = timing.entry(envelope, pricing.as_ref());
+            if after.is_some_and(|after| envelope.seq.0 <= after) {
+                continue;
+            }
+            if events.len() == limit {
+                next = events.last().map(|last: &wire::JournalEntry| last.seq);
+                break;
+            }
+            events.push(entry);
+        }
+        let mut reply = body::json(StatusCode::OK, &wire::JournalPage { events, next });
+        reply
+            .headers_mut()
+            .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        Ok(reply)
+    }
+}
+
+/// A run's row, as `GET /runs` lists it and `GET /runs/{id}/summary`
+/// gives it.
+fn row_of(detail: spool_runtime::RunDetail) -> wire::RunRow {
+    let reply = reply(&detail.view);
+    let address = detail
+        .addresses
+        .iter()
+        .find(|address| address.namespace == NAMESPACE)
+        .map(|address| address.name.clone())
+        .or_else(|| {
+            detail
+                .addresses
+                .first()
+                .map(|address| format!("{}:{}", address.namespace, address.name))
+        });
+    wire::RunRow {
+        id: reply.run_id,
+        state: reply.state,
+        title: detail.view.title.clone(),
+        updated: rfc3339(detail.updated_at),
+        created: rfc3339(detail.created_at),
+        address,
+        turns: detail.turns,
+        usage: wire::Usage {
+            input_tokens: detail.usage.input_tokens,
+            output_tokens: detail.usage.output_tokens,
+        },
+        cost_usd: detail.cost_micro_usd.map(usd),
+        failure: detail.failure.map(|failed| wire::Failure {
+            code: failed.code.to_string(),
+            message: failed.message,
+        }),
+        suspend: reply.suspend,
+        call: detail.suspended_call.map(|call| wire::ParkedCall {
+            id: call.call_id,
+            name: call.tool,
+            arguments: call.input,
+        }),
+        cursor: reply.cursor,
+    }
+}
+
+/// A time as RFC 3339.
+fn rfc3339(at: Option<time::OffsetDateTime>) -> Option<String> {
+    at?.format(&time::format_description::well_known::Rfc3339)
+        .ok()
+}
+
+/// What an action on a run reads of its request besides the run.
+pub(super) struct Asked<'a> {
+    /// The body, as UTF-8.
+    pub(super) text: &'a str,
+    pub(super) query: Option<&'a str>,
+    /// The connection's socket, for a stream that writes it itself.
+    pub(super) tap: Option<Arc<spool_edge::tap::Tap>>,
+    pub(super) session: &'a crate::session::Session,
+    /// The request said `Prefer: respond-async`.
+    pub(super) respond_async: bool,
+}
+
+/// Micro-dollars in dollars.
+fn usd(micro: u64) -> f64 {
+    micro as f64 / 1e6
 }

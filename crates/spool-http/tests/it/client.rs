@@ -105,6 +105,18 @@ impl Server {
             .to_owned()
     }
 
+    /// Asserts that a GET of each path is refused `400 bad_request`.
+    pub(crate) async fn refuses_as_bad_requests(&self, paths: &[String]) {
+        for path in paths {
+            let reply = self.get(path).await;
+            assert_eq!(
+                (reply.status, reply.json()["code"].clone()),
+                (400, serde_json::json!("bad_request")),
+                "{path}"
+            );
+        }
+    }
+
     /// A POST with `Authorization: Bearer <token>`.
     pub(crate) async fn post_as(&self, token: &str, path: &str, body: &str) -> Reply {
         let bearer = format!("Bearer {token}");

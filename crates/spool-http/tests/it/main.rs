@@ -7,6 +7,7 @@
 
 mod channel;
 mod client;
+mod console;
 mod forward;
 mod openapi;
 mod remote;

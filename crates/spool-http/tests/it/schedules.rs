@@ -82,11 +82,18 @@ async fn the_schedules_are_listed_with_their_definition_and_next_firing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_trigger_needs_a_token_with_the_trigger_scope() {
+async fn a_trigger_needs_a_token_with_the_trigger_scope_and_the_listing_says_who_may() {
     let (server, ops, cron, _dir) = server().await;
     let path = "/spool/v1/schedules/nightly/trigger";
     let anonymous = server.post(path, "{}").await;
     assert_eq!(anonymous.status, 401);
+    // The listing says which caller may, before it tries.
+    let may = |token: String| {
+        let server = &server;
+        async move { get_as(server, &token, "/spool/v1/schedules").await.json()["can_trigger"].clone() }
+    };
+    assert_eq!(may(ops.clone()).await, false);
+    assert_eq!(may(cron.clone()).await, true);
     let plain = server.post_as(&ops, path, "{}").await;
     assert_eq!(plain.status, 403);
     assert_eq!(plain.json()["code"], "forbidden");
@@ -156,6 +163,6 @@ async fn without_a_trigger_authorizer_the_trigger_route_is_not_there() {
     let bare = Server::start(echo_runtime()).await;
     assert_eq!(
         bare.get("/spool/v1/schedules").await.json(),
-        serde_json::json!({"schedules": []})
+        serde_json::json!({"schedules": [], "can_trigger": false})
     );
 }

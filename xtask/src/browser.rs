@@ -3,8 +3,10 @@
 //! into `target/playwright`, given the system browser's path: nothing is
 //! downloaded at run time), loads a page on another origin that tries to
 //! start a run with a form, with `fetch` in both modes and with a
-//! WebSocket, and one on an allowed origin that does the same. The script
-//! is `xtask/browser/security.py`.
+//! WebSocket, and one on an allowed origin that does the same
+//! (`xtask/browser/security.py`); then uses the web console as an
+//! operator would (`xtask/browser/console.py`). `cargo xtask screenshots`
+//! runs the console's scenarios to write the README's screenshots.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -47,6 +49,97 @@ pub(crate) fn run(root: &Path) -> Result<()> {
     let status = outcome?;
     if !status.success() {
         bail!("a browser got past spool serve's origin or host rules ({status})");
+    }
+    section("browser: the web console in chromium");
+    console(
+        root,
+        &bin,
+        &chromium,
+        &spool,
+        &served::target(root).join("console-shots"),
+    )
+}
+
+/// `cargo xtask screenshots`: the console's scenarios, writing the
+/// screenshots the README and `docs/console.md` show.
+pub(crate) fn screenshots(root: &Path) -> Result<()> {
+    section("screenshots: the web console in chromium");
+    let Some(chromium) = chromium()? else {
+        bail!("no Chromium here and it could not be installed (apt-get install chromium)");
+    };
+    let bin = install(&served::target(root).join("playwright"), PLAYWRIGHT)?;
+    let spool = served::spool(root)?;
+    console(
+        root,
+        &bin,
+        &chromium,
+        &spool,
+        &root.join("docs").join("images"),
+    )
+}
+
+/// `cargo xtask console-timings [RUNS [TURNS]]`: the console's speed in
+/// the browser's own timings, against a release `spool serve` whose
+/// journal holds RUNS runs (100,000 by default), one of them of TURNS
+/// turns (1,500). Prints the figures; asserts no time.
+pub(crate) fn timings(root: &Path, args: &[String]) -> Result<()> {
+    section("console timings: the list and a long run's page in chromium");
+    let runs = args
+        .first()
+        .map_or(Ok(100_000), |n| n.parse())
+        .context("RUNS")?;
+    let turns = args
+        .get(1)
+        .map_or(Ok(1_500), |n| n.parse())
+        .context("TURNS")?;
+    let Some(chromium) = chromium()? else {
+        bail!("no Chromium here and it could not be installed (apt-get install chromium)");
+    };
+    let bin = install(&served::target(root).join("playwright"), PLAYWRIGHT)?;
+    let status = crate::cargo()
+        .args(["build", "--release", "--locked", "-p", "spool-cli"])
+        .current_dir(root)
+        .status()?;
+    if !status.success() {
+        bail!("building spool failed ({status})");
+    }
+    let spool = served::target(root).join("release").join("spool");
+    let work = served::work_dir(root, "console-timings")?;
+    let status = Command::new(bin.join("python"))
+        .arg(
+            root.join("xtask")
+                .join("browser")
+                .join("console_timings.py"),
+        )
+        .arg(&chromium)
+        .arg(&spool)
+        .arg(&work)
+        .arg(runs.to_string())
+        .arg(turns.to_string())
+        .status()
+        .context("starting python")?;
+    let _ = std::fs::remove_dir_all(&work);
+    if !status.success() {
+        bail!("the console timings did not run ({status})");
+    }
+    Ok(())
+}
+
+/// Runs the console's scenarios against servers the script starts, with
+/// their journals under a fresh work directory.
+fn console(root: &Path, bin: &Path, chromium: &Path, spool: &Path, shots: &Path) -> Result<()> {
+    let work = served::work_dir(root, "console")?;
+    let status = Command::new(bin.join("python"))
+        .arg(root.join("xtask").join("browser").join("console.py"))
+        .arg(chromium)
+        .arg(spool)
+        .arg(&work)
+        .arg(shots)
+        .status()
+        .context("starting python")?;
+    let _ = std::fs::remove_dir_all(&work);
+    if !status.success() {
+        bail!("the web console failed in the browser ({status})");
     }
     Ok(())
 }

@@ -35,7 +35,13 @@ commands:
   browser              load pages on an allowed and a foreign origin in
                        Chromium (Debian's, installed when missing) driven by
                        Playwright (installed by pip under target/) against
-                       spool serve: the foreign one starts no run
+                       spool serve: the foreign one starts no run; then
+                       use the web console through every scenario
+  screenshots          run the console's browser scenarios and write their
+                       screenshots to docs/images/
+  console-timings [RUNS [TURNS]]
+                       time the console in chromium against a release build
+                       with RUNS runs (100000) and a TURNS-turn run (1500)
   e2e-otel             send a spool run's telemetry to rotel, a real
                        OpenTelemetry collector (installed by pip under
                        target/), and check what it received
@@ -61,6 +67,8 @@ fn main() -> ExitCode {
         Some("openapi") => openapi::run(&root()),
         Some("clients") => clients::run(&root()),
         Some("browser") => browser::run(&root()),
+        Some("screenshots") => browser::screenshots(&root()),
+        Some("console-timings") => browser::timings(&root(), &args[1..]),
         Some("e2e-otel") => e2e_otel::run(&root()),
         Some("examples") => examples::run(&root()),
         Some("api") => api::run(&root(), args.get(1).map(String::as_str) == Some("--bless")),

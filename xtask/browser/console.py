@@ -119,9 +119,12 @@ class Watched:
         self.page.on("requestfailed", self._failed)
 
     def _failed(self, request):
-        # A run's stream is long-lived: the page aborts it when it leaves
-        # the run or reloads, which the browser reports as a failure.
-        if "/stream" in request.url and "ERR_ABORTED" in (request.failure or ""):
+        # A request the page itself gave up is reported as a failure with
+        # ERR_ABORTED: a run's stream it closes on leaving the run, and
+        # whatever was in flight when a test reloads it. The server's own
+        # failures come with other errors (a reset or empty reply, a
+        # broken chunk) or a status, and are kept.
+        if "ERR_ABORTED" in (request.failure or ""):
             return
         self.errors.append(f"request failed: {request.url} {request.failure}")
 
@@ -171,6 +174,15 @@ def streaming(check, browser):
             expect(page.locator("#journal-raw")).to_contain_text('"kind": "turn_completed"')
         check.step("the journal shows each event with a call's duration, tokens and cost", journal_timeline)
 
+        def fork_from_the_journal():
+            source = page.url
+            page.locator("tr.event-turn_completed").get_by_role("button", name="Fork after").click()
+            expect(page.locator(".facts")).to_contain_text("Forked from", timeout=WAIT)
+            expect(page.locator(".msg.assistant .text")).to_have_text([WORDS], timeout=WAIT)
+            expect(page.locator(".msg.user .text")).to_have_text(["hello there"])
+            assert page.url != source and "/run/" in page.url, page.url
+        check.step("a turn is forked from the journal and the fork holds its history", fork_from_the_journal)
+
         def reload_mid_stream():
             start_from_console(page, server.url, "again", "Reloaded")
             expect(page.locator(".msg.assistant.streaming .text")).to_contain_text("word3", timeout=WAIT)
@@ -194,7 +206,7 @@ def streaming(check, browser):
         def filters():
             page.goto(server.url + "/#/runs")
             rows = page.locator("table.runs tbody tr[data-run]")
-            expect(rows).to_have_count(2, timeout=WAIT)
+            expect(rows).to_have_count(3, timeout=WAIT)
             page.get_by_label("Search").fill("reload")
             expect(rows).to_have_count(1, timeout=WAIT)
             expect(rows.first).to_contain_text("Reloaded")
@@ -202,8 +214,8 @@ def streaming(check, browser):
             page.get_by_label("State").select_option("failed")
             expect(page.locator("td.empty")).to_have_text("No runs match.", timeout=WAIT)
             page.get_by_label("State").select_option("completed")
-            expect(rows).to_have_count(2, timeout=WAIT)
-            expect(page.locator("#runs-total")).to_have_text("1–2 of 2 runs")
+            expect(rows).to_have_count(3, timeout=WAIT)
+            expect(page.locator("#runs-total")).to_have_text("1–3 of 3 runs")
         check.step("the list filters by state and by a search", filters)
 
         def live_list():

@@ -1,5 +1,6 @@
 //! `spool runs …`: read a journal directly, even while a server has it
-//! open. The journal is opened read-only; nothing here can change it.
+//! open (read-only: `list` and `show` change nothing), and fork a run,
+//! through a server (`--url`) or on a journal no server holds.
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -37,6 +38,34 @@ pub(crate) enum RunsCommand {
         #[arg(long, env = "SPOOL_JOURNAL", default_value = ".spool")]
         journal: JournalAt,
     },
+    /// A new run holding RUN's history through a turn's end (`--after`)
+    /// or up to its start (`--before`); prints the fork's id. Nothing of
+    /// RUN runs again.
+    Fork {
+        /// The run to fork.
+        run: String,
+        /// Through this turn's end.
+        #[arg(long, conflicts_with = "before", required_unless_present = "before")]
+        after: Option<String>,
+        /// Up to this turn's start.
+        #[arg(long)]
+        before: Option<String>,
+        /// The fork's title; the source's by default.
+        #[arg(long)]
+        title: Option<String>,
+        /// A server's URL: fork through it (its journal is its own). Without
+        /// it, the journal is opened here, and must not be a running
+        /// server's.
+        #[arg(long, env = "SPOOL_URL")]
+        url: Option<String>,
+        /// A bearer token for the server.
+        #[arg(long, env = "SPOOL_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        /// The journal (without `--url`): a directory (SQLite) or a
+        /// postgres:// URL.
+        #[arg(long, env = "SPOOL_JOURNAL", default_value = ".spool")]
+        journal: JournalAt,
+    },
 }
 
 pub(crate) fn run(command: RunsCommand) -> anyhow::Result<ExitCode> {
@@ -51,6 +80,22 @@ pub(crate) fn run(command: RunsCommand) -> anyhow::Result<ExitCode> {
             }
             RunsCommand::Show { run, json, journal } => {
                 show(&*open_read_only(&journal).await?, &journal, &run, json).await
+            }
+            RunsCommand::Fork {
+                run,
+                after,
+                before,
+                title,
+                url,
+                token,
+                journal,
+            } => {
+                let fork = spool_wire::http::Fork {
+                    after,
+                    before,
+                    title,
+                };
+                fork_run(&run, fork, url.as_deref(), token, &journal).await
             }
         }
     })
@@ -188,4 +233,46 @@ fn clip(text: &str, max: usize) -> String {
     let mut clipped: String = text.chars().take(max).collect();
     clipped.push('…');
     clipped
+}
+
+/// `spool runs fork`: through the server at `url`, or on the journal.
+async fn fork_run(
+    run: &str,
+    fork: spool_wire::http::Fork,
+    url: Option<&str>,
+    token: Option<String>,
+    journal: &JournalAt,
+) -> anyhow::Result<ExitCode> {
+    let reply = match url {
+        Some(url) => {
+            let mut client = spool_http::Client::new(url)?;
+            if let Some(token) = token {
+                client = client.with_token(token);
+            }
+            client.fork(run, &fork).await?
+        }
+        None => {
+            let (turn, after) = fork.cut().map_err(|r| anyhow::anyhow!(r.message))?;
+            let request = spool_runtime::ForkRequest {
+                turn: spool_journal::TurnId::new(turn)?,
+                cut: if after {
+                    spool_journal::event::ForkCut::After
+                } else {
+                    spool_journal::event::ForkCut::Before
+                },
+                title: fork.title.clone(),
+                principal: None,
+            };
+            let (store, _owner) =
+                crate::journal::open_owned(journal, crate::journal::Process::OneShot).await?;
+            // A fork calls no model and no tool: the runtime needs the
+            // journal alone.
+            let runtime = spool_runtime::Runtime::builder(store).build();
+            let view = runtime.fork(&RunId::new(run)?, request).await?;
+            runtime.shutdown().await;
+            spool_http::channel::reply(&view)
+        }
+    };
+    writeln!(std::io::stdout().lock(), "{}", reply.run_id)?;
+    Ok(ExitCode::SUCCESS)
 }

@@ -68,6 +68,7 @@ pub fn reply(view: &RunView) -> RunReply {
 pub fn error_code(kind: ErrorKind) -> ErrorCode {
     match kind {
         ErrorKind::RunNotFound | ErrorKind::AddressNotFound => ErrorCode::RunNotFound,
+        ErrorKind::TurnNotFound => ErrorCode::TurnNotFound,
         // The seed has no first-wins rule; a turn in progress is what
         // `run_active` says.
         ErrorKind::RunActive | ErrorKind::TurnInProgress => ErrorCode::RunActive,

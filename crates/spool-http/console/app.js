@@ -76,8 +76,11 @@ dialog.addEventListener("cancel", (event) => event.preventDefault());
 
 document.getElementById("sign-out").addEventListener("click", () => {
   setToken(null);
-  location.hash = "#/runs";
-  location.reload();
+  document.getElementById("sign-out").hidden = true;
+  badge.hidden = true;
+  // The page read again without a token: the server asks for one.
+  if (location.hash.startsWith("#/runs")) route();
+  else location.hash = "#/runs";
 });
 
 const THEME = "spool.theme";

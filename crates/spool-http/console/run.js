@@ -47,7 +47,10 @@ export function render(main, [id, tab], { refreshBadge }) {
         row.cost_usd !== undefined ? fact("Cost", cost(row.cost_usd)) : null,
         fact("Created", when(row.created)),
         fact("Updated", when(row.updated)),
-        row.failure ? fact("Failure", h("span", { class: "mono" }, `${row.failure.code}: ${row.failure.message}`)) : null);
+        row.failure ? fact("Failure", h("span", { class: "mono" }, `${row.failure.code}: ${row.failure.message}`)) : null,
+        row.forked_from ? fact("Forked from", [
+          h("a", { href: `#/run/${encodeURIComponent(row.forked_from.run_id)}`, class: "mono" }, row.forked_from.run_id),
+          ` ${row.forked_from.cut} turn `, h("span", { class: "mono" }, row.forked_from.turn_id)]) : null);
       showView(view);
     } catch (error) {
       sayError(error);
@@ -335,7 +338,7 @@ function journal(path, section) {
     try {
       const page = await call(`${path}/events` + query({ after, limit: 500 }));
       events.push(...page.events);
-      for (const event of page.events) body.append(eventRow(event));
+      for (const event of page.events) body.append(eventRow(event, path));
       after = page.next ?? null;
       more.hidden = page.next === undefined || page.next === null;
       if (!raw.hidden) raw.textContent = JSON.stringify(events, null, 2);
@@ -362,7 +365,28 @@ function journal(path, section) {
   load();
 }
 
-function eventRow(event) {
+const ENDS = new Set(["turn_completed", "turn_failed", "turn_cancelled"]);
+
+/** A fork of the run cut at this event's turn: before it starts, or
+ *  through its end. */
+function forkButton(path, event) {
+  const cut = event.kind === "turn_started" ? "before" : ENDS.has(event.kind) ? "after" : null;
+  if (!cut || !event.turn_id) return null;
+  return h("button", {
+    type: "button", class: "quiet",
+    onclick: async () => {
+      try {
+        const fork = await call(`${path}/fork`, { method: "POST", body: { [cut]: event.turn_id } });
+        // The fork's page says where it came from.
+        location.hash = `#/run/${encodeURIComponent(fork.run_id)}`;
+      } catch (error) {
+        sayError(error);
+      }
+    },
+  }, cut === "before" ? "Fork before" : "Fork after");
+}
+
+function eventRow(event, path) {
   const detail = h("details", {}, h("summary", {}, "data"), json(event.data));
   return h("tr", { class: `event event-${event.kind}` },
     h("td", { class: "num" }, event.seq),
@@ -372,5 +396,5 @@ function eventRow(event) {
     h("td", { class: "num" }, event.duration_ms !== undefined ? `${event.duration_ms} ms` : ""),
     h("td", { class: "num" }, event.usage ? tokens(event.usage) : ""),
     h("td", { class: "num" }, cost(event.cost_usd)),
-    h("td", {}, detail));
+    h("td", {}, detail, forkButton(path, event)));
 }

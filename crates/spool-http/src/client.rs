@@ -224,6 +224,17 @@ impl Client {
             .await
     }
 
+    /// `POST /runs/{run}/fork`: a new run holding the run's history
+    /// through a turn or up to it; the fork's run reply.
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::post`].
+    pub async fn fork(&self, run: &str, fork: &wire::Fork) -> Result<wire::RunReply, ClientError> {
+        self.post(&format!("/runs/{}/fork", segment(run)), fork)
+            .await
+    }
+
     /// `POST /runs/{run}/reset`: retires the run.
     ///
     /// # Errors

@@ -97,6 +97,11 @@ pub enum Event {
     /// notification config and what was delivered to it): no turn and no
     /// state reads it, and the surface that wrote it reads it back.
     Noted(Note),
+    /// This run is a fork: its history up to here was copied from
+    /// another run's (always at position 1, after `run_created`).
+    ForkedFrom(ForkLink),
+    /// A fork was made of this run's history through a position.
+    ForkedInto(ForkLink),
 }
 
 /// Token usage.
@@ -503,6 +508,32 @@ pub struct Note {
     pub value: Value,
 }
 
+/// `forked_from` and `forked_into`: the two ends of a fork, each in its
+/// run's journal.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ForkLink {
+    /// The other run: the source in `forked_from`, the fork in
+    /// `forked_into`.
+    pub run: RunId,
+    /// The source's last position the fork holds.
+    pub through: Seq,
+    /// The source's turn the fork was cut at.
+    pub turn_id: TurnId,
+    /// Whether the fork holds that turn (`after`) or stops before it
+    /// (`before`).
+    pub cut: ForkCut,
+}
+
+/// Where a fork is cut, relative to its turn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ForkCut {
+    /// Through the turn's end.
+    After,
+    /// Up to the turn's start: to run it again, or with another message.
+    Before,
+}
+
 /// `schedule_delivered`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ScheduleDelivered {
@@ -575,6 +606,8 @@ impl Event {
             Self::ScheduleFired(_) => "schedule_fired",
             Self::ScheduleDelivered(_) => "schedule_delivered",
             Self::Noted(_) => "noted",
+            Self::ForkedFrom(_) => "forked_from",
+            Self::ForkedInto(_) => "forked_into",
         }
     }
 

@@ -70,6 +70,8 @@ pub struct State {
     pub updated_at: Option<OffsetDateTime>,
     /// When the run was created (its first event recorded).
     pub created_at: Option<OffsetDateTime>,
+    /// Where the run was forked from, when it is a fork.
+    pub forked_from: Option<crate::event::ForkLink>,
 }
 
 /// A run's public state, with why it waits.
@@ -386,6 +388,9 @@ impl State {
             // A schedule's record run holds its firings; they change no
             // conversation and no state.
             Event::ScheduleFired(_) | Event::ScheduleDelivered(_) => {}
+            Event::ForkedFrom(link) => self.forked_from = Some(link.clone()),
+            // A link to a fork changes nothing here.
+            Event::ForkedInto(_) => {}
             Event::Noted(note) => {
                 let namespace = self.notes.entry(note.namespace.clone()).or_default();
                 if note.value.is_null() {

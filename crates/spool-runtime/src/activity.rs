@@ -522,8 +522,13 @@ impl Reader {
                 bound: false,
             }),
             Event::RunRetired(retired) => Some(Activity::Retired(retired)),
-            // A schedule's own records: nothing a run did.
-            Event::ScheduleFired(_) | Event::ScheduleDelivered(_) | Event::Noted(_) => None,
+            // A schedule's own records, a surface's, and the links of a
+            // fork: nothing a run did.
+            Event::ScheduleFired(_)
+            | Event::ScheduleDelivered(_)
+            | Event::Noted(_)
+            | Event::ForkedFrom(_)
+            | Event::ForkedInto(_) => None,
         };
         own[0] = first;
         own[2] = spool_journal::fold::moved_to(&envelope.event).map(Activity::StateChanged);

@@ -13,6 +13,8 @@ pub enum ErrorKind {
     RunNotFound,
     /// No run holds the address.
     AddressNotFound,
+    /// The run has no such turn.
+    TurnNotFound,
     /// The run has a turn in progress and the operation needs it idle.
     RunActive,
     /// The run waits for an answer.
@@ -116,6 +118,14 @@ pub enum RuntimeError {
     /// No run holds the address.
     #[error("no run holds address {0}")]
     AddressNotFound(spool_journal::Address),
+    /// The run has no such turn.
+    #[error("run {run} has no turn `{turn}`")]
+    TurnNotFound {
+        /// The run.
+        run: RunId,
+        /// The turn asked for.
+        turn: spool_journal::TurnId,
+    },
     /// A turn was asked for only if the run was idle
     /// ([`TurnPolicy::IfIdle`](spool_wire::run::TurnPolicy::IfIdle)), and
     /// a turn is in progress.
@@ -191,6 +201,7 @@ impl RuntimeError {
         match self {
             Self::RunNotFound(_) => ErrorKind::RunNotFound,
             Self::AddressNotFound(_) => ErrorKind::AddressNotFound,
+            Self::TurnNotFound { .. } => ErrorKind::TurnNotFound,
             Self::TurnInProgress { .. } => ErrorKind::TurnInProgress,
             Self::RunActive(_) => ErrorKind::RunActive,
             Self::RunWaiting(_) => ErrorKind::RunWaiting,

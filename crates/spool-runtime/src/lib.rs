@@ -45,8 +45,8 @@ pub use error::{ErrorKind, Limited, RuntimeError};
 pub use ids::{IdSource, SequentialIds, UniqueIds};
 pub use runs::DEFAULT_CACHED_RUNS;
 pub use runtime::{
-    Accepted, CancelOutcome, MAX_ANSWERS, MessageRequest, Recovery, Runtime, RuntimeBuilder,
-    StartRequest,
+    Accepted, CancelOutcome, ForkRequest, MAX_ANSWERS, MessageRequest, Recovery, Runtime,
+    RuntimeBuilder, StartRequest,
 };
 pub use schedule::{ScheduleDefinition, Scheduler};
 pub use spool_journal::store::BoxFuture;

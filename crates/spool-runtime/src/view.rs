@@ -69,6 +69,8 @@ pub struct RunDetail {
     pub created_at: Option<time::OffsetDateTime>,
     /// When its last event was recorded.
     pub updated_at: Option<time::OffsetDateTime>,
+    /// Where it was forked from, when it is a fork.
+    pub forked_from: Option<spool_journal::event::ForkLink>,
 }
 
 impl RunDetail {
@@ -97,6 +99,7 @@ impl RunDetail {
             suspended_call,
             created_at: state.created_at,
             updated_at: state.updated_at,
+            forked_from: state.forked_from.clone(),
             view,
         }
     }

@@ -285,6 +285,20 @@ pub struct RunRow {
     /// Its last journal position: stream after it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cursor: Option<u64>,
+    /// The run it was forked from, when it is a fork.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forked_from: Option<ForkedFrom>,
+}
+
+/// Where a fork came from: the source run and the turn it was cut at.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForkedFrom {
+    /// The source run.
+    pub run_id: String,
+    /// The source's turn.
+    pub turn_id: String,
+    /// `after` (the fork holds the turn) or `before` (it stops before it).
+    pub cut: String,
 }
 
 /// A turn's failure: its stable code and message.
@@ -414,6 +428,40 @@ pub struct Reset {
     /// Why, for the log.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+}
+
+/// `POST /runs/{id}/fork`: a new run holding the run's history through a
+/// turn's end (`after`) or up to its start (`before`); exactly one of the
+/// two.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fork {
+    /// Through this turn's end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<String>,
+    /// Up to this turn's start: to run it again, or with another message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub before: Option<String>,
+    /// The fork's title; the source's by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+}
+
+impl Fork {
+    /// The turn and whether the fork holds it (`true`: `after`).
+    ///
+    /// # Errors
+    ///
+    /// `bad_request` unless exactly one of `after` and `before` is given.
+    pub fn cut(&self) -> Result<(&str, bool), HttpRejection> {
+        match (&self.after, &self.before) {
+            (Some(turn), None) => Ok((turn, true)),
+            (None, Some(turn)) => Ok((turn, false)),
+            _ => Err(HttpRejection::new(
+                ErrorCode::BadRequest,
+                "give exactly one of `after` (through that turn) and `before` (up to it)",
+            )),
+        }
+    }
 }
 
 /// The reply to an address ensure or lookup: the run, not a model result.
@@ -720,6 +768,10 @@ string_enum! {
         ScheduleNotFound = "schedule_not_found",
         /// The caller is known but may not do this (trigger a schedule).
         Forbidden = "forbidden",
+        /// The body names a turn the run's history does not hold (a
+        /// fork's `after` or `before`): 409, as the route and its run
+        /// exist.
+        TurnNotFound = "turn_not_found",
         /// The route exists, not with this method.
         MethodNotAllowed = "method_not_allowed",
         /// The run waits for an answer; use `/respond`.
@@ -805,7 +857,8 @@ impl ErrorCode {
             | Self::RunNotActive
             | Self::RunRetired
             | Self::RunOwnedElsewhere
-            | Self::ConversationCorrupt => 409,
+            | Self::ConversationCorrupt
+            | Self::TurnNotFound => 409,
             Self::RequestTimeout => 408,
             Self::TooLarge => 413,
             Self::UnsupportedMediaType => 415,

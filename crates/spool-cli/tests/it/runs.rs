@@ -254,3 +254,66 @@ fn runs_show_finds_a_run_by_its_address_as_a_delegated_runs_is_named() {
         "{stderr}"
     );
 }
+
+#[test]
+fn runs_fork_copies_a_run_on_a_journal_no_server_holds_and_prints_the_fork() {
+    let dir = tempfile::tempdir().unwrap();
+    journal_with_one_run(dir.path());
+    let journal = dir.path().to_str().unwrap();
+    let forked = spool(&[
+        "runs",
+        "fork",
+        "run-1",
+        "--after",
+        "turn-1",
+        "--title",
+        "Again",
+        "--journal",
+        journal,
+    ]);
+    assert!(
+        forked.status.success(),
+        "{}",
+        String::from_utf8_lossy(&forked.stderr)
+    );
+    let fork = String::from_utf8(forked.stdout).unwrap().trim().to_owned();
+    assert!(fork.starts_with("run_") && fork != "run-1", "{fork}");
+    let shown = spool(&["runs", "show", &fork, "--json", "--journal", journal]);
+    let kinds: Vec<String> = String::from_utf8(shown.stdout)
+        .unwrap()
+        .lines()
+        .map(|line| {
+            serde_json::from_str::<serde_json::Value>(line).unwrap()["event"]["kind"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "run_created",
+            "forked_from",
+            "turn_started",
+            "turn_completed"
+        ]
+    );
+    // A turn the run does not have is refused, and nothing is made.
+    let refused = spool(&[
+        "runs",
+        "fork",
+        "run-1",
+        "--before",
+        "turn-9",
+        "--journal",
+        journal,
+    ]);
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("no turn `turn-9`"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    let listed = spool(&["runs", "list", "--journal", journal]);
+    assert_eq!(String::from_utf8(listed.stdout).unwrap().lines().count(), 2);
+}

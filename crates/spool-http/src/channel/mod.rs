@@ -101,6 +101,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/runs/{id}/reset"),
     ("POST", "/runs/{id}/clear"),
     ("POST", "/runs/{id}/compact"),
+    ("POST", "/runs/{id}/fork"),
     ("GET", "/schedules"),
     ("GET", "/schedules/{name}"),
     ("POST", "/schedules/{name}/trigger"),

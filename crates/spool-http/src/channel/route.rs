@@ -75,7 +75,9 @@ impl HttpChannel {
             ["runs", id, action] => {
                 let allowed: &[Method] = match *action {
                     "snapshot" | "stream" | "events" | "summary" => &[Method::GET],
-                    "respond" | "cancel" | "reset" | "clear" | "compact" => &[Method::POST],
+                    "respond" | "cancel" | "reset" | "clear" | "compact" | "fork" => {
+                        &[Method::POST]
+                    }
                     _ => return body::error(ErrorCode::RunNotFound, format!("no route {path}")),
                 };
                 (
@@ -218,6 +220,7 @@ impl HttpChannel {
                             tap,
                             session: &caller.session,
                             respond_async,
+                            principal: caller.proven(),
                         },
                     )
                     .await

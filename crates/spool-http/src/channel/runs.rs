@@ -135,6 +135,7 @@ impl HttpChannel {
                 suspend: None,
                 call: None,
                 cursor: run.next_seq.0.checked_sub(1),
+                forked_from: None,
             }),
             Err(error) => Err(error),
         }
@@ -317,6 +318,7 @@ impl HttpChannel {
             tap,
             session,
             respond_async,
+            principal,
         } = asked;
         match action {
             "snapshot" => {
@@ -335,6 +337,42 @@ impl HttpChannel {
             }
             "stream" => self.stream(run, query, tap, session).await,
             "events" => self.events(run, query).await,
+            "fork" => {
+                let fork: wire::Fork = match wire::decode_body(text) {
+                    Ok(fork) => fork,
+                    Err(rejection) => return Ok(body::error(rejection.code, rejection.message)),
+                };
+                let (turn, after) = match fork.cut() {
+                    Ok(cut) => cut,
+                    Err(rejection) => return Ok(body::error(rejection.code, rejection.message)),
+                };
+                let turn = match spool_journal::TurnId::new(turn) {
+                    Ok(turn) => turn,
+                    Err(e) => {
+                        return Ok(body::error(
+                            ErrorCode::BadRequest,
+                            format!("the turn is not a turn id: {e}"),
+                        ));
+                    }
+                };
+                let view = self
+                    .runtime
+                    .fork(
+                        run,
+                        spool_runtime::ForkRequest {
+                            turn,
+                            cut: if after {
+                                spool_journal::event::ForkCut::After
+                            } else {
+                                spool_journal::event::ForkCut::Before
+                            },
+                            title: fork.title,
+                            principal: principal.cloned(),
+                        },
+                    )
+                    .await?;
+                Ok(body::json(StatusCode::CREATED, &reply(&view)))
+            }
             "summary" => {
                 let detail = self.runtime.detail(run).await?;
                 Ok(body::json(StatusCode::OK, &row_of(detail)))
@@ -595,6 +633,14 @@ fn row_of(detail: spool_runtime::RunDetail) -> wire::RunRow {
             arguments: call.input,
         }),
         cursor: reply.cursor,
+        forked_from: detail.forked_from.map(|link| wire::ForkedFrom {
+            run_id: link.run.to_string(),
+            turn_id: link.turn_id.to_string(),
+            cut: match link.cut {
+                spool_journal::event::ForkCut::After => "after".into(),
+                spool_journal::event::ForkCut::Before => "before".into(),
+            },
+        }),
     }
 }
 
@@ -614,6 +660,8 @@ pub(super) struct Asked<'a> {
     pub(super) session: &'a crate::session::Session,
     /// The request said `Prefer: respond-async`.
     pub(super) respond_async: bool,
+    /// Who the authenticator proved the caller is.
+    pub(super) principal: Option<&'a Principal>,
 }
 
 /// Micro-dollars in dollars.

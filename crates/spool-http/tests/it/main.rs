@@ -8,6 +8,7 @@
 mod channel;
 mod client;
 mod console;
+mod fork;
 mod forward;
 mod openapi;
 mod remote;

@@ -64,6 +64,8 @@ fn the_pinned_log_covers_every_event_kind() {
         "schedule_fired",
         "schedule_delivered",
         "noted",
+        "forked_from",
+        "forked_into",
     ];
     for kind in all {
         assert!(kinds.contains(kind), "no pinned envelope for {kind}");

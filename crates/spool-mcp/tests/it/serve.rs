@@ -265,8 +265,13 @@ async fn for_a_host_with_the_tasks_extension_a_turn_is_a_task_that_asks_for_inpu
         result["structuredContent"]["response"], "blue it is",
         "{result:?}"
     );
+    // Compared as times: RFC 3339 text drops a fraction's trailing zeros,
+    // so `…42.41Z` sorts after `…42.4138Z` as text.
+    let at = |text: &str| {
+        time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339).unwrap()
+    };
     assert!(
-        done.task.created_at <= done.task.last_updated_at,
+        at(&done.task.created_at) <= at(&done.task.last_updated_at),
         "{done:?}"
     );
 }

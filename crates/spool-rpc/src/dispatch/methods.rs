@@ -447,6 +447,38 @@ impl Connection {
         Ok(to_value(&spool_edge::tables::reply(&view)))
     }
 
+    /// `run.fork`: a new run holding the run's history through a turn's
+    /// end (`after`) or up to its start (`before`), owned by the caller;
+    /// the reply is the fork's `RunReply`.
+    pub(super) async fn fork(&self, params: ForkParams) -> Result<Value, Failure> {
+        let run = self.reached(&params.run_id).await?;
+        let fork = spool_wire::http::Fork {
+            after: params.after,
+            before: params.before,
+            title: params.title,
+        };
+        let (turn, after) = fork
+            .cut()
+            .map_err(|rejection| invalid_params(rejection.message))?;
+        let turn = TurnId::new(turn).map_err(|e| invalid_params(format!("the turn: {e}")))?;
+        let request = spool_runtime::ForkRequest {
+            turn,
+            cut: if after {
+                spool_journal::event::ForkCut::After
+            } else {
+                spool_journal::event::ForkCut::Before
+            },
+            title: fork.title.clone(),
+            principal: self.inner.principal.clone(),
+        };
+        let view = self
+            .runtime()
+            .fork(&run, request)
+            .await
+            .map_err(runtime_error)?;
+        Ok(to_value(&spool_edge::tables::reply(&view)))
+    }
+
     pub(super) async fn cancel(&self, cancel: CancelParams) -> Result<Value, Failure> {
         let run = run_id(&cancel.run_id)?;
         // Another principal's run is cancelled as an unknown one is: a

@@ -51,10 +51,11 @@ pub const MAX_IN_FLIGHT: usize = 64;
 
 /// The methods this server answers, as `getCapabilities` and `/version`
 /// list them.
-pub const METHODS: [&str; 10] = [
+pub const METHODS: [&str; 11] = [
     rpc::METHOD_SUBMIT_RUN,
     "run.respond",
     "run.cancel",
+    "run.fork",
     "run.get",
     "run.list",
     rpc::METHOD_STATE_SNAPSHOT,
@@ -446,6 +447,7 @@ impl Connection {
             rpc::METHOD_SUBMIT_RUN => self.submit_run(params(&raw)?, None).await,
             "run.respond" => self.respond(params(&raw)?).await,
             "run.cancel" => self.cancel(params(&raw)?).await,
+            "run.fork" => self.fork(params(&raw)?).await,
             "run.get" => {
                 let RunParams { run_id: id } = params(&raw)?;
                 let run = self.reached(&id).await?;

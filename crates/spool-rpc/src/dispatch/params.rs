@@ -70,6 +70,20 @@ pub(super) struct CancelParams {
     pub(super) turn_id: Option<String>,
 }
 
+/// `run.fork`'s params: the run, and the fork's `after`, `before` and
+/// `title` as `POST /runs/{id}/fork` takes them.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ForkParams {
+    pub(super) run_id: String,
+    #[serde(default)]
+    pub(super) after: Option<String>,
+    #[serde(default)]
+    pub(super) before: Option<String>,
+    #[serde(default)]
+    pub(super) title: Option<String>,
+}
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct ListParams {

@@ -262,3 +262,44 @@ async fn an_operation_id_sent_again_with_another_text_answers_the_saved_run_with
     );
     assert_eq!(runtime.list().await.unwrap().len(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_fork_copies_a_run_for_its_owner_and_not_for_another_principal() {
+    let (dispatcher, run) = alices_run().await;
+    let (alice, bob) = (token("alice", false), token("bob", false));
+    let view = call(&dispatcher, &alice, "run.get", json!({"run_id": run}))
+        .await
+        .unwrap();
+    let turn = view["turn_id"].as_str().unwrap();
+    let params = json!({"run_id": run, "after": turn, "title": "Alice's fork"});
+    not_found(
+        call(&dispatcher, &bob, "run.fork", params.clone()).await,
+        "run.fork",
+    );
+    let fork = call(&dispatcher, &alice, "run.fork", params).await.unwrap();
+    assert_eq!(fork["state"], "completed", "{fork}");
+    assert_eq!(fork["response"], "echo: mine", "{fork}");
+    let id = fork["run_id"].as_str().unwrap();
+    assert_ne!(id, run);
+    // The fork is alice's: bob does not reach it either.
+    let by_fork = json!({"run_id": id});
+    assert!(
+        call(&dispatcher, &alice, "run.get", by_fork.clone())
+            .await
+            .is_ok()
+    );
+    not_found(
+        call(&dispatcher, &bob, "run.get", by_fork).await,
+        "the fork",
+    );
+    for params in [
+        json!({"run_id": run}),
+        json!({"run_id": run, "after": turn, "before": turn}),
+        json!({"run_id": run, "after": turn, "beyond": 1}),
+    ] {
+        let refused = call(&dispatcher, &alice, "run.fork", params.clone())
+            .await
+            .expect_err("refused");
+        assert_eq!(refused["code"], -32602, "{params}: {refused}");
+    }
+}

@@ -10,7 +10,7 @@ use spool_journal::fold::Status;
 use spool_journal::{Event, JournalError, RunId, Seq, TurnId};
 use spool_wire::run::{SuspendKind, TurnPolicy};
 
-use super::{Accepted, CancelOutcome, MessageRequest, Runtime, StartRequest};
+use super::{Accepted, CancelOutcome, ForkRequest, MessageRequest, Runtime, StartRequest};
 use crate::error::RuntimeError;
 use crate::runs::Locked;
 
@@ -662,5 +662,152 @@ impl Runtime {
             Status::Running | Status::Waiting(_) => Err(RuntimeError::RunActive(run.clone())),
             _ => Ok(locked),
         }
+    }
+
+    /// Forks `source`: a new run whose history is the source's through
+    /// the end of `request.turn` (`ForkCut::After`) or up to its start
+    /// (`ForkCut::Before`), recorded as a link in both journals
+    /// (`forked_from` in the fork, `forked_into` in the source). Nothing
+    /// of the source runs again: its model answers and tool results are
+    /// copied as recorded. The fork holds none of the source's addresses,
+    /// operation ids or surfaces' notes, nor input queued past the cut;
+    /// it then takes turns like any run.
+    ///
+    /// # Errors
+    ///
+    /// `RunNotFound`; `TurnNotFound` for a turn the source does not
+    /// have; `RunActive` for `After` a turn that has not ended.
+    pub async fn fork(
+        &self,
+        source: &RunId,
+        request: ForkRequest,
+    ) -> Result<crate::RunView, RuntimeError> {
+        use spool_journal::event::{ForkCut, ForkLink};
+        if let Some(title) = &request.title {
+            crate::Limited::Title.check(title)?;
+        }
+        // The log as of one position, read under the run's lock.
+        let (log, created) = {
+            let locked = self.inner.lock(source).await?;
+            let mut log = self.inner.journal.read(source, Seq(0)).await?;
+            log.truncate(usize::try_from(locked.cached().next().0).unwrap_or(usize::MAX));
+            (log, locked.state().created.clone().unwrap_or_default())
+        };
+        let turn = &request.turn;
+        let starts = |event: &Event| matches!(event, Event::TurnStarted(s) if s.turn_id == *turn);
+        let ends = |event: &Event| match event {
+            Event::TurnCompleted(e) => e.turn_id == *turn,
+            Event::TurnFailed(e) => e.turn_id == *turn,
+            Event::TurnCancelled(e) => e.turn_id == *turn,
+            _ => false,
+        };
+        let Some(start) = log.iter().position(|e| starts(&e.event)) else {
+            return Err(RuntimeError::TurnNotFound {
+                run: source.clone(),
+                turn: turn.clone(),
+            });
+        };
+        // How many of the source's events the fork holds.
+        let held = match request.cut {
+            ForkCut::Before => start,
+            ForkCut::After => match log[start..].iter().position(|e| ends(&e.event)) {
+                Some(end) => start + end + 1,
+                // Still running or parked: what it holds is not settled.
+                None => return Err(RuntimeError::RunActive(source.clone())),
+            },
+        };
+        let prefix = &log[..held];
+        let through = prefix.last().map_or(Seq(0), |e| e.seq);
+        // Input queued past the cut never ran there: it is not the fork's.
+        let pending: std::collections::HashSet<Seq> = spool_journal::fold::fold(prefix)
+            .queued
+            .iter()
+            .map(|(seq, _)| *seq)
+            .collect();
+        let fork = self.inner.ids.run_id();
+        let link = ForkLink {
+            run: source.clone(),
+            through,
+            turn_id: turn.clone(),
+            cut: request.cut,
+        };
+        let mut events = vec![
+            Event::RunCreated(RunCreated {
+                title: request.title.clone().or(created.title),
+                kind: created.kind,
+                principal: request.principal.clone(),
+                ..RunCreated::default()
+            }),
+            Event::ForkedFrom(link.clone()),
+        ];
+        // Where each copied event lands in the fork, for the events that
+        // name a position (a queued turn's input, a compaction's range).
+        let mut landed: Vec<(Seq, Seq)> = Vec::new();
+        for envelope in prefix.iter().skip(1) {
+            let kept = match &envelope.event {
+                // What belongs to the source alone: its names, its
+                // surfaces' records, its schedule's, its links.
+                Event::AddressBound(_)
+                | Event::AddressUnbound(_)
+                | Event::Noted(_)
+                | Event::ScheduleFired(_)
+                | Event::ScheduleDelivered(_)
+                | Event::ForkedFrom(_)
+                | Event::ForkedInto(_)
+                | Event::RunCreated(_)
+                | Event::RunRetired(_) => None,
+                Event::InputQueued(_) if pending.contains(&envelope.seq) => None,
+                Event::InputQueued(queued) => Some(Event::InputQueued(InputQueued {
+                    operation_id: None,
+                    ..queued.clone()
+                })),
+                Event::TurnStarted(started) => Some(Event::TurnStarted(TurnStarted {
+                    operation_id: None,
+                    from_queue: started.from_queue.map(|seq| landing(&landed, seq, false)),
+                    ..started.clone()
+                })),
+                Event::Compacted(compacted) => Some(Event::Compacted(Compacted {
+                    from: landing(&landed, compacted.from, true),
+                    to: landing(&landed, compacted.to, false),
+                    summary: compacted.summary.clone(),
+                })),
+                other => Some(other.clone()),
+            };
+            if let Some(event) = kept {
+                let at = Seq(u64::try_from(events.len()).unwrap_or(u64::MAX));
+                landed.push((envelope.seq, at));
+                events.push(event);
+            }
+        }
+        let mut locked = crate::runs::Locked::fresh(&self.inner.runs, &fork).await;
+        locked.append(&*self.inner.journal, events).await?;
+        drop(locked);
+        // The source's end of the link, written once the fork exists: a
+        // crash between the two leaves a fork that names its source.
+        self.inner
+            .append(
+                source,
+                vec![Event::ForkedInto(ForkLink {
+                    run: fork.clone(),
+                    ..link
+                })],
+            )
+            .await?;
+        self.get(&fork).await
+    }
+}
+
+/// Where the source's position `seq` lands in a fork: the fork's
+/// position of the copied event at it, or, for a position whose event was
+/// not copied, of the nearest copied one after it (`after`) or before it.
+fn landing(landed: &[(Seq, Seq)], seq: Seq, after: bool) -> Seq {
+    let at = landed.partition_point(|(source, _)| *source < seq);
+    match landed.get(at) {
+        Some((source, fork)) if *source == seq => *fork,
+        _ if after => landed.get(at).map_or(Seq(0), |(_, fork)| *fork),
+        _ => at
+            .checked_sub(1)
+            .and_then(|before| landed.get(before))
+            .map_or(Seq(0), |(_, fork)| *fork),
     }
 }

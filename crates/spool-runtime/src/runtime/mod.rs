@@ -26,7 +26,7 @@ mod requests;
 
 pub use builder::RuntimeBuilder;
 pub use commands::MAX_ANSWERS;
-pub use requests::{Accepted, CancelOutcome, MessageRequest, Recovery, StartRequest};
+pub use requests::{Accepted, CancelOutcome, ForkRequest, MessageRequest, Recovery, StartRequest};
 
 /// How many runs taken over [`Runtime::recover_runs`] reads at once.
 const RECOVERY_READS: usize = 16;

@@ -37,6 +37,20 @@ pub struct StartRequest {
     pub policy: Option<TurnPolicy>,
 }
 
+/// A fork of a run's history: a new run holding the source's events
+/// through a turn's end (`after`) or up to its start (`before`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ForkRequest {
+    /// The source's turn the fork is cut at.
+    pub turn: spool_journal::TurnId,
+    /// Whether the fork holds that turn or stops before it.
+    pub cut: spool_journal::event::ForkCut,
+    /// The fork's title; the source's by default.
+    pub title: Option<String>,
+    /// Who forks it: the fork's owner.
+    pub principal: Option<Principal>,
+}
+
 /// A message to an existing run.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct MessageRequest {

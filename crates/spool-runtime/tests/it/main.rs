@@ -12,6 +12,7 @@ mod cancel_safe;
 mod channels;
 mod concurrency;
 mod first_wins;
+mod forks;
 mod gate;
 mod hub;
 mod incremental;

@@ -50,6 +50,7 @@ fn each_error_code_has_its_string_and_status() {
         ("address_too_long", ErrorCode::AddressTooLong, 400),
         ("title_too_long", ErrorCode::TitleTooLong, 400),
         ("operation_id_too_long", ErrorCode::OperationIdTooLong, 400),
+        ("turn_not_found", ErrorCode::TurnNotFound, 409),
     ];
     assert_eq!(ErrorCode::KNOWN.len(), table.len());
     for (text, code, status) in table {

@@ -2,7 +2,8 @@
 //! from the start, the cache stays within its bound, an evicted run is
 //! read once and goes on where it was, and a turn recorded by an earlier
 //! Spool (version-1 request hashes) replays without a divergence; a
-//! one-turn run on a durable journal reads nothing back.
+//! one-turn run on a durable journal reads nothing back; and a model
+//! call's journaled request holds what is new, not the whole prompt.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -431,4 +432,51 @@ async fn recovering_the_interrupted_runs_reads_no_idle_runs_log() {
     let server = Runtime::builder(Arc::clone(&shared)).build();
     server.recover().await.unwrap();
     assert_eq!(reads() - before, 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_calls_journaled_request_does_not_grow_with_the_runs_length() {
+    // A hundred turns, each a tool call and an answer: two model calls a
+    // turn, the second of each seeing the tool's result.
+    let script: String = (0..100)
+        .flat_map(|n| {
+            [
+                json!({"tool_calls": [{"id": format!("c{n}"), "name": "look", "arguments": {"n": n}}]}),
+                json!({"text": format!("turn {n} done")}),
+            ]
+        })
+        .map(|line| format!("{line}\n"))
+        .collect();
+    let journal: Arc<dyn Journal> = Arc::new(MemoryJournal::new());
+    let (look, looks) = crate::support::Counting::new("look", spool_journal::event::Effect::Read);
+    let runtime = crate::support::runtime_with(
+        Arc::clone(&journal),
+        &script,
+        crate::support::tools_with(vec![look]),
+    );
+    let (run, first) = begin(&runtime, "turn 0").await;
+    settle(&runtime, &run, &first).await;
+    for n in 1..100 {
+        next_turn(&runtime, &run, &format!("turn {n}")).await;
+    }
+    assert_eq!(looks.load(Ordering::SeqCst), 100);
+    let sizes: Vec<usize> = journal
+        .read(&run, Seq(0))
+        .await
+        .unwrap()
+        .iter()
+        .filter(|e| matches!(e.event, Event::ModelCallRequested(_)))
+        .map(|e| e.event.to_bytes().len())
+        .collect();
+    assert_eq!(sizes.len(), 200);
+    // Each request records only what is new since the call before (the
+    // turn's message, or the tool's result): the last is no larger than
+    // the early ones but for the digits of its numbers, where a request
+    // recorded whole would be a hundred times larger.
+    let early = *sizes[..4].iter().max().unwrap();
+    let late = *sizes[196..].iter().max().unwrap();
+    assert!(
+        late <= early + 16,
+        "a model call's journaled request grew with the run: {early} bytes early, {late} late"
+    );
 }

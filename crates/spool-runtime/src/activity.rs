@@ -567,5 +567,7 @@ impl Reader {
     }
 }
 
+pub mod timing;
+
 #[cfg(test)]
 mod tests;

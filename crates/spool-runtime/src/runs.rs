@@ -178,8 +178,6 @@ pub(crate) struct Cached {
     turn_log: Option<Vec<Envelope>>,
     /// Where the current (or last) turn's `turn_started` is.
     turn_start: Option<Seq>,
-    /// Turns started so far.
-    pub(crate) turns: u64,
     /// Model calls requested before the current turn.
     pub(crate) calls_before_turn: u64,
     calls: u64,
@@ -197,7 +195,6 @@ impl Cached {
             history: History::new(system),
             turn_log: Some(Vec::new()),
             turn_start: None,
-            turns: 0,
             calls_before_turn: 0,
             calls: 0,
             turn_usage: None,
@@ -234,7 +231,6 @@ impl Cached {
             Event::TurnStarted(_) => {
                 self.settle_turn_log();
                 self.turn_start = Some(envelope.seq);
-                self.turns += 1;
                 self.calls_before_turn = self.calls;
                 self.turn_usage = None;
             }

@@ -570,22 +570,9 @@ impl HttpChannel {
             Ok(parsed) => parsed,
             Err(message) => return Ok(body::error(ErrorCode::BadRequest, message)),
         };
-        let log = self.runtime.events(run, Seq(0)).await?;
-        let pricing = self.runtime.pricing();
-        let mut timing = crate::journal::Timing::default();
-        let mut events = Vec::with_capacity(limit.min(log.len()));
-        let mut next = None;
-        for envelope in &log {
-            let entry = timing.entry(envelope, pricing.as_ref());
-            if after.is_some_and(|after| envelope.seq.0 <= after) {
-                continue;
-            }
-            if events.len() == limit {
-                next = events.last().map(|last: &wire::JournalEntry| last.seq);
-                break;
-            }
-            events.push(entry);
-        }
+        let (page, more) = self.runtime.journal(run, after.map(Seq), limit).await?;
+        let next = page.last().filter(|_| more).map(|last| last.envelope.seq.0);
+        let events = page.into_iter().map(crate::journal::entry).collect();
         let mut reply = body::json(StatusCode::OK, &wire::JournalPage { events, next });
         reply
             .headers_mut()
@@ -621,7 +608,7 @@ fn row_of(detail: spool_runtime::RunDetail) -> wire::RunRow {
             input_tokens: detail.usage.input_tokens,
             output_tokens: detail.usage.output_tokens,
         },
-        cost_usd: detail.cost_micro_usd.map(usd),
+        cost_usd: detail.cost_micro_usd.map(crate::journal::usd),
         failure: detail.failure.map(|failed| wire::Failure {
             code: failed.code.to_string(),
             message: failed.message,
@@ -662,9 +649,4 @@ pub(super) struct Asked<'a> {
     pub(super) respond_async: bool,
     /// Who the authenticator proved the caller is.
     pub(super) principal: Option<&'a Principal>,
-}
-
-/// Micro-dollars in dollars.
-fn usd(micro: u64) -> f64 {
-    micro as f64 / 1e6
 }

@@ -156,7 +156,7 @@ impl Inner {
                 let Some((seq, queued)) = locked.state().queued.front().cloned() else {
                     return Ok(());
                 };
-                let turn = self.ids.turn_id(run, locked.cached().turns + 1);
+                let turn = self.ids.turn_id(run, locked.state().turns + 1);
                 let started = TurnStarted {
                     turn_id: turn,
                     input: queued.input,

@@ -262,7 +262,7 @@ impl Runtime {
                 },
             ),
             _ => {
-                let turn = self.inner.ids.turn_id(run, locked.cached().turns + 1);
+                let turn = self.inner.ids.turn_id(run, locked.state().turns + 1);
                 let started = TurnStarted {
                     turn_id: turn.clone(),
                     input: message.text,

@@ -36,22 +36,41 @@ impl Runtime {
         Ok(RunDetail::of(&locked, self.inner.pricing.as_ref()))
     }
 
-    /// The run's recorded events from position `from` on, verified as
-    /// every read is: what shows a run's journal as it is (the console's
-    /// timeline).
+    /// A page of the run's journal: at most `limit` of its recorded
+    /// events after position `after` (from the start without one), each
+    /// with its timing ([`TimedEvent`](crate::activity::timing::TimedEvent)),
+    /// and whether more follow. The log is read from its start, to time
+    /// the calls whose requests lie before the page.
     ///
     /// # Errors
     ///
     /// `RunNotFound`; a journal error when the log cannot be read.
-    pub async fn events(
+    pub async fn journal(
         &self,
         run: &RunId,
-        from: Seq,
-    ) -> Result<Vec<spool_journal::Envelope>, RuntimeError> {
+        after: Option<Seq>,
+        limit: usize,
+    ) -> Result<(Vec<crate::activity::timing::TimedEvent>, bool), RuntimeError> {
         // Through the lock, so a run the runtime hides (a schedule's
         // record) is as unknown here as everywhere else.
         drop(self.inner.lock(run).await?);
-        Ok(self.inner.journal.read(run, from).await?)
+        let log = self.inner.journal.read(run, Seq(0)).await?;
+        let mut timing = crate::activity::timing::Timing::default();
+        let mut page = Vec::with_capacity(limit.min(log.len()));
+        let mut more = false;
+        for envelope in log {
+            let skipped = after.is_some_and(|after| envelope.seq <= after);
+            let timed = timing.time(envelope, self.inner.pricing.as_ref());
+            if skipped {
+                continue;
+            }
+            if page.len() == limit {
+                more = true;
+                break;
+            }
+            page.push(timed);
+        }
+        Ok((page, more))
     }
 
     /// Every address bound now, with its run: what a search over
@@ -62,12 +81,6 @@ impl Runtime {
     /// When the journal fails.
     pub async fn addresses(&self) -> Result<Vec<(Address, RunId)>, RuntimeError> {
         Ok(self.inner.journal.addresses().await?)
-    }
-
-    /// The `[pricing]` the runtime prices tokens with, when it has one.
-    #[must_use]
-    pub fn pricing(&self) -> Option<crate::agent::Pricing> {
-        self.inner.pricing
     }
 
     /// A run's conversation, state and cursor.

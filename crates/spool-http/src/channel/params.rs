@@ -50,14 +50,31 @@ pub(super) fn query_value(query: Option<&str>, name: &str) -> Result<Option<Stri
 }
 
 pub(super) fn cursor(query: Option<&str>) -> Result<Option<Seq>, String> {
-    query_value(query, "cursor")?
+    position(query, "cursor")
+}
+
+/// The query parameter `name` as a journal position.
+pub(super) fn position(query: Option<&str>, name: &str) -> Result<Option<Seq>, String> {
+    query_value(query, name)?
         .map(|value| {
             value
                 .parse::<u64>()
                 .map(Seq)
-                .map_err(|_| format!("`cursor` must be a non-negative integer, not `{value}`"))
+                .map_err(|_| format!("`{name}` must be a non-negative integer, not `{value}`"))
         })
         .transpose()
+}
+
+/// `limit`: how many a page holds, 1 to `max`; `default` when absent.
+pub(super) fn limit(query: Option<&str>, default: usize, max: usize) -> Result<usize, String> {
+    match query_value(query, "limit")? {
+        None => Ok(default),
+        Some(value) => value
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=max).contains(n))
+            .ok_or_else(|| format!("`limit` must be an integer from 1 to {max}, not `{value}`")),
+    }
 }
 
 /// A page of `GET /runs`.
@@ -73,19 +90,7 @@ impl Page {
     const MAX: usize = 1000;
 
     pub(super) fn parse(query: Option<&str>) -> Result<Self, String> {
-        let limit = match query_value(query, "limit")? {
-            None => Self::DEFAULT,
-            Some(value) => value
-                .parse::<usize>()
-                .ok()
-                .filter(|n| (1..=Self::MAX).contains(n))
-                .ok_or_else(|| {
-                    format!(
-                        "`limit` must be an integer from 1 to {}, not `{value}`",
-                        Self::MAX
-                    )
-                })?,
-        };
+        let limit = limit(query, Self::DEFAULT, Self::MAX)?;
         let after = query_value(query, "after")?
             .map(|value| {
                 value

@@ -546,31 +546,13 @@ impl HttpChannel {
     ) -> Result<Response<Body>, RuntimeError> {
         const DEFAULT: usize = 200;
         const MAX: usize = 1000;
-        let parsed = (|| {
-            let after = query_value(query, "after")?
-                .map(|value| {
-                    value.parse::<u64>().map_err(|_| {
-                        format!("`after` must be a non-negative integer, not `{value}`")
-                    })
-                })
-                .transpose()?;
-            let limit = match query_value(query, "limit")? {
-                None => DEFAULT,
-                Some(value) => value
-                    .parse::<usize>()
-                    .ok()
-                    .filter(|n| (1..=MAX).contains(n))
-                    .ok_or_else(|| {
-                        format!("`limit` must be an integer from 1 to {MAX}, not `{value}`")
-                    })?,
-            };
-            Ok::<_, String>((after, limit))
-        })();
+        let parsed =
+            position(query, "after").and_then(|after| Ok((after, limit(query, DEFAULT, MAX)?)));
         let (after, limit) = match parsed {
             Ok(parsed) => parsed,
             Err(message) => return Ok(body::error(ErrorCode::BadRequest, message)),
         };
-        let (page, more) = self.runtime.journal(run, after.map(Seq), limit).await?;
+        let (page, more) = self.runtime.journal(run, after, limit).await?;
         let next = page.last().filter(|_| more).map(|last| last.envelope.seq.0);
         let events = page.into_iter().map(crate::journal::entry).collect();
         let mut reply = body::json(StatusCode::OK, &wire::JournalPage { events, next });

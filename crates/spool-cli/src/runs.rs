@@ -1,6 +1,6 @@
 //! `spool runs …`: read a journal directly, even while a server has it
-//! open (read-only: `list` and `show` change nothing), and fork a run,
-//! through a server (`--url`) or on a journal no server holds.
+//! open (read-only: `list` and `show` change nothing), and fork or delete
+//! runs, through a server (`--url`) or on a journal no server holds.
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -53,19 +53,65 @@ pub(crate) enum RunsCommand {
         /// The fork's title; the source's by default.
         #[arg(long)]
         title: Option<String>,
-        /// A server's URL: fork through it (its journal is its own). Without
-        /// it, the journal is opened here, and must not be a running
-        /// server's.
-        #[arg(long, env = "SPOOL_URL")]
-        url: Option<String>,
-        /// A bearer token for the server.
-        #[arg(long, env = "SPOOL_TOKEN", hide_env_values = true)]
-        token: Option<String>,
-        /// The journal (without `--url`): a directory (SQLite) or a
-        /// postgres:// URL.
-        #[arg(long, env = "SPOOL_JOURNAL", default_value = ".spool")]
-        journal: JournalAt,
+        #[command(flatten)]
+        through: Through,
     },
+    /// Deletes runs: those named, and with `--older-than` every run in a
+    /// state of `--state` whose last event is older than that. Each
+    /// leaves a tombstone; its events are gone for good. Prints a line
+    /// per run.
+    Delete {
+        /// Runs to delete, by id.
+        runs: Vec<String>,
+        /// Also every run last updated longer ago than this: `30d`, `12h`,
+        /// `15m`, `2s`, `1w`.
+        #[arg(long, value_parser = spool_runtime::retention::parse_age)]
+        older_than: Option<std::time::Duration>,
+        /// With `--older-than`: the states deleted, comma-separated
+        /// (`completed,failed,cancelled` by default; also `retired`,
+        /// `idle`).
+        #[arg(long, value_delimiter = ',', requires = "older_than")]
+        state: Vec<String>,
+        /// Print what would be deleted, and delete nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Cancel a turn in progress first, rather than leave its run.
+        #[arg(long)]
+        force: bool,
+        #[command(flatten)]
+        through: Through,
+    },
+}
+
+/// Where a command that changes runs is carried out: through a server,
+/// or on a journal no server holds.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Through {
+    /// A server's URL: work through it (its journal is its own). Without
+    /// it, the journal is opened here, and must not be a running server's.
+    #[arg(long, env = "SPOOL_URL")]
+    url: Option<String>,
+    /// A bearer token for the server.
+    #[arg(long, env = "SPOOL_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// The journal (without `--url`): a directory (SQLite) or a
+    /// postgres:// URL.
+    #[arg(long, env = "SPOOL_JOURNAL", default_value = ".spool")]
+    journal: JournalAt,
+}
+
+impl Through {
+    /// A client of the server, when one was named.
+    fn client(&self) -> anyhow::Result<Option<spool_http::Client>> {
+        let Some(url) = &self.url else {
+            return Ok(None);
+        };
+        let mut client = spool_http::Client::new(url)?;
+        if let Some(token) = &self.token {
+            client = client.with_token(token.clone());
+        }
+        Ok(Some(client))
+    }
 }
 
 pub(crate) fn run(command: RunsCommand) -> anyhow::Result<ExitCode> {
@@ -86,18 +132,175 @@ pub(crate) fn run(command: RunsCommand) -> anyhow::Result<ExitCode> {
                 after,
                 before,
                 title,
-                url,
-                token,
-                journal,
+                through,
             } => {
                 let fork = spool_wire::http::Fork {
                     after,
                     before,
                     title,
                 };
-                fork_run(&run, fork, url.as_deref(), token, &journal).await
+                fork_run(&run, fork, &through).await
+            }
+            RunsCommand::Delete {
+                runs,
+                older_than,
+                state,
+                dry_run,
+                force,
+                through,
+            } => {
+                if runs.is_empty() && older_than.is_none() {
+                    bail!("name the runs to delete, or give --older-than");
+                }
+                let states = if state.is_empty() {
+                    vec!["completed".into(), "failed".into(), "cancelled".into()]
+                } else {
+                    state
+                };
+                let asked = Deleting {
+                    runs,
+                    older_than,
+                    states,
+                    dry_run,
+                    force,
+                };
+                match through.client()? {
+                    Some(client) => delete_through(&client, asked).await,
+                    None => delete_here(&through.journal, asked).await,
+                }
             }
         }
+    })
+}
+
+/// What `spool runs delete` was asked.
+struct Deleting {
+    runs: Vec<String>,
+    older_than: Option<std::time::Duration>,
+    states: Vec<String>,
+    dry_run: bool,
+    force: bool,
+}
+
+impl Deleting {
+    /// Whether a run in `state`, last updated at `updated`, is past
+    /// `--older-than`.
+    fn old(&self, state: &str, updated: time::OffsetDateTime) -> bool {
+        self.older_than.is_some_and(|age| {
+            self.states.iter().any(|s| s == state)
+                && time::OffsetDateTime::now_utc() - updated >= age
+        })
+    }
+}
+
+/// Prints one run's outcome; whether it went.
+fn report(run: &str, outcome: Result<Option<u64>, String>) -> bool {
+    // A closed stdout or stderr loses a line, not the deletions.
+    let _ = match &outcome {
+        Ok(Some(events)) => writeln!(
+            std::io::stdout().lock(),
+            "{run}  deleted  ({events} events)"
+        ),
+        Ok(None) => writeln!(std::io::stdout().lock(), "{run}  would be deleted"),
+        Err(error) => writeln!(std::io::stderr().lock(), "{run}  not deleted: {error}"),
+    };
+    outcome.is_ok()
+}
+
+/// `spool runs delete --url`: the runs listed by the server, deleted
+/// through it (ownership as the token has it).
+async fn delete_through(client: &spool_http::Client, asked: Deleting) -> anyhow::Result<ExitCode> {
+    let mut chosen = asked.runs.clone();
+    if asked.older_than.is_some() {
+        let mut after: Option<String> = None;
+        loop {
+            let page = match &after {
+                Some(after) => format!("/runs?order=oldest&limit=1000&after={after}"),
+                None => "/runs?order=oldest&limit=1000".to_owned(),
+            };
+            let list: spool_wire::http::RunList = client.get(&page).await?;
+            for row in &list.runs {
+                let updated = row
+                    .updated
+                    .as_deref()
+                    .and_then(|at| time::OffsetDateTime::parse(at, &Rfc3339).ok());
+                if updated.is_some_and(|at| asked.old(row.state.as_str(), at))
+                    && !chosen.contains(&row.id)
+                {
+                    chosen.push(row.id.clone());
+                }
+            }
+            match list.next {
+                Some(next) => after = Some(next),
+                None => break,
+            }
+        }
+    }
+    let mut all = true;
+    for run in &chosen {
+        let outcome = if asked.dry_run {
+            Ok(None)
+        } else {
+            client
+                .delete(run, asked.force)
+                .await
+                .map(|gone| Some(gone.events))
+                .map_err(|e| e.to_string())
+        };
+        all &= report(run, outcome);
+    }
+    Ok(if all {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// `spool runs delete` on a journal no server holds.
+async fn delete_here(journal: &JournalAt, asked: Deleting) -> anyhow::Result<ExitCode> {
+    let (store, _owner) =
+        crate::journal::open_owned(journal, crate::journal::Process::OneShot).await?;
+    let mut chosen: Vec<String> = asked.runs.clone();
+    if asked.older_than.is_some() {
+        let mut listed = store.runs().await?;
+        listed.reverse();
+        for run in listed {
+            if asked.old(run.status.state().as_str(), run.updated_at)
+                && !chosen.iter().any(|id| id == run.run_id.as_str())
+            {
+                chosen.push(run.run_id.to_string());
+            }
+        }
+    }
+    // A deletion calls no model and no tool: the runtime needs the
+    // journal alone.
+    let runtime = spool_runtime::Runtime::builder(store).build();
+    let mut all = true;
+    for run in &chosen {
+        let outcome = match RunId::new(run) {
+            Err(error) => Err(error.to_string()),
+            Ok(_) if asked.dry_run => Ok(None),
+            Ok(id) => runtime
+                .delete(
+                    &id,
+                    spool_runtime::DeleteRequest {
+                        by: "operator".into(),
+                        reason: None,
+                        force: asked.force,
+                        expected: None,
+                    },
+                )
+                .await
+                .map(|gone| Some(gone.events))
+                .map_err(|e| e.to_string()),
+        };
+        all &= report(run, outcome);
+    }
+    runtime.shutdown().await;
+    Ok(if all {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     })
 }
 
@@ -239,18 +442,10 @@ fn clip(text: &str, max: usize) -> String {
 async fn fork_run(
     run: &str,
     fork: spool_wire::http::Fork,
-    url: Option<&str>,
-    token: Option<String>,
-    journal: &JournalAt,
+    through: &Through,
 ) -> anyhow::Result<ExitCode> {
-    let reply = match url {
-        Some(url) => {
-            let mut client = spool_http::Client::new(url)?;
-            if let Some(token) = token {
-                client = client.with_token(token);
-            }
-            client.fork(run, &fork).await?
-        }
+    let reply = match through.client()? {
+        Some(client) => client.fork(run, &fork).await?,
         None => {
             let (turn, after) = fork.cut().map_err(|r| anyhow::anyhow!(r.message))?;
             let request = spool_runtime::ForkRequest {
@@ -264,7 +459,8 @@ async fn fork_run(
                 principal: None,
             };
             let (store, _owner) =
-                crate::journal::open_owned(journal, crate::journal::Process::OneShot).await?;
+                crate::journal::open_owned(&through.journal, crate::journal::Process::OneShot)
+                    .await?;
             // A fork calls no model and no tool: the runtime needs the
             // journal alone.
             let runtime = spool_runtime::Runtime::builder(store).build();

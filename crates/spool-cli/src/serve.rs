@@ -296,6 +296,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     }
     let _ = scheduler_slot.set(scheduler.clone());
     let (stop, closing) = tokio::sync::watch::channel(false);
+    let sweeper = sweep(&runtime, &agent.loaded.definition.retention, &closing);
     let pods =
         crate::pod::serve_pods(&runtime, &args.pods, args.runtime_dir.as_deref(), &closing).await?;
     let bus = crate::bus::serve_bus(&agent, &runtime, &args.journal, &closing).await?;
@@ -427,11 +428,62 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     if let Some(bus) = bus {
         let _ = bus.await;
     }
+    if let Some(sweeper) = sweeper {
+        let _ = sweeper.await;
+    }
     // Drivers, timers and schedules stop where they are (the journal keeps
     // them for the next start); the journal closes as the last handle
     // goes, and the SQLite store empties its write-ahead log then.
     lifecycle.shutdown().await;
     Ok(ExitCode::SUCCESS)
+}
+
+/// How many runs one sweep deletes before the sweeper looks at the
+/// clock again; a sweep that deleted this many sweeps again at once.
+const SWEEP_BATCH: usize = 256;
+
+/// The retention sweeper: every [`Retention::period`] (a tenth of the
+/// shortest retention, between 1 s and 1 min), the runs past their
+/// retention are deleted, in batches, until `closing` says stop; `None`
+/// when `[retention]` deletes nothing.
+///
+/// [`Retention::period`]: spool_runtime::retention::Retention::period
+fn sweep(
+    runtime: &spool_runtime::Runtime,
+    retention: &spool_runtime::retention::Retention,
+    closing: &tokio::sync::watch::Receiver<bool>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let period = retention.period()?;
+    say(&format!(
+        "spool: retention: runs that ended are deleted once past [retention] (checked every {} s)",
+        period.as_secs()
+    ));
+    let (runtime, retention, mut closing) = (runtime.clone(), retention.clone(), closing.clone());
+    Some(tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(period) => {}
+                _ = closing.wait_for(|closing| *closing) => return,
+            }
+            loop {
+                let now = time::OffsetDateTime::now_utc();
+                match runtime.sweep(&retention, now, SWEEP_BATCH).await {
+                    Ok(swept) => {
+                        if swept.deleted > 0 {
+                            tracing::info!(target: "spool::retention", deleted = swept.deleted, left = swept.left, "runs past their retention deleted");
+                        }
+                        if swept.deleted < SWEEP_BATCH || *closing.borrow() {
+                            break;
+                        }
+                    }
+                    Err(error) => {
+                        tracing::warn!(target: "spool::retention", %error, "the retention sweep could not list the runs; it tries again");
+                        break;
+                    }
+                }
+            }
+        }
+    }))
 }
 
 /// The origin, host and content-type rules every HTTP surface applies:

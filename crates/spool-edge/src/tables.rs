@@ -62,6 +62,28 @@ pub fn reply(view: &RunView) -> RunReply {
     }
 }
 
+/// A deleted run's tombstone as the channel's reply to its deletion.
+#[must_use]
+pub fn deleted(tombstone: &spool_journal::store::Tombstone) -> wire::Deleted {
+    wire::Deleted {
+        run_id: tombstone.run_id.to_string(),
+        deleted_at: tombstone
+            .deleted_at
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap_or_default(),
+        by: tombstone.by.clone(),
+        reason: tombstone.reason.clone(),
+        events: tombstone.events,
+    }
+}
+
+/// Who a deletion names as its author: the proven caller's id, or
+/// `anonymous` on a server without credentials.
+#[must_use]
+pub fn deleter(principal: Option<&Principal>) -> String {
+    principal.map_or_else(|| "anonymous".to_owned(), |p| p.id.clone())
+}
+
 /// The channel's code for a runtime error's kind: the HTTP channel's half
 /// of the runtime's error table.
 #[must_use]
@@ -75,6 +97,7 @@ pub fn error_code(kind: ErrorKind) -> ErrorCode {
         ErrorKind::RunWaiting => ErrorCode::RunWaiting,
         ErrorKind::RunNotWaiting => ErrorCode::RunNotWaiting,
         ErrorKind::RunRetired => ErrorCode::RunRetired,
+        ErrorKind::RunDeleted => ErrorCode::RunDeleted,
         ErrorKind::InvalidAnswer | ErrorKind::BadRequest => ErrorCode::BadRequest,
         ErrorKind::CompactionUnsupported => ErrorCode::CompactionUnsupported,
         ErrorKind::EngineFailed => ErrorCode::EngineFailed,

@@ -235,6 +235,25 @@ impl Client {
             .await
     }
 
+    /// `DELETE /runs/{run}[?force=true]`: deletes the run; the reply is
+    /// its tombstone. `force` cancels a turn in progress first.
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::post`]: `run_active` for a turn in progress without
+    /// `force`, `run_deleted` (410) for a run deleted before.
+    pub async fn delete(&self, run: &str, force: bool) -> Result<wire::Deleted, ClientError> {
+        let query = if force { "?force=true" } else { "" };
+        let response = self
+            .send(
+                Method::DELETE,
+                &format!("/runs/{}{query}", segment(run)),
+                None,
+            )
+            .await?;
+        decode(response).await
+    }
+
     /// `POST /runs/{run}/reset`: retires the run.
     ///
     /// # Errors

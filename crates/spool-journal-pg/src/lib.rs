@@ -947,6 +947,38 @@ impl Journal for PgJournal {
     fn probe(&self) -> BoxFuture<'_, Result<(), JournalError>> {
         Box::pin(self.send(None, |reply| Op::Probe { reply }))
     }
+
+    fn delete<'a>(
+        &'a self,
+        run: &'a RunId,
+        deletion: spool_journal::store::Deletion,
+    ) -> BoxFuture<'a, Result<spool_journal::store::Tombstone, JournalError>> {
+        Box::pin(self.send(Some(run), move |reply| Op::Delete {
+            run: run.clone(),
+            deletion,
+            reply,
+        }))
+    }
+
+    fn tombstone<'a>(
+        &'a self,
+        run: &'a RunId,
+    ) -> BoxFuture<'a, Result<Option<spool_journal::store::Tombstone>, JournalError>> {
+        Box::pin(async move {
+            let row = self
+                .readers
+                .query(|client, _| async move {
+                    client
+                        .query_opt(
+                            "SELECT deleted_ns, deleted_by, reason, events FROM spool_tombstones WHERE run_id = $1",
+                            &[&run.as_str()],
+                        )
+                        .await
+                })
+                .await?;
+            Ok(row.map(|row| writer::tombstone_of(run, &row)))
+        })
+    }
 }
 
 #[cfg(test)]

@@ -20,7 +20,9 @@ use crate::storage;
 /// step 4 drops the index of run heads by update time and leaves room
 /// in their pages, so a commit's head updates are heap-only (no index
 /// entry written, the old version pruned in place); the listing, the
-/// index's one reader, reads every head and sorts them itself.
+/// index's one reader, reads every head and sorts them itself; step 5
+/// keeps the tombstones of deleted runs and finds a run's operation ids
+/// without a scan, for deletion.
 const STEPS: &[&str] = &[
     "
 CREATE TABLE spool_events (
@@ -85,6 +87,16 @@ ALTER TABLE spool_runs ADD COLUMN watched_until TIMESTAMPTZ, ADD COLUMN written_
     "
 DROP INDEX IF EXISTS spool_runs_updated;
 ALTER TABLE spool_runs SET (fillfactor = 70);
+",
+    "
+CREATE TABLE spool_tombstones (
+    run_id TEXT COLLATE \"C\" PRIMARY KEY,
+    deleted_ns BIGINT NOT NULL,
+    deleted_by TEXT NOT NULL,
+    reason TEXT,
+    events BIGINT NOT NULL
+);
+CREATE INDEX spool_operations_run ON spool_operations (run_id);
 ",
 ];
 

@@ -21,7 +21,7 @@ use crate::event::{
 };
 use crate::fold::{Status, fold};
 use crate::id::{Address, Principal, RunId, Seq, TurnId};
-use crate::store::{CallRef, Claim, ClaimKey, Journal, JournalError};
+use crate::store::{CallRef, Claim, ClaimKey, Deletion, Journal, JournalError};
 
 /// A boxed check.
 pub type Check = fn(Arc<dyn Journal>) -> crate::store::BoxFuture<'static, ()>;
@@ -73,6 +73,10 @@ pub const CHECKS: &[(&str, Check)] = &[
     (
         "a_probe_of_a_writable_store_succeeds_and_records_no_run",
         |j| Box::pin(a_probe_of_a_writable_store_succeeds_and_records_no_run(j)),
+    ),
+    (
+        "a_deleted_run_leaves_only_its_tombstone_and_the_others_still_verify",
+        |j| Box::pin(a_deleted_run_leaves_only_its_tombstone_and_the_others_still_verify(j)),
     ),
 ];
 
@@ -776,4 +780,175 @@ pub async fn runs_by_status_are_the_listings_runs_of_that_status(journal: Arc<dy
         .map(|s| s.run_id)
         .collect();
     assert_eq!(running_only, [running]);
+}
+
+async fn a_deleted_run_leaves_only_its_tombstone_and_the_others_still_verify(
+    journal: Arc<dyn Journal>,
+) {
+    let (gone, kept) = (run("delete-gone"), run("delete-kept"));
+    let address = Address::new("http", "delete/desk");
+    let alice = Principal {
+        authenticator: "token".into(),
+        kind: "user".into(),
+        id: "alice".into(),
+        attributes: std::collections::BTreeMap::new(),
+    };
+    let key = ClaimKey {
+        tool: "charge".into(),
+        key: "delete-order".into(),
+    };
+    journal
+        .append(
+            &gone,
+            Seq(0),
+            vec![
+                Event::RunCreated(RunCreated {
+                    address: Some(address.clone()),
+                    principal: Some(alice.clone()),
+                    operation_id: Some("op-delete".into()),
+                    ..RunCreated::default()
+                }),
+                started("t1", "a secret"),
+                request("c1"),
+            ],
+        )
+        .await
+        .unwrap();
+    let holder = CallRef {
+        run: gone.clone(),
+        call_id: "c1".into(),
+    };
+    assert_eq!(journal.claim(&key, &holder).await.unwrap(), Claim::Won);
+    journal
+        .append(
+            &gone,
+            Seq(3),
+            vec![Event::ToolCallCompleted(ToolCallCompleted {
+                call_id: "c1".into(),
+                output: json!({"receipt": "secret"}).into(),
+            })],
+        )
+        .await
+        .unwrap();
+    journal
+        .append(&kept, Seq(0), vec![created(), started("t1", "kept")])
+        .await
+        .unwrap();
+    let mut watching = journal.subscribe(&gone).await.unwrap();
+
+    match journal
+        .delete(
+            &gone,
+            Deletion {
+                by: "sweeper".into(),
+                expected: Some(Seq(2)),
+                ..Deletion::default()
+            },
+        )
+        .await
+    {
+        Err(JournalError::Conflict { actual, .. }) => {
+            assert_eq!(actual, Seq(4), "the refusal says where the run is");
+        }
+        other => panic!("a deletion of a run that moved must be refused, got {other:?}"),
+    }
+    assert_eq!(
+        journal.read(&gone, Seq(0)).await.unwrap().len(),
+        4,
+        "a refused deletion removes nothing"
+    );
+
+    let tombstone = journal
+        .delete(
+            &gone,
+            Deletion {
+                by: "alice".into(),
+                reason: Some("asked to".into()),
+                expected: Some(Seq(4)),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            tombstone.run_id.clone(),
+            tombstone.by.as_str(),
+            tombstone.reason.as_deref(),
+            tombstone.events
+        ),
+        (gone.clone(), "alice", Some("asked to"), 4),
+        "the tombstone says which run, who, why and how many events went"
+    );
+    assert!(
+        journal.read(&gone, Seq(0)).await.unwrap().is_empty(),
+        "a deleted run's events are gone"
+    );
+    assert!(
+        !journal
+            .runs()
+            .await
+            .unwrap()
+            .iter()
+            .any(|summary| summary.run_id == gone),
+        "a deleted run is not listed"
+    );
+    assert_eq!(
+        journal.find_address(&address).await.unwrap(),
+        None,
+        "its address is free"
+    );
+    assert_eq!(
+        journal.find_operation(&alice, "op-delete").await.unwrap(),
+        None,
+        "its operation id is forgotten"
+    );
+    let later = CallRef {
+        run: kept.clone(),
+        call_id: "c9".into(),
+    };
+    assert_eq!(
+        journal.claim(&key, &later).await.unwrap(),
+        Claim::Won,
+        "its claims, and the output they kept, are gone"
+    );
+    let closed = tokio::time::timeout(Duration::from_secs(10), async {
+        while watching.changed().await.is_ok() {}
+    })
+    .await;
+    assert!(
+        closed.is_ok(),
+        "a subscriber of a deleted run sees it close"
+    );
+    assert_eq!(
+        journal.tombstone(&gone).await.unwrap(),
+        Some(tombstone.clone()),
+        "the tombstone is kept"
+    );
+    assert_eq!(journal.tombstone(&kept).await.unwrap(), None);
+    assert_eq!(
+        journal.delete(&gone, Deletion::default()).await.unwrap(),
+        tombstone,
+        "deleting again answers the same tombstone"
+    );
+    match journal.append(&gone, Seq(0), vec![created()]).await {
+        Err(JournalError::RunDeleted { run }) => assert_eq!(run, gone),
+        other => panic!("a deleted run's id must not be used again, got {other:?}"),
+    }
+    match journal
+        .delete(&run("delete-never"), Deletion::default())
+        .await
+    {
+        Err(JournalError::NoSuchRun { .. }) => {}
+        other => panic!("deleting a run that never was must say so, got {other:?}"),
+    }
+    let events = journal.read(&kept, Seq(0)).await.unwrap();
+    assert_eq!(
+        events.len(),
+        2,
+        "the other run is whole and its chain verifies"
+    );
+    journal
+        .append(&kept, Seq(2), vec![completed("t1")])
+        .await
+        .expect("the other run goes on");
 }

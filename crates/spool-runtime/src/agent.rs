@@ -97,6 +97,9 @@ pub struct AgentDefinition {
     #[serde(default)]
     #[schemars(schema_with = "any_table")]
     pub provider: toml::Table,
+    /// `[retention]`: how long runs that ended are kept; absent, for ever.
+    #[serde(default)]
+    pub retention: crate::retention::Retention,
     /// Messages sent on a cron expression (`[[schedule]]`).
     #[serde(default, rename = "schedule")]
     pub schedules: Vec<crate::schedule::ScheduleDefinition>,

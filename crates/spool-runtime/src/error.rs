@@ -23,6 +23,8 @@ pub enum ErrorKind {
     RunNotWaiting,
     /// The run is retired for good.
     RunRetired,
+    /// The run was deleted.
+    RunDeleted,
     /// A turn was asked for only if none was in progress, and one was.
     TurnInProgress,
     /// An answer does not fit the suspension's schema.
@@ -153,6 +155,9 @@ pub enum RuntimeError {
     /// The run is retired for good.
     #[error("run {0} is retired")]
     RunRetired(RunId),
+    /// The run was deleted: only its tombstone is left.
+    #[error("run {} was deleted at {}{}", .0.run_id, .0.deleted_at.format(&time::format_description::well_known::Rfc3339).unwrap_or_default(), .0.reason.as_ref().map(|r| format!(" ({r})")).unwrap_or_default())]
+    RunDeleted(spool_journal::store::Tombstone),
     /// An answer does not satisfy the suspension's schema.
     #[error("the answer does not fit what run {run} asked for: {reason}")]
     InvalidAnswer {
@@ -207,6 +212,7 @@ impl RuntimeError {
             Self::RunWaiting(_) => ErrorKind::RunWaiting,
             Self::RunNotWaiting { .. } => ErrorKind::RunNotWaiting,
             Self::RunRetired(_) => ErrorKind::RunRetired,
+            Self::RunDeleted(_) => ErrorKind::RunDeleted,
             Self::InvalidAnswer { .. } => ErrorKind::InvalidAnswer,
             Self::BadRequest(_) => ErrorKind::BadRequest,
             Self::CompactionUnsupported => ErrorKind::CompactionUnsupported,
@@ -229,6 +235,8 @@ impl RuntimeError {
                 // joined again: as after a storage failure, the run waits
                 // and is resumed, or taken over by another node.
                 JournalError::Storage { .. } | JournalError::Lapsed { .. } => ErrorKind::Storage,
+                JournalError::RunDeleted { .. } => ErrorKind::RunDeleted,
+                JournalError::NoSuchRun { .. } => ErrorKind::RunNotFound,
                 _ => ErrorKind::Internal,
             },
         }

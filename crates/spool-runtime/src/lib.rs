@@ -29,6 +29,7 @@ mod history;
 pub mod hub;
 pub mod ids;
 pub mod process;
+pub mod retention;
 mod runs;
 mod runtime;
 pub mod schedule;
@@ -45,8 +46,8 @@ pub use error::{ErrorKind, Limited, RuntimeError};
 pub use ids::{IdSource, SequentialIds, UniqueIds};
 pub use runs::DEFAULT_CACHED_RUNS;
 pub use runtime::{
-    Accepted, CancelOutcome, ForkRequest, MAX_ANSWERS, MessageRequest, Recovery, Runtime,
-    RuntimeBuilder, StartRequest,
+    Accepted, CancelOutcome, DeleteRequest, ForkRequest, MAX_ANSWERS, MessageRequest, Recovery,
+    Runtime, RuntimeBuilder, StartRequest,
 };
 pub use schedule::{ScheduleDefinition, Scheduler};
 pub use spool_journal::store::BoxFuture;

@@ -117,6 +117,13 @@ impl Runs {
         }
     }
 
+    /// Drops `run`'s slot, held or not: after its deletion, whoever holds
+    /// it finds it unloaded and reads the (empty) log.
+    pub(crate) fn remove(&self, run: &RunId) {
+        let mut map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
+        map.slots.remove(run);
+    }
+
     /// Drops what is cached of `run`, so its log is read again when it is
     /// next locked: another process may have appended to it meanwhile.
     pub(crate) async fn invalidate(&self, run: &RunId) {
@@ -347,6 +354,10 @@ impl Locked {
         if guard.next == Seq(0) {
             drop(guard);
             runs.forget(run);
+            // A deleted run says so, rather than that it never was.
+            if let Some(tombstone) = journal.tombstone(run).await? {
+                return Err(RuntimeError::RunDeleted(tombstone));
+            }
             return Err(RuntimeError::RunNotFound(run.clone()));
         }
         // A running turn's driver walks its events; a parked one's are read
@@ -377,6 +388,13 @@ impl Locked {
     /// The run.
     pub(crate) fn run(&self) -> &RunId {
         &self.run
+    }
+
+    /// Marks the cached run to be read again by whoever locks it next:
+    /// after its deletion, a command waiting on this lock reads the
+    /// (empty) log and finds the tombstone.
+    pub(crate) fn unload(&mut self) {
+        self.guard.loaded = false;
     }
 
     /// The cached run.

@@ -430,6 +430,24 @@ pub struct Reset {
     pub reason: Option<String>,
 }
 
+/// The reply to `DELETE /runs/{id}`: the run's tombstone, all that is
+/// left of it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Deleted {
+    /// The run.
+    pub run_id: String,
+    /// When it was deleted (RFC 3339).
+    pub deleted_at: String,
+    /// Who deleted it: the caller's id, `operator` (the command line) or
+    /// `retention`.
+    pub by: String,
+    /// Why, when that was said (the retention rule that expired it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// How many events were removed.
+    pub events: u64,
+}
+
 /// `POST /runs/{id}/fork`: a new run holding the run's history through a
 /// turn's end (`after`) or up to its start (`before`); exactly one of the
 /// two.
@@ -784,6 +802,8 @@ string_enum! {
         RunNotActive = "run_not_active",
         /// The run is retired.
         RunRetired = "run_retired",
+        /// The run was deleted: only its tombstone is left (410).
+        RunDeleted = "run_deleted",
         /// Another node owns the run.
         RunOwnedElsewhere = "run_owned_elsewhere",
         /// The journal cannot be replayed into a conversation.
@@ -850,6 +870,7 @@ impl ErrorCode {
             Self::Unauthenticated => 401,
             Self::Forbidden | Self::OriginNotAllowed | Self::HostNotAllowed => 403,
             Self::RunNotFound | Self::ScheduleNotFound => 404,
+            Self::RunDeleted => 410,
             Self::MethodNotAllowed => 405,
             Self::RunWaiting
             | Self::RunNotWaiting

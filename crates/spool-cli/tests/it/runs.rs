@@ -317,3 +317,65 @@ fn runs_fork_copies_a_run_on_a_journal_no_server_holds_and_prints_the_fork() {
     let listed = spool(&["runs", "list", "--journal", journal]);
     assert_eq!(String::from_utf8(listed.stdout).unwrap().lines().count(), 2);
 }
+
+#[test]
+fn runs_delete_older_than_says_what_would_go_then_deletes_it_and_the_run_is_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    journal_with_one_run(dir.path());
+    let journal = dir.path().to_str().unwrap();
+    let young = spool(&["runs", "delete", "--older-than", "1d", "--journal", journal]);
+    assert!(young.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&young.stdout),
+        "",
+        "a run of seconds ago is not a day old"
+    );
+    let dry = spool(&[
+        "runs",
+        "delete",
+        "--older-than",
+        "0s",
+        "--dry-run",
+        "--journal",
+        journal,
+    ]);
+    assert_eq!(
+        String::from_utf8_lossy(&dry.stdout),
+        "run-1  would be deleted\n"
+    );
+    let listed = spool(&["runs", "list", "--journal", journal]);
+    assert!(
+        String::from_utf8_lossy(&listed.stdout).contains("run-1"),
+        "a dry run deletes nothing"
+    );
+    let deleted = spool(&["runs", "delete", "--older-than", "0s", "--journal", journal]);
+    assert!(
+        deleted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&deleted.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&deleted.stdout),
+        "run-1  deleted  (3 events)\n"
+    );
+    let listed = spool(&["runs", "list", "--journal", journal]);
+    assert_eq!(
+        String::from_utf8_lossy(&listed.stdout),
+        "",
+        "the run is gone"
+    );
+    let again = spool(&["runs", "delete", "run-1", "--journal", journal]);
+    assert!(
+        again.status.success(),
+        "deleting a deleted run answers its tombstone"
+    );
+    let unknown = spool(&["runs", "delete", "run-9", "--journal", journal]);
+    assert_eq!(unknown.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&unknown.stderr).contains("run-9  not deleted: no run run-9"),
+        "{}",
+        String::from_utf8_lossy(&unknown.stderr)
+    );
+    let nothing = spool(&["runs", "delete", "--journal", journal]);
+    assert!(!nothing.status.success(), "a deletion names its runs");
+}

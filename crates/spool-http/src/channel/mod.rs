@@ -92,6 +92,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/addresses/{address}"),
     ("GET", "/runs/{id}"),
     ("POST", "/runs/{id}"),
+    ("DELETE", "/runs/{id}"),
     ("GET", "/runs/{id}/snapshot"),
     ("GET", "/runs/{id}/stream"),
     ("GET", "/runs/{id}/events"),

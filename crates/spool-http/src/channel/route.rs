@@ -71,7 +71,10 @@ impl HttpChannel {
             ),
             // `/runs/` names no run: no such route, not a malformed id.
             ["runs", ""] => return body::error(ErrorCode::RunNotFound, format!("no route {path}")),
-            ["runs", id] => (&[Method::GET, Method::POST], Route::Run((*id).to_owned())),
+            ["runs", id] => (
+                &[Method::GET, Method::POST, Method::DELETE],
+                Route::Run((*id).to_owned()),
+            ),
             ["runs", id, action] => {
                 let allowed: &[Method] = match *action {
                     "snapshot" | "stream" | "events" | "summary" => &[Method::GET],
@@ -136,7 +139,7 @@ impl HttpChannel {
         } else {
             Bytes::new()
         };
-        if method == Method::POST
+        if (method == Method::POST || method == Method::DELETE)
             && let Some(placement) = &self.placement
             && !crate::forward::forwarded(&parts.headers)
             && let Some(run) = self.commanded_run(&route, &bytes).await
@@ -203,6 +206,10 @@ impl HttpChannel {
                     .get(&run)
                     .await
                     .map(|view| body::json(StatusCode::OK, &reply(&view))),
+                Err(message) => return body::error(ErrorCode::InvalidRunId, message),
+            },
+            (Route::Run(id), Method::DELETE) => match run_id(&id) {
+                Ok(run) => self.delete(&run, query.as_deref(), &caller).await,
                 Err(message) => return body::error(ErrorCode::InvalidRunId, message),
             },
             (Route::Run(id), _) => match run_id(&id) {

@@ -306,6 +306,45 @@ impl HttpChannel {
         ))
     }
 
+    /// `DELETE /runs/{id}[?force=true]`: the run's events and what is
+    /// derived from them go, its tombstone stays; a turn in progress is
+    /// refused with `run_active` unless `force` (then cancelled first).
+    pub(super) async fn delete(
+        &self,
+        run: &RunId,
+        query: Option<&str>,
+        caller: &Caller,
+    ) -> Result<Response<Body>, RuntimeError> {
+        let force = match query_value(query, "force") {
+            Ok(None) => false,
+            Ok(Some(value)) if value == "true" => true,
+            Ok(Some(value)) if value == "false" => false,
+            Ok(Some(value)) => {
+                return Ok(body::error(
+                    ErrorCode::BadRequest,
+                    format!("`force` is `true` or `false`, not `{value}`"),
+                ));
+            }
+            Err(message) => return Ok(body::error(ErrorCode::BadRequest, message)),
+        };
+        let tombstone = self
+            .runtime
+            .delete(
+                run,
+                spool_runtime::DeleteRequest {
+                    by: spool_edge::tables::deleter(caller.proven()),
+                    reason: None,
+                    force,
+                    expected: None,
+                },
+            )
+            .await?;
+        Ok(body::json(
+            StatusCode::OK,
+            &spool_edge::tables::deleted(&tombstone),
+        ))
+    }
+
     pub(super) async fn action(
         &self,
         run: &RunId,

@@ -405,3 +405,77 @@ async fn by_default_any_admitted_caller_reaches_any_run_as_the_seed_says() {
     assert_eq!(view.status, 200);
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_is_deleted_only_by_its_owner_and_then_answers_410_run_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, [alice, bob, _root]) = owned_server(dir.path()).await;
+    let started = as_token(
+        &server,
+        &alice,
+        "POST",
+        "/spool/v1/runs",
+        r#"{"text": "forget me"}"#,
+    )
+    .await;
+    let run = started.json()["run_id"].as_str().unwrap().to_owned();
+    let path = format!("/spool/v1/runs/{run}");
+
+    let refused = as_token(&server, &bob, "DELETE", &path, "").await;
+    assert_eq!(
+        (refused.status, refused.json()["code"].clone()),
+        (404, serde_json::json!("run_not_found")),
+        "to another caller the run does not exist, to delete either"
+    );
+    assert_eq!(
+        as_token(&server, &alice, "GET", &path, "").await.status,
+        200
+    );
+
+    let bad = as_token(
+        &server,
+        &alice,
+        "DELETE",
+        &format!("{path}?force=maybe"),
+        "",
+    )
+    .await;
+    assert_eq!(
+        (bad.status, bad.json()["code"].clone()),
+        (400, serde_json::json!("bad_request"))
+    );
+
+    let deleted = as_token(&server, &alice, "DELETE", &path, "").await;
+    assert_eq!(deleted.status, 200, "{:?}", deleted.json());
+    let tombstone = deleted.json();
+    assert_eq!(tombstone["run_id"], serde_json::json!(run));
+    assert_eq!(tombstone["by"], serde_json::json!("alice"));
+    assert!(tombstone["events"].as_u64().unwrap() > 0);
+
+    for route in [
+        path.clone(),
+        format!("{path}/snapshot"),
+        format!("{path}/events"),
+    ] {
+        let gone = as_token(&server, &alice, "GET", &route, "").await;
+        assert_eq!(
+            (gone.status, gone.json()["code"].clone()),
+            (410, serde_json::json!("run_deleted")),
+            "{route}"
+        );
+    }
+    let again = as_token(&server, &alice, "DELETE", &path, "").await;
+    assert_eq!(
+        again.status, 410,
+        "a deleted run is gone to a second DELETE too"
+    );
+    let listed = as_token(&server, &alice, "GET", "/spool/v1/runs", "").await;
+    assert!(
+        !listed.json()["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|row| row["id"] == serde_json::json!(run)),
+        "the listing no longer holds it"
+    );
+}

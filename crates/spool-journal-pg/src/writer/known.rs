@@ -140,7 +140,10 @@ pub(super) async fn write_known(
             params.push(&created);
             &st.known_fenced
         }
-        None => &st.known,
+        None => {
+            params.push(&created);
+            &st.known
+        }
     };
     // Every result is awaited before any is judged, so none of the
     // pipelined statements is dropped unanswered.

@@ -41,10 +41,12 @@ use crate::cluster::Fence;
 use crate::schema::LOCK_CLASS;
 use crate::{Target, head_of, nanos, seq_sql, storage, stored_run_id, stored_seq};
 
+mod delete;
 mod known;
 mod statements;
 mod transact;
 
+pub(crate) use delete::tombstone_of;
 use known::*;
 pub(crate) use statements::Setup;
 use statements::*;
@@ -127,7 +129,48 @@ impl Writer {
         }
     }
 
+    /// Commits `batch`: its appends, claims and probes in one group
+    /// transaction, then each deletion in one of its own.
     async fn commit(&mut self, batch: Vec<Op>) {
+        let (deletions, batch): (Vec<Op>, Vec<Op>) = batch
+            .into_iter()
+            .partition(|op| matches!(op, Op::Delete { .. }));
+        if !batch.is_empty() {
+            self.commit_group(batch).await;
+        }
+        for op in deletions {
+            let Op::Delete {
+                run,
+                deletion,
+                reply,
+            } = op
+            else {
+                continue;
+            };
+            // Forgotten whatever the outcome: the next append reads the
+            // head the database holds.
+            self.known.remove(&run);
+            let connected = self
+                .connection
+                .as_ref()
+                .is_some_and(|(client, _)| !client.is_closed());
+            if !connected && let Err(error) = self.connect().await {
+                let _ = reply.send(Err(error));
+                continue;
+            }
+            let Some((client, _)) = self.connection.as_ref() else {
+                continue;
+            };
+            let fence = self.fence.as_ref().map(Fence::node);
+            let result = delete::delete(client, fence, &run, deletion, (self.clock)()).await;
+            if result.is_ok() {
+                self.counted(1);
+            }
+            Done::commit_all([Done::Delete(reply, run, result)], &self.watchers);
+        }
+    }
+
+    async fn commit_group(&mut self, batch: Vec<Op>) {
         if self
             .connection
             .as_ref()

@@ -143,7 +143,15 @@ impl Statements {
                      ON CONFLICT (run_id) DO NOTHING",
                 )
                 .await?,
-            known: client.prepare(&known_sql("true", "")).await?,
+            // A run the batch creates must not be a deleted one: one probe
+            // of the tombstones per created run; a deleted id sends the
+            // batch the usual way, which refuses it.
+            known: client
+                .prepare(&known_sql(
+                    "NOT EXISTS (SELECT 1 FROM spool_tombstones WHERE run_id = ANY($14::text[]))",
+                    "",
+                ))
+                .await?,
             // The node alive and holding the lease of every run but those
             // the batch creates ($15), decided once for the statement, with
             // the rows locked as the usual fencing reads lock them (a
@@ -157,7 +165,8 @@ impl Statements {
                      AND (SELECT count(*) FILTER (WHERE l.node = $14) FROM
                              (SELECT node FROM spool_leases
                               WHERE run_id = ANY($5::text[]) FOR SHARE) AS l)
-                         = cardinality($5::text[]) - cardinality($15::text[])",
+                         = cardinality($5::text[]) - cardinality($15::text[])
+                     AND NOT EXISTS (SELECT 1 FROM spool_tombstones WHERE run_id = ANY($15::text[]))",
                     "taken AS (
                          INSERT INTO spool_leases (run_id, node)
                          SELECT r, $14 FROM unnest($15::text[]) AS r, fence WHERE fence.ok

@@ -93,6 +93,27 @@ pub(super) async fn transact(
             Err(error) => broken = Some(error.to_string()),
         }
     }
+    // Runs with no head that are deleted ones: refused, their ids are
+    // never used again. Asked only when some run has no head (a run
+    // being created, nearly always).
+    let headless: Vec<&str> = runs
+        .iter()
+        .copied()
+        .filter(|run| !stored.iter().any(|row| row.get::<_, &str>(0) == *run))
+        .collect();
+    let mut deleted: Vec<String> = Vec::new();
+    if broken.is_none() && !headless.is_empty() {
+        match client
+            .query(
+                "SELECT run_id FROM spool_tombstones WHERE run_id = ANY($1::text[])",
+                &[&headless],
+            )
+            .await
+        {
+            Ok(rows) => deleted = rows.iter().map(|row| row.get(0)).collect(),
+            Err(error) => broken = Some(error.to_string()),
+        }
+    }
     // Heads this transaction changes, written once per run at the end.
     let mut changed: HashMap<RunId, Head> = HashMap::new();
     // Runs with no lease yet that this batch appends to: this node's now.
@@ -107,6 +128,13 @@ pub(super) async fn transact(
         let entry = match op {
             Op::Append { run, append, reply } => {
                 let head = changed.get(&run).or_else(|| heads.get(&run));
+                if head.is_none() && deleted.iter().any(|gone| gone == run.as_str()) {
+                    done.push(Done::Append(
+                        reply,
+                        Err(JournalError::RunDeleted { run: run.clone() }),
+                    ));
+                    continue;
+                }
                 // Whether the append takes the run's lease (nobody holds it).
                 let mut takes_lease = false;
                 if let Some(fenced) = &fenced {
@@ -145,6 +173,7 @@ pub(super) async fn transact(
                     Done::Claim(reply, Err(JournalError::storage(error.to_string())))
                 }
             },
+            Op::Delete { .. } => unreachable!("deletions are committed on their own"),
             Op::Probe { reply } => {
                 let probed_at = now
                     .format(&time::format_description::well_known::Rfc3339)

@@ -131,6 +131,18 @@ pub enum JournalError {
         /// The bytes it holds (0 when missing).
         found: u64,
     },
+    /// The run was deleted; its id is never used again.
+    #[error("run {run} was deleted")]
+    RunDeleted {
+        /// The run.
+        run: RunId,
+    },
+    /// No run has this id, and none had.
+    #[error("no run {run}")]
+    NoSuchRun {
+        /// The run.
+        run: RunId,
+    },
     /// The store has shut down.
     #[error("the journal is closed")]
     Closed,

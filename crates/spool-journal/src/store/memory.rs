@@ -8,8 +8,9 @@ use std::sync::{Mutex, PoisonError};
 use tokio::sync::watch;
 
 use super::{
-    BoxFuture, CallRef, Claim, ClaimDecision, ClaimKey, ClaimRow, Clock, Head, IndexChange,
-    Journal, JournalError, Row, RunSummary, Watchers, decide_claim, decode_row, plan, system_clock,
+    BoxFuture, CallRef, Claim, ClaimDecision, ClaimKey, ClaimRow, Clock, Deletion, Head,
+    IndexChange, Journal, JournalError, Row, RunSummary, Tombstone, Watchers, decide_claim,
+    decode_row, plan, system_clock,
 };
 use crate::chain::{GENESIS, Verifier};
 use crate::event::{Envelope, Event};
@@ -29,6 +30,7 @@ struct Inner {
     operations: HashMap<(String, String), RunId>,
     claims: HashMap<ClaimKey, ClaimRow>,
     claimed_calls: HashMap<CallRef, ClaimKey>,
+    tombstones: HashMap<RunId, Tombstone>,
 }
 
 impl std::fmt::Debug for MemoryJournal {
@@ -87,6 +89,9 @@ impl MemoryJournal {
         events: Vec<Event>,
     ) -> Result<(Vec<Envelope>, Seq), JournalError> {
         let mut inner = self.lock();
+        if inner.tombstones.contains_key(run) {
+            return Err(JournalError::RunDeleted { run: run.clone() });
+        }
         let plan = plan(
             run,
             inner.runs.get(run).map(|(head, _)| head),
@@ -181,6 +186,41 @@ impl MemoryJournal {
         entry.0 = plan.head;
         entry.1.extend(plan.rows);
         Ok((plan.envelopes, next))
+    }
+
+    fn delete_now(&self, run: &RunId, deletion: Deletion) -> Result<Tombstone, JournalError> {
+        let mut inner = self.lock();
+        if let Some(tombstone) = inner.tombstones.get(run) {
+            return Ok(tombstone.clone());
+        }
+        let Some((head, _)) = inner.runs.get(run) else {
+            return Err(JournalError::NoSuchRun { run: run.clone() });
+        };
+        deletion.check(run, head.next_seq)?;
+        let events = head.next_seq.0;
+        inner.runs.remove(run);
+        inner.addresses.retain(|_, owner| owner != run);
+        inner.operations.retain(|_, owner| owner != run);
+        let held: Vec<CallRef> = inner
+            .claimed_calls
+            .keys()
+            .filter(|call| &call.run == run)
+            .cloned()
+            .collect();
+        for call in held {
+            if let Some(key) = inner.claimed_calls.remove(&call) {
+                inner.claims.remove(&key);
+            }
+        }
+        let tombstone = Tombstone {
+            run_id: run.clone(),
+            deleted_at: (self.clock)(),
+            by: deletion.by,
+            reason: deletion.reason,
+            events,
+        };
+        inner.tombstones.insert(run.clone(), tombstone.clone());
+        Ok(tombstone)
     }
 
     fn read_now(&self, run: &RunId, from: Seq) -> Result<Vec<Envelope>, JournalError> {
@@ -297,6 +337,25 @@ impl Journal for MemoryJournal {
                 }
             }
         })
+    }
+
+    fn delete<'a>(
+        &'a self,
+        run: &'a RunId,
+        deletion: Deletion,
+    ) -> BoxFuture<'a, Result<Tombstone, JournalError>> {
+        Box::pin(async move {
+            let tombstone = self.delete_now(run, deletion)?;
+            self.watchers.close(run);
+            Ok(tombstone)
+        })
+    }
+
+    fn tombstone<'a>(
+        &'a self,
+        run: &'a RunId,
+    ) -> BoxFuture<'a, Result<Option<Tombstone>, JournalError>> {
+        Box::pin(async move { Ok(self.lock().tombstones.get(run).cloned()) })
     }
 
     fn subscribe<'a>(

@@ -15,6 +15,7 @@ use crate::fold::{Status, transition};
 use crate::id::{Address, Principal, RunId, Seq};
 
 mod claim;
+mod delete;
 mod error;
 pub mod faulty;
 pub mod memory;
@@ -24,6 +25,7 @@ pub mod sqlite;
 mod watchers;
 
 pub use claim::*;
+pub use delete::*;
 pub use error::*;
 pub use plan::*;
 pub use watchers::*;
@@ -118,6 +120,33 @@ pub trait Journal: Send + Sync + 'static {
         run: &'a RunId,
     ) -> BoxFuture<'a, Result<watch::Receiver<Seq>, JournalError>>;
 
+    /// Deletes `run`: its events and every row derived from them (head,
+    /// addresses, operation id, idempotency claims) go in one transaction,
+    /// and a [`Tombstone`] is left in their place. Deleting a deleted run
+    /// answers its tombstone again; the run's id is never used again (an
+    /// append to it is refused with [`JournalError::RunDeleted`]).
+    ///
+    /// The store removes the rows; it does not know about turns, so the
+    /// caller (the runtime) deletes only a run with none in progress.
+    ///
+    /// # Errors
+    ///
+    /// [`JournalError::NoSuchRun`] for a run that never existed;
+    /// [`JournalError::Conflict`] when [`Deletion::expected`] is given and
+    /// the run moved; in a cluster, [`JournalError::LeaseLost`] when a
+    /// live node other than this one drives the run.
+    fn delete<'a>(
+        &'a self,
+        run: &'a RunId,
+        deletion: Deletion,
+    ) -> BoxFuture<'a, Result<Tombstone, JournalError>>;
+
+    /// The tombstone of a deleted run; `None` for any other.
+    fn tombstone<'a>(
+        &'a self,
+        run: &'a RunId,
+    ) -> BoxFuture<'a, Result<Option<Tombstone>, JournalError>>;
+
     /// Makes and commits a small write that records nothing of any run, to
     /// learn whether the store can write now. A runtime calls it only
     /// after a write failed on storage, to know when to resume its runs.
@@ -134,7 +163,7 @@ pub trait Journal: Send + Sync + 'static {
 
 /// Inside an `impl Journal for Wrapper`, forwards the methods that only
 /// read (`read`, `runs`, `addresses`, `find_address`, `find_operation`,
-/// `subscribe`) to
+/// `subscribe`, `tombstone`), and `delete`, to
 /// the journal in field `$inner`: a wrapper that watches or fails writes
 /// writes only `append`, `claim` and, when it cares, `probe`.
 ///
@@ -230,6 +259,24 @@ macro_rules! forward_journal_reads {
             run: &'a $crate::RunId,
         ) -> $crate::store::BoxFuture<'a, Result<$crate::store::SeqWatch, $crate::JournalError>> {
             self.$inner.subscribe(run)
+        }
+
+        fn delete<'a>(
+            &'a self,
+            run: &'a $crate::RunId,
+            deletion: $crate::store::Deletion,
+        ) -> $crate::store::BoxFuture<'a, Result<$crate::store::Tombstone, $crate::JournalError>> {
+            self.$inner.delete(run, deletion)
+        }
+
+        fn tombstone<'a>(
+            &'a self,
+            run: &'a $crate::RunId,
+        ) -> $crate::store::BoxFuture<
+            'a,
+            Result<Option<$crate::store::Tombstone>, $crate::JournalError>,
+        > {
+            self.$inner.tombstone(run)
         }
     };
 }

@@ -4,7 +4,7 @@
 
 use tokio::sync::oneshot;
 
-use super::{CallRef, Claim, ClaimKey, Encoded, JournalError, Watchers};
+use super::{CallRef, Claim, ClaimKey, Deletion, Encoded, JournalError, Tombstone, Watchers};
 use crate::event::Envelope;
 use crate::id::{RunId, Seq};
 
@@ -37,6 +37,16 @@ pub enum Op {
         /// The caller.
         reply: oneshot::Sender<Result<(), JournalError>>,
     },
+    /// [`Journal::delete`](super::Journal::delete): committed in a
+    /// transaction of its own, never grouped with appends.
+    Delete {
+        /// The run.
+        run: RunId,
+        /// Who, why, and where the run must be.
+        deletion: Deletion,
+        /// The caller.
+        reply: oneshot::Sender<Result<Tombstone, JournalError>>,
+    },
 }
 
 /// An operation applied inside the open transaction, its answer waiting
@@ -55,6 +65,13 @@ pub enum Done {
     ),
     /// A probe.
     Probe(oneshot::Sender<Result<(), JournalError>>),
+    /// A deletion's answer: its run, whose subscribers are let go once it
+    /// is durable, and its tombstone.
+    Delete(
+        oneshot::Sender<Result<Tombstone, JournalError>>,
+        RunId,
+        Result<Tombstone, JournalError>,
+    ),
 }
 
 impl Done {
@@ -65,6 +82,7 @@ impl Done {
             Op::Append { reply, .. } => Self::Append(reply, Err(error)),
             Op::Claim { reply, .. } => Self::Claim(reply, Err(error)),
             Op::Probe { reply } => Self::Probe(reply),
+            Op::Delete { run, reply, .. } => Self::Delete(reply, run, Err(error)),
         }
     }
 
@@ -81,6 +99,9 @@ impl Done {
                 let _ = reply.send(Err(error()));
             }
             Self::Probe(reply) => {
+                let _ = reply.send(Err(error()));
+            }
+            Self::Delete(reply, ..) => {
                 let _ = reply.send(Err(error()));
             }
         }
@@ -132,6 +153,12 @@ impl Done {
                 }
                 Self::Probe(reply) => {
                     let _ = reply.send(Ok(()));
+                }
+                Self::Delete(reply, run, result) => {
+                    if result.is_ok() {
+                        watchers.close(&run);
+                    }
+                    let _ = reply.send(result);
                 }
             }
         }

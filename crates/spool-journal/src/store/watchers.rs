@@ -140,6 +140,13 @@ impl Watchers {
         }
     }
 
+    /// After a deletion: drops `run`'s sender, so its subscribers see it
+    /// close (`changed()` fails) instead of waiting for a position that
+    /// never comes.
+    pub fn close(&self, run: &RunId) {
+        self.senders().map.remove(run);
+    }
+
     /// The runs somebody still watches: what a store whose notifications
     /// come from elsewhere (another process) re-reads after it may have
     /// missed some.

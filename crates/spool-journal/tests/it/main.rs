@@ -9,6 +9,7 @@
 mod conformance;
 mod crash;
 mod cursor;
+mod deletion;
 mod events;
 mod fold;
 mod layout;

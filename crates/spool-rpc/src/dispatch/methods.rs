@@ -479,6 +479,26 @@ impl Connection {
         Ok(to_value(&spool_edge::tables::reply(&view)))
     }
 
+    /// `run.delete`: the run's events and what is derived from them go,
+    /// its tombstone stays (the reply); ownership as for every method.
+    pub(super) async fn delete(&self, params: DeleteParams) -> Result<Value, Failure> {
+        let run = self.reached(&params.run_id).await?;
+        let tombstone = self
+            .runtime()
+            .delete(
+                &run,
+                spool_runtime::DeleteRequest {
+                    by: spool_edge::tables::deleter(self.inner.principal.as_ref()),
+                    reason: None,
+                    force: params.force,
+                    expected: None,
+                },
+            )
+            .await
+            .map_err(runtime_error)?;
+        Ok(to_value(&spool_edge::tables::deleted(&tombstone)))
+    }
+
     pub(super) async fn cancel(&self, cancel: CancelParams) -> Result<Value, Failure> {
         let run = run_id(&cancel.run_id)?;
         // Another principal's run is cancelled as an unknown one is: a

@@ -51,11 +51,12 @@ pub const MAX_IN_FLIGHT: usize = 64;
 
 /// The methods this server answers, as `getCapabilities` and `/version`
 /// list them.
-pub const METHODS: [&str; 11] = [
+pub const METHODS: [&str; 12] = [
     rpc::METHOD_SUBMIT_RUN,
     "run.respond",
     "run.cancel",
     "run.fork",
+    "run.delete",
     "run.get",
     "run.list",
     rpc::METHOD_STATE_SNAPSHOT,
@@ -448,6 +449,7 @@ impl Connection {
             "run.respond" => self.respond(params(&raw)?).await,
             "run.cancel" => self.cancel(params(&raw)?).await,
             "run.fork" => self.fork(params(&raw)?).await,
+            "run.delete" => self.delete(params(&raw)?).await,
             "run.get" => {
                 let RunParams { run_id: id } = params(&raw)?;
                 let run = self.reached(&id).await?;

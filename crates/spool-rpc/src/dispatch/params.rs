@@ -84,6 +84,16 @@ pub(super) struct ForkParams {
     pub(super) title: Option<String>,
 }
 
+/// `run.delete`'s params: the run, and whether a turn in progress is
+/// cancelled first (`DELETE /runs/{id}?force=true`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct DeleteParams {
+    pub(super) run_id: String,
+    #[serde(default)]
+    pub(super) force: bool,
+}
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct ListParams {

@@ -303,3 +303,28 @@ async fn run_fork_copies_a_run_for_its_owner_and_not_for_another_principal() {
         assert_eq!(refused["code"], -32602, "{params}: {refused}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_delete_deletes_a_run_for_its_owner_only_and_then_it_answers_run_deleted() {
+    let (dispatcher, run) = alices_run().await;
+    let (alice, bob) = (token("alice", false), token("bob", false));
+    let params = json!({"run_id": run});
+    not_found(
+        call(&dispatcher, &bob, "run.delete", params.clone()).await,
+        "run.delete",
+    );
+    let tombstone = call(&dispatcher, &alice, "run.delete", params.clone())
+        .await
+        .unwrap();
+    assert_eq!(tombstone["run_id"], json!(run), "{tombstone}");
+    assert_eq!(tombstone["by"], json!("alice"), "{tombstone}");
+    for method in ["run.get", "run.delete"] {
+        let refused = call(&dispatcher, &alice, method, params.clone())
+            .await
+            .unwrap_err();
+        assert_eq!(
+            refused["data"]["code"], "run_deleted",
+            "{method}: {refused}"
+        );
+    }
+}

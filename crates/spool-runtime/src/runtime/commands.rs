@@ -10,7 +10,9 @@ use spool_journal::fold::Status;
 use spool_journal::{Event, JournalError, RunId, Seq, TurnId};
 use spool_wire::run::{SuspendKind, TurnPolicy};
 
-use super::{Accepted, CancelOutcome, ForkRequest, MessageRequest, Runtime, StartRequest};
+use super::{
+    Accepted, CancelOutcome, DeleteRequest, ForkRequest, MessageRequest, Runtime, StartRequest,
+};
 use crate::error::RuntimeError;
 use crate::runs::Locked;
 
@@ -794,6 +796,88 @@ impl Runtime {
             )
             .await?;
         self.get(&fork).await
+    }
+}
+
+/// How long a forced deletion waits for the turn it cancelled to end
+/// before it gives up with `run_active`: a tool that ignores its cancel
+/// signal keeps its turn going.
+const DELETE_WAITS: std::time::Duration = std::time::Duration::from_secs(30);
+
+impl Runtime {
+    /// Deletes `run`: its events and everything derived from them (its
+    /// cached state, addresses, operation id, idempotency claims, its
+    /// streams, which end) go, and a tombstone stays, so a later request
+    /// for it is refused with `run_deleted` rather than `run_not_found`.
+    /// Deleting a deleted run answers its tombstone again.
+    ///
+    /// A run with a turn in progress is refused unless
+    /// [`DeleteRequest::force`]: then its turn is cancelled (as
+    /// [`Runtime::cancel`] does) and the run deleted once the turn ended.
+    ///
+    /// # Errors
+    ///
+    /// `RunNotFound`; `RunActive` for a turn in progress without `force`,
+    /// or one that did not end within 30 s of its cancel; `OwnedElsewhere`
+    /// when the run moved past [`DeleteRequest::expected`] or another
+    /// node drives it.
+    pub async fn delete(
+        &self,
+        run: &RunId,
+        request: DeleteRequest,
+    ) -> Result<spool_journal::store::Tombstone, RuntimeError> {
+        let locked = match self.inner.lock(run).await {
+            Ok(locked) => locked,
+            Err(RuntimeError::RunDeleted(tombstone)) => return Ok(tombstone),
+            Err(error) => return Err(error),
+        };
+        let mut locked = if locked.state().status.is_active() {
+            if !request.force {
+                return Err(RuntimeError::RunActive(run.clone()));
+            }
+            drop(locked);
+            self.cancel(run, None).await?;
+            self.until_idle(run).await?
+        } else {
+            locked
+        };
+        let deletion = spool_journal::store::Deletion {
+            by: request.by,
+            reason: request.reason,
+            expected: request.expected,
+        };
+        let tombstone = self.inner.journal.delete(run, deletion).await;
+        locked.unload();
+        drop(locked);
+        let tombstone = tombstone?;
+        self.inner.runs.remove(run);
+        self.inner
+            .sleeping
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .retain(|(sleeper, _)| sleeper != run);
+        tracing::info!(run_id = %run, by = %tombstone.by, events = tombstone.events, "run deleted");
+        Ok(tombstone)
+    }
+
+    /// Waits until `run` has no turn in progress, and locks it then.
+    async fn until_idle(&self, run: &RunId) -> Result<Locked, RuntimeError> {
+        let mut positions = self.inner.journal.subscribe(run).await?;
+        let idle = async {
+            loop {
+                let locked = self.inner.lock(run).await?;
+                if !locked.state().status.is_active() {
+                    return Ok(locked);
+                }
+                drop(locked);
+                if positions.changed().await.is_err() {
+                    return Err(RuntimeError::RunActive(run.clone()));
+                }
+            }
+        };
+        tokio::time::timeout(DELETE_WAITS, idle)
+            .await
+            .unwrap_or_else(|_| Err(RuntimeError::RunActive(run.clone())))
     }
 }
 

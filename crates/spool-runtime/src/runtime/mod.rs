@@ -26,7 +26,9 @@ mod requests;
 
 pub use builder::RuntimeBuilder;
 pub use commands::MAX_ANSWERS;
-pub use requests::{Accepted, CancelOutcome, ForkRequest, MessageRequest, Recovery, StartRequest};
+pub use requests::{
+    Accepted, CancelOutcome, DeleteRequest, ForkRequest, MessageRequest, Recovery, StartRequest,
+};
 
 /// How many runs taken over [`Runtime::recover_runs`] reads at once.
 const RECOVERY_READS: usize = 16;

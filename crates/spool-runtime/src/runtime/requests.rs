@@ -1,7 +1,7 @@
 //! What callers pass the runtime and what they get back.
 
 use serde_json::json;
-use spool_journal::{Address, Principal, RunId, TurnId};
+use spool_journal::{Address, Principal, RunId, Seq, TurnId};
 use spool_wire::run::TurnPolicy;
 
 use crate::error::RuntimeError;
@@ -49,6 +49,24 @@ pub struct ForkRequest {
     pub title: Option<String>,
     /// Who forks it: the fork's owner.
     pub principal: Option<Principal>,
+}
+
+/// A deletion of a run: who asks, why, and what to do with a turn in
+/// progress.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeleteRequest {
+    /// Who deletes it, as the tombstone keeps it: a principal's id,
+    /// `operator`, or `retention`.
+    pub by: String,
+    /// Why, in words.
+    pub reason: Option<String>,
+    /// A run with a turn in progress (running, or waiting for an answer
+    /// or a timer) is refused with `run_active` unless this is set; then
+    /// the turn is cancelled first, and the run deleted once it ended.
+    pub force: bool,
+    /// Delete only if the run is still at this position: a sweeper that
+    /// chose it from a listing leaves a run that moved since.
+    pub expected: Option<Seq>,
 }
 
 /// A message to an existing run.

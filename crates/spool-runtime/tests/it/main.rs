@@ -11,6 +11,7 @@ mod budgets;
 mod cancel_safe;
 mod channels;
 mod concurrency;
+mod deletion;
 mod first_wins;
 mod forks;
 mod gate;

@@ -295,6 +295,27 @@ impl Journal for Instrumented {
         self.inner.runs()
     }
 
+    fn delete<'a>(
+        &'a self,
+        run: &'a spool_journal::RunId,
+        deletion: spool_journal::store::Deletion,
+    ) -> spool_journal::store::BoxFuture<
+        'a,
+        Result<spool_journal::store::Tombstone, spool_journal::JournalError>,
+    > {
+        self.inner.delete(run, deletion)
+    }
+
+    fn tombstone<'a>(
+        &'a self,
+        run: &'a spool_journal::RunId,
+    ) -> spool_journal::store::BoxFuture<
+        'a,
+        Result<Option<spool_journal::store::Tombstone>, spool_journal::JournalError>,
+    > {
+        self.inner.tombstone(run)
+    }
+
     fn addresses(
         &self,
     ) -> BoxFuture<'_, Result<Vec<(spool_journal::Address, RunId)>, spool_journal::JournalError>>

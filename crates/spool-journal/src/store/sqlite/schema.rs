@@ -78,6 +78,21 @@ CREATE TABLE claims (
 CREATE UNIQUE INDEX claims_holder ON claims (run_id, call_id);
 ";
 
+/// What deletion needs, made in any journal opened for writing (a
+/// journal from before deletion gains them at its first such open): the
+/// tombstones of deleted runs, and the operation ids by run, so a
+/// deletion finds its run's without a scan.
+pub(super) const LIFECYCLE: &str = "
+CREATE TABLE IF NOT EXISTS tombstones (
+    run_id TEXT PRIMARY KEY,
+    deleted_ns INTEGER NOT NULL,
+    deleted_by TEXT NOT NULL,
+    reason TEXT,
+    events INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS operations_run ON operations (run_id);
+";
+
 /// The journal's layout, recorded as `store_version` in `meta` (apart from
 /// `schema_version`, the events' vocabulary). Version 1 (no
 /// `store_version`) kept events in a `(run_id, seq)` B-tree; opening such
@@ -158,6 +173,19 @@ pub(super) const WAL_SIZE_LIMIT: u64 = 64 * 1024 * 1024;
 /// Creates the schema in a new file, or checks an existing file's versions
 /// and migrates its layout to this build's.
 pub(super) fn migrate(conn: &Connection) -> Result<(), JournalError> {
+    // A new file gives the pages deleted runs free back to the file
+    // system (`PRAGMA incremental_vacuum` after each deletion): SQLite
+    // takes the mode only before the first table is made. A journal made
+    // before keeps reusing freed pages for new events instead.
+    let empty: bool = conn
+        .query_row("SELECT count(*) = 0 FROM sqlite_master", [], |row| {
+            row.get(0)
+        })
+        .map_err(storage)?;
+    if empty {
+        conn.execute_batch("PRAGMA auto_vacuum = INCREMENTAL")
+            .map_err(storage)?;
+    }
     conn.execute_batch(
         "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID",
     )
@@ -165,7 +193,7 @@ pub(super) fn migrate(conn: &Connection) -> Result<(), JournalError> {
     if stored_version(conn, "schema_version")?.is_none() {
         return in_transaction(conn, "creating the journal", |conn| {
             conn.execute_batch(&format!(
-                "{SCHEMA} {EVENT_TABLES}
+                "{SCHEMA} {EVENT_TABLES} {LIFECYCLE}
                  INSERT INTO meta (key, value) VALUES ('schema_version', '{SCHEMA_VERSION}');
                  INSERT INTO meta (key, value) VALUES ('store_version', '{STORE_VERSION}');"
             ))
@@ -194,6 +222,18 @@ pub(super) fn migrate(conn: &Connection) -> Result<(), JournalError> {
             )
             .map(drop)
             .map_err(storage)
+        })?;
+    }
+    let lifecycle: bool = conn
+        .query_row(
+            "SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'tombstones'",
+            [],
+            |row| row.get(0),
+        )
+        .map_err(storage)?;
+    if !lifecycle {
+        in_transaction(conn, "adding the tables of deletion", |conn| {
+            conn.execute_batch(LIFECYCLE).map_err(storage)
         })?;
     }
     // Journals made before 2026-12-01 kept the runs in update order in an

@@ -136,7 +136,28 @@ impl Writer {
         }
     }
 
+    /// Commits `batch`: its appends, claims and probes in one group
+    /// transaction, then each deletion in one of its own.
     pub(super) fn commit(&mut self, batch: Vec<Op>) {
+        let (deletions, batch): (Vec<Op>, Vec<Op>) = batch
+            .into_iter()
+            .partition(|op| matches!(op, Op::Delete { .. }));
+        if !batch.is_empty() {
+            self.commit_group(batch);
+        }
+        for op in deletions {
+            if let Op::Delete {
+                run,
+                deletion,
+                reply,
+            } = op
+            {
+                self.delete(run, deletion, reply);
+            }
+        }
+    }
+
+    fn commit_group(&mut self, batch: Vec<Op>) {
         if let Some(failure) = self.durable.failure() {
             return fail_all(batch, &failure);
         }
@@ -197,6 +218,7 @@ impl Writer {
                         Done::Claim(reply, Err(error))
                     }
                 },
+                Op::Delete { .. } => unreachable!("deletions are committed on their own"),
                 Op::Probe { reply } => {
                     let probed_at = (self.clock)()
                         .format(&time::format_description::well_known::Rfc3339)
@@ -422,6 +444,17 @@ impl Writer {
         append: Encoded,
     ) -> Result<(Vec<Envelope>, Seq), Failed> {
         let (head, in_tail) = self.head(pending, run).map_err(Failed::Broken)?;
+        // A run with no head may be a deleted one, whose id is not used
+        // again: one lookup per new run, in a table of deleted runs only.
+        if head.is_none()
+            && tombstone(&self.conn, run)
+                .map_err(Failed::Broken)?
+                .is_some()
+        {
+            return Err(Failed::Refused(JournalError::RunDeleted {
+                run: run.clone(),
+            }));
+        }
         let plan = link(run, head.as_ref(), append).map_err(Failed::Refused)?;
         // Every refusal is decided before anything is written: an unbind only
         // releases this run's own names, so the checks do not depend on
@@ -440,6 +473,170 @@ impl Writer {
         pending.insert(run.clone(), plan.head);
         Ok((plan.envelopes, next))
     }
+}
+
+impl Writer {
+    /// Deletes `run` in a transaction of its own (the writer's connection
+    /// has `secure_delete` on, so its rows' bytes are overwritten in the
+    /// pages that held them), then gives freed pages back to the file system
+    /// (in a journal made with incremental vacuum). Answered once synced,
+    /// like any commit.
+    fn delete(
+        &mut self,
+        run: RunId,
+        deletion: Deletion,
+        reply: oneshot::Sender<Result<Tombstone, JournalError>>,
+    ) {
+        if let Some(failure) = self.durable.failure() {
+            let _ = reply.send(Err(JournalError::storage(failure)));
+            return;
+        }
+        // Every earlier commit synced and its heads cached, so none of
+        // this run's arrives after it is gone; then this writer forgets it.
+        self.syncing.drain();
+        self.heads.lock().remove(&run);
+        self.unsynced.remove(&run);
+        if let Some(behind) = &mut self.behind {
+            behind.remove(&run);
+        }
+        let now = (self.clock)();
+        let result = self.delete_now(&run, deletion, now);
+        let Ok((tombstone, wrote)) = result else {
+            let _ = reply.send(result.map(|(tombstone, _)| tombstone));
+            return;
+        };
+        if !wrote {
+            let _ = reply.send(Ok(tombstone));
+            return;
+        }
+        // Freed pages back to the file system: a no-op in a journal
+        // without incremental vacuum (reused for new events there).
+        if let Err(error) = self.conn.execute_batch("PRAGMA incremental_vacuum") {
+            tracing::warn!(target: "spool::journal", %error, "the pages a deletion freed stay in the file");
+        }
+        self.commits += 1;
+        self.counters.commits.fetch_add(1, Ordering::Relaxed);
+        let committed = Committed {
+            number: self.commits,
+            done: vec![Done::Delete(reply, run, Ok(tombstone))],
+            heads: RunMap::default(),
+            last_pos: 0,
+        };
+        self.syncing.submit(committed, true);
+    }
+
+    /// The deletion's transaction: the tombstone, and whether it wrote
+    /// one (a run deleted before answers its old one).
+    fn delete_now(
+        &mut self,
+        run: &RunId,
+        deletion: Deletion,
+        now: OffsetDateTime,
+    ) -> Result<(Tombstone, bool), JournalError> {
+        self.begin().map_err(storage)?;
+        let result = delete_run(&self.conn, run, deletion, now);
+        let outcome = match result {
+            Ok((tombstone, true)) => exec(&self.conn, "COMMIT", [])
+                .map(|_| (tombstone, true))
+                .map_err(storage),
+            other => other,
+        };
+        if !self.conn.is_autocommit()
+            && let Err(error) = self.conn.execute_batch("ROLLBACK")
+        {
+            tracing::debug!(%error, "rollback after a deletion that wrote nothing");
+        }
+        if outcome.is_err() {
+            self.heads.lock().clear();
+            self.unsynced.clear();
+            self.tail.forget();
+        }
+        outcome
+    }
+}
+
+/// Removes `run`'s rows and writes its tombstone, in the open
+/// transaction.
+fn delete_run(
+    conn: &Connection,
+    run: &RunId,
+    deletion: Deletion,
+    now: OffsetDateTime,
+) -> Result<(Tombstone, bool), JournalError> {
+    if let Some(tombstone) = tombstone(conn, run)? {
+        return Ok((tombstone, false));
+    }
+    let Some(head) = load_head(conn, Layout::InArrivalOrder, run)? else {
+        return Err(JournalError::NoSuchRun { run: run.clone() });
+    };
+    deletion.check(run, head.next_seq)?;
+    let id = run.as_str();
+    for statement in [
+        "DELETE FROM events WHERE pos IN (SELECT pos FROM event_index WHERE run_id = ?1)",
+        "DELETE FROM events WHERE pos > (SELECT through FROM indexed) AND run_id = ?1",
+        "DELETE FROM event_index WHERE run_id = ?1",
+        "DELETE FROM runs WHERE run_id = ?1",
+        "DELETE FROM addresses WHERE run_id = ?1",
+        "DELETE FROM operations WHERE run_id = ?1",
+        "DELETE FROM claims WHERE run_id = ?1",
+    ] {
+        exec(conn, statement, params![id]).map_err(storage)?;
+    }
+    let tombstone = Tombstone {
+        run_id: run.clone(),
+        deleted_at: now,
+        by: deletion.by,
+        reason: deletion.reason,
+        events: head.next_seq.0,
+    };
+    exec(
+        conn,
+        "INSERT INTO tombstones (run_id, deleted_ns, deleted_by, reason, events) VALUES (?1, ?2, ?3, ?4, ?5)",
+        params![
+            id,
+            nanos(now),
+            tombstone.by,
+            tombstone.reason,
+            i64::try_from(tombstone.events).unwrap_or(i64::MAX)
+        ],
+    )
+    .map_err(storage)?;
+    Ok((tombstone, true))
+}
+
+/// A deleted run's tombstone; `None` for any other run, and in a journal
+/// from before deletion, which has no such table.
+pub(super) fn tombstone(conn: &Connection, run: &RunId) -> Result<Option<Tombstone>, JournalError> {
+    let statement = conn.prepare_cached(
+        "SELECT deleted_ns, deleted_by, reason, events FROM tombstones WHERE run_id = ?1",
+    );
+    let mut statement = match statement {
+        Ok(statement) => statement,
+        Err(rusqlite::Error::SqliteFailure(_, Some(ref message)))
+            if message.contains("no such table") =>
+        {
+            return Ok(None);
+        }
+        Err(error) => return Err(storage(error)),
+    };
+    let row = statement
+        .query_row(params![run.as_str()], |row| {
+            Ok((
+                row.get::<_, i64>(0)?,
+                row.get::<_, String>(1)?,
+                row.get::<_, Option<String>>(2)?,
+                row.get::<_, i64>(3)?,
+            ))
+        })
+        .optional()
+        .map_err(storage)?;
+    Ok(row.map(|(at, by, reason, events)| Tombstone {
+        run_id: run.clone(),
+        deleted_at: from_nanos(at),
+        by,
+        reason,
+        events: u64::try_from(events).unwrap_or(0),
+    }))
 }
 
 /// A number SQLite moves whenever a connection other than `conn` commits

@@ -1,0 +1,242 @@
+//! Retention: how long runs that ended are kept (`[retention]` in
+//! spool.toml), and the sweep that deletes those past it. A host calls
+//! [`Runtime::sweep`] every [`Retention::period`] with the time now; the
+//! clock is the caller's, so a test moves it.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+use spool_journal::fold::Status;
+use spool_journal::store::RunSummary;
+use time::OffsetDateTime;
+
+use crate::error::RuntimeError;
+use crate::runtime::{DeleteRequest, Runtime};
+
+/// `[retention]`: how long a run that ended is kept after its last event,
+/// by how it ended; absent, for ever.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Retention {
+    /// Runs whose last turn completed: `"30d"`, `"12h"`, `"15m"`, `"2s"`.
+    #[serde(default, deserialize_with = "age")]
+    #[schemars(with = "Option<String>")]
+    pub completed: Option<Duration>,
+    /// Runs whose last turn failed.
+    #[serde(default, deserialize_with = "age")]
+    #[schemars(with = "Option<String>")]
+    pub failed: Option<Duration>,
+    /// Runs whose last turn was cancelled.
+    #[serde(default, deserialize_with = "age")]
+    #[schemars(with = "Option<String>")]
+    pub cancelled: Option<Duration>,
+    /// Runs retired (reset) for good.
+    #[serde(default, deserialize_with = "age")]
+    #[schemars(with = "Option<String>")]
+    pub retired: Option<Duration>,
+}
+
+/// What one sweep did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Swept {
+    /// Runs deleted.
+    pub deleted: usize,
+    /// Runs due that were left: they moved since the listing (a new
+    /// turn), another node drives them, or the deletion failed (logged).
+    pub left: usize,
+}
+
+/// The fewest and most time between sweeps.
+const PERIOD_MIN: Duration = Duration::from_secs(1);
+const PERIOD_MAX: Duration = Duration::from_secs(60);
+
+impl Retention {
+    /// Whether any run is ever deleted.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.rules().all(|(_, keep)| keep.is_none())
+    }
+
+    fn rules(&self) -> impl Iterator<Item = (&'static str, Option<Duration>)> {
+        [
+            ("completed", self.completed),
+            ("failed", self.failed),
+            ("cancelled", self.cancelled),
+            ("retired", self.retired),
+        ]
+        .into_iter()
+    }
+
+    /// How often to sweep: a tenth of the shortest retention, between
+    /// one second and a minute, so a run goes within seconds of its
+    /// expiry when retentions are short and within a minute when they are
+    /// days; `None` when nothing is ever deleted.
+    #[must_use]
+    pub fn period(&self) -> Option<Duration> {
+        let shortest = self.rules().filter_map(|(_, keep)| keep).min()?;
+        Some((shortest / 10).clamp(PERIOD_MIN, PERIOD_MAX))
+    }
+
+    /// The rule `run` is past at `now`, in words (`completed 30d`), or
+    /// `None` while it is kept. Only runs that ended are ever due: a run
+    /// running or waiting is kept whatever its age.
+    #[must_use]
+    pub fn due(&self, run: &RunSummary, now: OffsetDateTime) -> Option<String> {
+        let (name, keep) = match run.status {
+            Status::Completed => ("completed", self.completed),
+            Status::Failed => ("failed", self.failed),
+            Status::Cancelled => ("cancelled", self.cancelled),
+            Status::Retired => ("retired", self.retired),
+            _ => return None,
+        };
+        let keep = keep?;
+        let age = now - run.updated_at;
+        (age >= keep).then(|| format!("retention: {name} {}", show(keep)))
+    }
+}
+
+impl Runtime {
+    /// Deletes the runs `retention` says are past their time at `now`,
+    /// until `batch` are deleted (the oldest first), each in a deletion of
+    /// its own: the journal's writer takes appends between any two, so a
+    /// sweep never holds appends up for more than one run's deletion. A
+    /// run that moved since the listing (a new message) is left, as is one
+    /// another node of a cluster drives (its own node sweeps it).
+    ///
+    /// # Errors
+    ///
+    /// When the journal cannot be listed; a run whose deletion fails is
+    /// logged and counted in [`Swept::left`].
+    pub async fn sweep(
+        &self,
+        retention: &Retention,
+        now: OffsetDateTime,
+        batch: usize,
+    ) -> Result<Swept, RuntimeError> {
+        let mut swept = Swept::default();
+        if retention.is_empty() {
+            return Ok(swept);
+        }
+        let mut due: Vec<(RunSummary, String)> = self
+            .inner
+            .journal
+            .runs()
+            .await?
+            .into_iter()
+            .filter_map(|run| retention.due(&run, now).map(|why| (run, why)))
+            .collect();
+        due.sort_by_key(|(run, _)| run.updated_at);
+        for (run, why) in due {
+            if swept.deleted >= batch.max(1) {
+                break;
+            }
+            let request = DeleteRequest {
+                by: "retention".into(),
+                reason: Some(why),
+                force: false,
+                expected: Some(run.next_seq),
+            };
+            match self.delete(&run.run_id, request).await {
+                Ok(_) => swept.deleted += 1,
+                Err(error) => {
+                    swept.left += 1;
+                    if !matches!(
+                        error.kind(),
+                        crate::ErrorKind::OwnedElsewhere
+                            | crate::ErrorKind::RunActive
+                            | crate::ErrorKind::RunNotFound
+                    ) {
+                        tracing::warn!(run_id = %run.run_id, %error, "retention could not delete a run; the next sweep tries again");
+                    }
+                }
+            }
+            // Whatever else waits on this thread goes first.
+            tokio::task::yield_now().await;
+        }
+        Ok(swept)
+    }
+}
+
+/// Reads an age: a whole number and a unit, `s`, `m`, `h`, `d` or `w`
+/// (`"30d"`, `"2s"`).
+///
+/// # Errors
+///
+/// A sentence naming what is wrong.
+pub fn parse_age(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| format!("`{text}` has no unit: write `30d`, `12h`, `15m`, `2s` or `1w`"))?;
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` does not start with a whole number"))?;
+    let seconds = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3_600,
+        "d" => 86_400,
+        "w" => 604_800,
+        other => {
+            return Err(format!(
+                "`{other}` in `{text}` is not a unit: use s, m, h, d or w"
+            ));
+        }
+    };
+    number
+        .checked_mul(seconds)
+        .map(Duration::from_secs)
+        .ok_or_else(|| format!("`{text}` is too long"))
+}
+
+/// An age as [`parse_age`] reads it, in its largest whole unit.
+fn show(age: Duration) -> String {
+    let seconds = age.as_secs();
+    [(604_800, "w"), (86_400, "d"), (3_600, "h"), (60, "m")]
+        .into_iter()
+        .find(|(unit, _)| seconds >= *unit && seconds.is_multiple_of(*unit))
+        .map_or_else(
+            || format!("{seconds}s"),
+            |(unit, name)| format!("{}{name}", seconds / unit),
+        )
+}
+
+fn age<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<Duration>, D::Error> {
+    let text: Option<String> = Option::deserialize(deserializer)?;
+    text.map(|text| parse_age(&text).map_err(serde::de::Error::custom))
+        .transpose()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ages_read_in_every_unit_and_a_bad_one_is_refused_by_name() {
+        assert_eq!(parse_age("30d"), Ok(Duration::from_secs(30 * 86_400)));
+        assert_eq!(parse_age("2s"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_age("1w"), Ok(Duration::from_secs(604_800)));
+        assert!(parse_age("30").unwrap_err().contains("no unit"));
+        assert!(parse_age("3y").unwrap_err().contains("not a unit"));
+        assert!(parse_age("d").unwrap_err().contains("whole number"));
+        assert_eq!(show(Duration::from_secs(30 * 86_400)), "30d");
+        assert_eq!(show(Duration::from_secs(90)), "90s");
+    }
+
+    #[test]
+    fn the_sweep_period_follows_the_shortest_retention_within_a_second_and_a_minute() {
+        let retention = |completed: u64, failed: Option<u64>| Retention {
+            completed: Some(Duration::from_secs(completed)),
+            failed: failed.map(Duration::from_secs),
+            ..Retention::default()
+        };
+        assert_eq!(Retention::default().period(), None);
+        assert_eq!(retention(2, None).period(), Some(PERIOD_MIN));
+        assert_eq!(
+            retention(300, Some(100)).period(),
+            Some(Duration::from_secs(10))
+        );
+        assert_eq!(retention(30 * 86_400, None).period(), Some(PERIOD_MAX));
+    }
+}

@@ -17,6 +17,7 @@ import re
 import subprocess
 import sys
 import threading
+import urllib.error
 import urllib.request
 
 from playwright.sync_api import expect, sync_playwright
@@ -245,6 +246,24 @@ def streaming(check, browser):
             finally:
                 phone.close()
         check.step("every page fits a phone's width, in the dark scheme and the light one", phone_and_dark)
+
+        def delete():
+            page.goto(server.url + "/#/runs")
+            row = page.locator("table.runs tbody tr[data-run]").filter(has_text="Arrived live")
+            expect(row).to_have_count(1, timeout=WAIT)
+            run = row.get_attribute("data-run")
+            page.goto(server.url + f"/#/run/{run}")
+            expect(page.locator(".run-head h1")).to_have_text("Arrived live", timeout=WAIT)
+            page.once("dialog", lambda dialog: dialog.accept())
+            page.get_by_role("button", name="Delete").click()
+            expect(page.locator(f'tr[data-run="{run}"]')).to_have_count(0, timeout=WAIT)
+            expect(page.locator("table.runs tbody tr[data-run]")).to_have_count(3, timeout=WAIT)
+            try:
+                server.api("GET", f"/runs/{run}", prefer_async=False)
+                raise AssertionError("the deleted run is still served")
+            except urllib.error.HTTPError as gone:
+                assert gone.code == 410 and json.load(gone)["code"] == "run_deleted", gone.code
+        check.step("a run deleted from its page leaves the list and answers 410 run_deleted", delete)
         check("no console error or failed request (streams)", not watched.errors, watched.errors)
     finally:
         watched.close()

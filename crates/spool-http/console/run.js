@@ -1,6 +1,6 @@
 // One run: its transcript (from the snapshot, then its stream, live as
 // the model writes), what it waits on, its journal as a timeline, and
-// the actions on it (message, cancel, reset).
+// the actions on it (message, cancel, reset, delete).
 
 import { call, follow, query } from "./api.js";
 import { cost, fill, h, json, say, sayError, stateBadge, tokens, when } from "./dom.js";
@@ -79,7 +79,19 @@ export function render(main, [id, tab], { refreshBadge }) {
             refreshFacts();
           } catch (error) { sayError(error); }
         },
-      }, "Reset"));
+      }, "Reset"),
+      h("button", {
+        type: "button", id: "delete", class: "danger",
+        onclick: async () => {
+          const turn = active ? " Its turn in progress is cancelled first." : "";
+          if (!confirm(`Delete removes this run and its whole history for good; only a tombstone stays.${turn} Go on?`)) return;
+          try {
+            await call(`${path}${active ? "?force=true" : ""}`, { method: "DELETE" });
+            say("The run was deleted.");
+            location.hash = "#/runs";
+          } catch (error) { sayError(error); }
+        },
+      }, "Delete"));
   }
 
   let shownSuspension = null;

@@ -98,6 +98,7 @@ pub fn error_code(kind: ErrorKind) -> ErrorCode {
         ErrorKind::RunNotWaiting => ErrorCode::RunNotWaiting,
         ErrorKind::RunRetired => ErrorCode::RunRetired,
         ErrorKind::RunDeleted => ErrorCode::RunDeleted,
+        ErrorKind::RunTooLarge => ErrorCode::RunTooLarge,
         ErrorKind::InvalidAnswer | ErrorKind::BadRequest => ErrorCode::BadRequest,
         ErrorKind::CompactionUnsupported => ErrorCode::CompactionUnsupported,
         ErrorKind::EngineFailed => ErrorCode::EngineFailed,

@@ -97,6 +97,9 @@ pub struct AgentDefinition {
     #[serde(default)]
     #[schemars(schema_with = "any_table")]
     pub provider: toml::Table,
+    /// `[limits]`: how large one run's history may grow.
+    #[serde(default)]
+    pub limits: Limits,
     /// `[retention]`: how long runs that ended are kept; absent, for ever.
     #[serde(default)]
     pub retention: crate::retention::Retention,
@@ -272,6 +275,51 @@ impl Budgets {
     #[must_use]
     pub fn cost_micro_usd(&self) -> Option<u64> {
         self.cost_usd.map(|usd| (usd * 1e6).round().max(0.0) as u64)
+    }
+}
+
+/// `[limits]`: how large one run's history may grow. Past `warn_at` of
+/// either limit the run's listing row says `near_limit` and a log line
+/// names the run; past a limit, new input to the run (a message, a
+/// steer, a queued turn) is refused with `run_too_large`. The journal
+/// keeps every event of a run for as long as the run lives, so a run
+/// that talks for ever grows for ever: these bound what one run costs to
+/// load, replay and store.
+#[derive(Clone, Copy, Debug, PartialEq, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// The most events one run holds (100 000 by default).
+    pub max_events: u64,
+    /// The most bytes of journal one run holds, as its events are stored
+    /// (64 MiB by default).
+    pub max_bytes: u64,
+    /// The share of either limit past which the run is said to be near
+    /// it (0.8 by default).
+    pub warn_at: f64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_events: 100_000,
+            max_bytes: 64 << 20,
+            warn_at: 0.8,
+        }
+    }
+}
+
+impl Limits {
+    /// Whether a run of `events` events and `bytes` bytes is past a limit.
+    #[must_use]
+    pub fn exceeded(&self, events: u64, bytes: u64) -> bool {
+        events >= self.max_events || bytes >= self.max_bytes
+    }
+
+    /// Whether it is past `warn_at` of a limit.
+    #[must_use]
+    pub fn near(&self, events: u64, bytes: u64) -> bool {
+        let share = |used: u64, limit: u64| used as f64 >= self.warn_at * limit as f64;
+        share(events, self.max_events) || share(bytes, self.max_bytes)
     }
 }
 

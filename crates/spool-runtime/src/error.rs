@@ -25,6 +25,8 @@ pub enum ErrorKind {
     RunRetired,
     /// The run was deleted.
     RunDeleted,
+    /// The run's history is past a limit (`[limits]`).
+    RunTooLarge,
     /// A turn was asked for only if none was in progress, and one was.
     TurnInProgress,
     /// An answer does not fit the suspension's schema.
@@ -155,6 +157,23 @@ pub enum RuntimeError {
     /// The run is retired for good.
     #[error("run {0} is retired")]
     RunRetired(RunId),
+    /// The run's history is past a limit of `[limits]`: new input is
+    /// refused.
+    #[error(
+        "run {run} holds {events} events ({bytes} bytes), past its limit ({max_events} events, {max_bytes} bytes; [limits] in spool.toml): start a new run, or fork it before an earlier turn (POST /runs/{{id}}/fork with `before`) to go on from there"
+    )]
+    RunTooLarge {
+        /// The run.
+        run: RunId,
+        /// Its events.
+        events: u64,
+        /// Its bytes.
+        bytes: u64,
+        /// The limit on events.
+        max_events: u64,
+        /// The limit on bytes.
+        max_bytes: u64,
+    },
     /// The run was deleted: only its tombstone is left.
     #[error("run {} was deleted at {}{}", .0.run_id, .0.deleted_at.format(&time::format_description::well_known::Rfc3339).unwrap_or_default(), .0.reason.as_ref().map(|r| format!(" ({r})")).unwrap_or_default())]
     RunDeleted(spool_journal::store::Tombstone),
@@ -213,6 +232,7 @@ impl RuntimeError {
             Self::RunNotWaiting { .. } => ErrorKind::RunNotWaiting,
             Self::RunRetired(_) => ErrorKind::RunRetired,
             Self::RunDeleted(_) => ErrorKind::RunDeleted,
+            Self::RunTooLarge { .. } => ErrorKind::RunTooLarge,
             Self::InvalidAnswer { .. } => ErrorKind::InvalidAnswer,
             Self::BadRequest(_) => ErrorKind::BadRequest,
             Self::CompactionUnsupported => ErrorKind::CompactionUnsupported,

@@ -39,6 +39,8 @@ pub(crate) struct Runs {
     /// Other processes append to the journal: a cached run another
     /// process may have changed is checked against its log before use.
     pub(crate) shared: bool,
+    /// How large a run may grow.
+    pub(crate) limits: crate::agent::Limits,
 }
 
 #[derive(Default)]
@@ -67,7 +69,14 @@ impl Runs {
             capacity: capacity.max(1),
             system,
             shared: false,
+            limits: crate::agent::Limits::default(),
         }
+    }
+
+    /// See [`crate::RuntimeBuilder::limits`].
+    pub(crate) fn limits(mut self, limits: crate::agent::Limits) -> Self {
+        self.limits = limits;
+        self
     }
 
     /// See [`crate::RuntimeBuilder::shared_journal`].
@@ -93,7 +102,10 @@ impl Runs {
                 map.sweep_in = self.capacity.div_ceil(8);
             }
         }
-        let entry = Arc::new(tokio::sync::Mutex::new(Cached::new(self.system.clone())));
+        let entry = Arc::new(tokio::sync::Mutex::new(Cached::new(
+            self.system.clone(),
+            self.limits,
+        )));
         map.slots.insert(
             run.clone(),
             Slot {
@@ -190,10 +202,29 @@ pub(crate) struct Cached {
     calls: u64,
     /// The usage the current (or last) turn's completion recorded.
     pub(crate) turn_usage: Option<Usage>,
+    /// The bytes the run's events take as the journal stores them.
+    pub(crate) bytes: u64,
+    /// How large the run may grow, and whether it was said to be near.
+    limits: crate::agent::Limits,
+    warned: bool,
+}
+
+/// Counts what is written to it: an event's stored size, without a copy.
+struct Counter(u64);
+
+impl std::io::Write for Counter {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0 += bytes.len() as u64;
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 impl Cached {
-    fn new(system: Option<Arc<str>>) -> Self {
+    fn new(system: Option<Arc<str>>, limits: crate::agent::Limits) -> Self {
         Self {
             loaded: false,
             next: Seq(0),
@@ -205,7 +236,29 @@ impl Cached {
             calls_before_turn: 0,
             calls: 0,
             turn_usage: None,
+            bytes: 0,
+            limits,
+            warned: false,
         }
+    }
+
+    /// Whether the run is past `warn_at` of a limit.
+    pub(crate) fn near_limit(&self) -> bool {
+        self.limits.near(self.next.0, self.bytes)
+    }
+
+    /// `RunTooLarge` when the run is past a limit: new input is refused.
+    pub(crate) fn check_size(&self, run: &RunId) -> Result<(), RuntimeError> {
+        if self.limits.exceeded(self.next.0, self.bytes) {
+            return Err(RuntimeError::RunTooLarge {
+                run: run.clone(),
+                events: self.next.0,
+                bytes: self.bytes,
+                max_events: self.limits.max_events,
+                max_bytes: self.limits.max_bytes,
+            });
+        }
+        Ok(())
     }
 
     /// The run's next position (the number of its events).
@@ -228,6 +281,16 @@ impl Cached {
 
     /// Folds one appended (or read) event.
     fn apply(&mut self, envelope: Envelope) {
+        let mut size = Counter(0);
+        if serde_json::to_writer(&mut size, &envelope).is_ok() {
+            self.bytes += size.0;
+        }
+        if !self.warned && self.near_limit() {
+            self.warned = true;
+            tracing::warn!(run_id = %envelope.run_id, events = envelope.seq.0 + 1, bytes = self.bytes,
+                max_events = self.limits.max_events, max_bytes = self.limits.max_bytes,
+                "a run nears its size limit ([limits] in spool.toml): past it, new input to it is refused");
+        }
         self.state.apply(&envelope);
         if !self.state.conversation.is_empty() {
             self.state.conversation = Vec::new();
@@ -309,7 +372,7 @@ impl Cached {
     async fn load(&mut self, journal: &dyn Journal, run: &RunId) -> Result<(), JournalError> {
         let system = self.history.system();
         if !self.loaded {
-            *self = Self::new(system);
+            *self = Self::new(system, self.limits);
         }
         for envelope in journal.read(run, self.next).await? {
             self.apply(envelope);
@@ -376,7 +439,7 @@ impl Locked {
     pub(crate) async fn fresh(runs: &Runs, run: &RunId) -> Self {
         let mut guard = runs.entry(run).lock_owned().await;
         if !guard.loaded {
-            *guard = Cached::new(runs.system.clone());
+            *guard = Cached::new(runs.system.clone(), runs.limits);
             guard.loaded = true;
         }
         Self {
@@ -484,7 +547,7 @@ mod tests {
             serde_json::from_value(serde_json::json!({"kind": "turn_completed", "payload": {"turn_id": "turn_1", "response": "done"}}))
                 .expect("an event"),
         ]);
-        let mut cached = Cached::new(None);
+        let mut cached = Cached::new(None, crate::agent::Limits::default());
         for (seq, event) in events.enumerate() {
             cached.apply(Envelope {
                 run_id: run(0),

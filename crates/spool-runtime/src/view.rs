@@ -71,6 +71,13 @@ pub struct RunDetail {
     pub updated_at: Option<time::OffsetDateTime>,
     /// Where it was forked from, when it is a fork.
     pub forked_from: Option<spool_journal::event::ForkLink>,
+    /// Its events.
+    pub events: u64,
+    /// The bytes its events take as the journal stores them.
+    pub bytes: u64,
+    /// Whether it is past `warn_at` of a `[limits]` limit: new input is
+    /// refused once it is past the limit itself.
+    pub near_limit: bool,
 }
 
 impl RunDetail {
@@ -100,6 +107,9 @@ impl RunDetail {
             created_at: state.created_at,
             updated_at: state.updated_at,
             forked_from: state.forked_from.clone(),
+            events: locked.cached().next().0,
+            bytes: locked.cached().bytes,
+            near_limit: locked.cached().near_limit(),
             view,
         }
     }

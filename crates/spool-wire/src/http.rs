@@ -288,6 +288,17 @@ pub struct RunRow {
     /// The run it was forked from, when it is a fork.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub forked_from: Option<ForkedFrom>,
+    /// How many events its journal holds.
+    #[serde(default)]
+    pub events: u64,
+    /// The bytes those events take as stored (absent for a run the
+    /// runtime keeps to itself).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
+    /// Past `warn_at` of a `[limits]` limit: once past the limit itself,
+    /// new input to the run is refused with `run_too_large`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub near_limit: bool,
 }
 
 /// Where a fork came from: the source run and the turn it was cut at.
@@ -804,6 +815,9 @@ string_enum! {
         RunRetired = "run_retired",
         /// The run was deleted: only its tombstone is left (410).
         RunDeleted = "run_deleted",
+        /// The run's history is past a limit (`[limits]`): new input to
+        /// it is refused; start a new run or fork an earlier turn.
+        RunTooLarge = "run_too_large",
         /// Another node owns the run.
         RunOwnedElsewhere = "run_owned_elsewhere",
         /// The journal cannot be replayed into a conversation.
@@ -877,6 +891,7 @@ impl ErrorCode {
             | Self::RunActive
             | Self::RunNotActive
             | Self::RunRetired
+            | Self::RunTooLarge
             | Self::RunOwnedElsewhere
             | Self::ConversationCorrupt
             | Self::TurnNotFound => 409,

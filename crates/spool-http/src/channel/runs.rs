@@ -104,7 +104,12 @@ impl HttpChannel {
         };
         let mut runs = Vec::with_capacity(listed.len());
         for run in listed {
-            runs.push(self.row(run).await?);
+            // A run deleted since the listing was read is left out.
+            match self.row(run).await {
+                Ok(row) => runs.push(row),
+                Err(RuntimeError::RunDeleted(_)) => {}
+                Err(error) => return Err(error),
+            }
         }
         Ok(body::json(
             StatusCode::OK,
@@ -136,6 +141,9 @@ impl HttpChannel {
                 call: None,
                 cursor: run.next_seq.0.checked_sub(1),
                 forked_from: None,
+                events: run.next_seq.0,
+                bytes: None,
+                near_limit: false,
             }),
             Err(error) => Err(error),
         }
@@ -649,6 +657,9 @@ fn row_of(detail: spool_runtime::RunDetail) -> wire::RunRow {
                 spool_journal::event::ForkCut::Before => "before".into(),
             },
         }),
+        events: detail.events,
+        bytes: Some(detail.bytes),
+        near_limit: detail.near_limit,
     }
 }
 

@@ -24,6 +24,7 @@ pub struct RuntimeBuilder {
     ids: Arc<dyn crate::ids::IdSource>,
     cached_runs: usize,
     shared_journal: bool,
+    limits: crate::agent::Limits,
 }
 
 impl std::fmt::Debug for RuntimeBuilder {
@@ -44,6 +45,7 @@ impl RuntimeBuilder {
             ids: Arc::new(crate::ids::UniqueIds),
             cached_runs: DEFAULT_CACHED_RUNS,
             shared_journal: false,
+            limits: crate::agent::Limits::default(),
         }
     }
 
@@ -110,8 +112,16 @@ impl RuntimeBuilder {
         self
     }
 
+    /// How large one run's history may grow (`[limits]`; the defaults of
+    /// [`Limits`](crate::agent::Limits) otherwise).
+    #[must_use]
+    pub fn limits(mut self, limits: crate::agent::Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
     /// What an agent definition says of the runtime: system prompt, tools,
-    /// budgets, pricing. Its engine spec is built by the crate that owns
+    /// budgets, pricing, limits. Its engine spec is built by the crate that owns
     /// the engines (`spool_engines::build`) and set with
     /// [`RuntimeBuilder::engine`]; the echo engine stays until then.
     ///
@@ -128,6 +138,7 @@ impl RuntimeBuilder {
         self.tools = LiveTools::new(definition.tools(&loaded.base)?);
         self.budgets = definition.budgets;
         self.pricing = definition.pricing;
+        self.limits = definition.limits;
         Ok(self)
     }
 
@@ -160,7 +171,8 @@ impl RuntimeBuilder {
                     hub: Hub::default(),
                     driving: Mutex::new(HashMap::new()),
                     runs: Runs::new(self.cached_runs, self.system_prompt.map(Arc::from))
-                        .shared(self.shared_journal),
+                        .shared(self.shared_journal)
+                        .limits(self.limits),
                     sleeping: Mutex::new(HashSet::new()),
                     tasks: crate::tasks::Tasks::default(),
                 }

@@ -230,6 +230,9 @@ impl Runtime {
                 differs: false,
             });
         }
+        if state.status != Status::Retired {
+            locked.cached().check_size(run)?;
+        }
         let (events, accepted) = match (&state.status, &state.turn, policy) {
             (Status::Retired, ..) => return Err(RuntimeError::RunRetired(run.clone())),
             // Checked and refused under the run's lock: of callers racing on

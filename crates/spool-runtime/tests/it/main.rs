@@ -19,6 +19,7 @@ mod hub;
 mod incremental;
 mod keys;
 mod lifecycle;
+mod limits;
 mod recovery;
 mod schedules;
 mod steering;

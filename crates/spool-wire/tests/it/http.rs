@@ -23,6 +23,8 @@ fn each_error_code_has_its_string_and_status() {
         ("run_active", ErrorCode::RunActive, 409),
         ("run_not_active", ErrorCode::RunNotActive, 409),
         ("run_retired", ErrorCode::RunRetired, 409),
+        ("run_deleted", ErrorCode::RunDeleted, 410),
+        ("run_too_large", ErrorCode::RunTooLarge, 409),
         ("run_owned_elsewhere", ErrorCode::RunOwnedElsewhere, 409),
         ("conversation_corrupt", ErrorCode::ConversationCorrupt, 409),
         ("request_timeout", ErrorCode::RequestTimeout, 408),

@@ -20,6 +20,7 @@ mod pg;
 mod report;
 mod rpc;
 mod serve;
+mod sweep;
 mod wire;
 
 use report::Row;
@@ -52,6 +53,7 @@ type Bench = fn(Scale) -> anyhow::Result<Vec<Row>>;
 const BENCHES: &[(&str, Bench)] = &[
     ("one-shot-run", oneshot::run),
     ("journal-append", journal::append),
+    ("journal-sweep", sweep::run),
     ("replay-fold", journal::fold),
     ("journal-open", journal::open),
     ("wire-decode", wire::decode),

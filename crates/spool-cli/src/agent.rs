@@ -20,11 +20,27 @@ pub(crate) enum AgentCommand {
     /// Print the JSON Schema of `spool.toml`, for editors that complete
     /// and check TOML against one (a `#:schema ./spool.schema.json` line).
     Schema,
+    /// What changed from one agent definition to another: a line per
+    /// setting added (`+`), removed (`-`) or changed (`~`). Each side is a
+    /// digest the journal keeps (`sha256:…`, as `spool runs list --json`
+    /// and `GET /runs` show a run's) or a spool.toml file. Exits 0 when
+    /// they are the same, 1 when they differ, as diff(1) does.
+    Diff {
+        /// The first definition: a digest or a file.
+        from: String,
+        /// The second.
+        to: String,
+        /// The journal that keeps the digests: a directory (SQLite) or a
+        /// postgres:// URL.
+        #[arg(long, env = "SPOOL_JOURNAL", default_value = ".spool")]
+        journal: crate::journal::JournalAt,
+    },
 }
 
 pub(crate) fn run(command: AgentCommand) -> anyhow::Result<ExitCode> {
     let path = match command {
         AgentCommand::Check { path } => path,
+        AgentCommand::Diff { from, to, journal } => return diff(&from, &to, &journal),
         AgentCommand::Schema => {
             let mut schema = spool_engines::agent_schema();
             schema["properties"]["bus"] = spool_bus::config::schema();
@@ -58,6 +74,7 @@ pub(crate) fn run(command: AgentCommand) -> anyhow::Result<ExitCode> {
         "agent    {}",
         definition.agent.name.as_deref().unwrap_or("(unnamed)")
     )?;
+    writeln!(out, "digest   {}", loaded.digest())?;
     writeln!(out, "engine   {}", definition.agent.engine)?;
     for spec in tools.specs() {
         let effect = tools
@@ -119,4 +136,83 @@ pub(crate) fn run(command: AgentCommand) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// `spool agent diff`.
+fn diff(from: &str, to: &str, journal: &crate::journal::JournalAt) -> anyhow::Result<ExitCode> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let (before, after) = runtime.block_on(async {
+        anyhow::Ok((document(from, journal).await?, document(to, journal).await?))
+    })?;
+    let mut changes = Vec::new();
+    compare("", &before, &after, &mut changes);
+    let mut out = std::io::stdout().lock();
+    for change in &changes {
+        writeln!(out, "{change}")?;
+    }
+    Ok(if changes.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// A definition by digest, from the journal, or from a spool.toml file.
+async fn document(
+    side: &str,
+    journal: &crate::journal::JournalAt,
+) -> anyhow::Result<serde_json::Value> {
+    if side.starts_with("sha256:") {
+        let store = crate::journal::open_read_only(journal).await?;
+        return store
+            .definition(side)
+            .await?
+            .with_context(|| format!("the journal {journal} keeps no agent definition {side}"));
+    }
+    Ok(AgentDefinition::load(Some(std::path::Path::new(side)))?.document)
+}
+
+/// Appends a line per difference between `before` and `after` at `path`.
+fn compare(
+    path: &str,
+    before: &serde_json::Value,
+    after: &serde_json::Value,
+    changes: &mut Vec<String>,
+) {
+    use serde_json::Value;
+    let at = |key: &str| {
+        if path.is_empty() {
+            key.to_owned()
+        } else {
+            format!("{path}.{key}")
+        }
+    };
+    match (before, after) {
+        (Value::Object(old), Value::Object(new)) => {
+            let keys: std::collections::BTreeSet<&String> = old.keys().chain(new.keys()).collect();
+            for key in keys {
+                match (old.get(key), new.get(key)) {
+                    (Some(a), Some(b)) => compare(&at(key), a, b, changes),
+                    (Some(a), None) => changes.push(format!("- {} = {a}", at(key))),
+                    (None, Some(b)) => changes.push(format!("+ {} = {b}", at(key))),
+                    (None, None) => {}
+                }
+            }
+        }
+        (Value::Array(old), Value::Array(new)) => {
+            for i in 0..old.len().max(new.len()) {
+                let here = format!("{path}[{i}]");
+                match (old.get(i), new.get(i)) {
+                    (Some(a), Some(b)) => compare(&here, a, b, changes),
+                    (Some(a), None) => changes.push(format!("- {here} = {a}")),
+                    (None, Some(b)) => changes.push(format!("+ {here} = {b}")),
+                    (None, None) => {}
+                }
+            }
+        }
+        (a, b) if a != b => changes.push(format!("~ {path}: {a} -> {b}")),
+        _ => {}
+    }
 }

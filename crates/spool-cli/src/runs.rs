@@ -15,11 +15,12 @@ use time::format_description::well_known::Rfc3339;
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum RunsCommand {
-    /// One line per run: id, state, last update, title; newest first.
+    /// One line per run: id, state, last update, the agent definition's
+    /// digest (its first 12 hex digits), title; newest first.
     List {
         /// Print one JSON object per run instead (NDJSON): `run_id`,
         /// `state`, `waiting_for` (when waiting), `title`, `created_at`,
-        /// `updated_at`, `events`.
+        /// `updated_at`, `events`, `agent` (the definition's digest).
         #[arg(long)]
         json: bool,
         /// The journal: a directory (SQLite) or a postgres:// URL.
@@ -304,11 +305,34 @@ async fn delete_here(journal: &JournalAt, asked: Deleting) -> anyhow::Result<Exi
     })
 }
 
+/// The digest of the agent definition `run` started with, from its
+/// `run_created` (the run's log is read for it).
+async fn agent_of(journal: &dyn Journal, run: &RunId) -> anyhow::Result<Option<String>> {
+    Ok(journal
+        .read(run, Seq(0))
+        .await?
+        .into_iter()
+        .next()
+        .and_then(|first| match first.event {
+            spool_journal::Event::RunCreated(created) => created.agent,
+            _ => None,
+        }))
+}
+
+/// A digest as the list shows it: its first 12 hex digits.
+fn short(digest: Option<&str>) -> &str {
+    digest.map_or("-", |digest| {
+        let hex = digest.strip_prefix("sha256:").unwrap_or(digest);
+        hex.get(..12).unwrap_or(hex)
+    })
+}
+
 async fn list(journal: &dyn Journal, json: bool) -> anyhow::Result<ExitCode> {
     let runs = journal.runs().await?;
     let mut out = std::io::stdout().lock();
     if json {
         for run in runs {
+            let agent = agent_of(journal, &run.run_id).await?;
             let mut line = serde_json::json!({
                 "run_id": run.run_id.as_str(),
                 "state": run.status.state().as_str(),
@@ -322,6 +346,9 @@ async fn list(journal: &dyn Journal, json: bool) -> anyhow::Result<ExitCode> {
             if let Some(title) = run.title {
                 line["title"] = title.into();
             }
+            if let Some(agent) = agent {
+                line["agent"] = agent.into();
+            }
             writeln!(out, "{line}")?;
         }
         return Ok(ExitCode::SUCCESS);
@@ -333,12 +360,14 @@ async fn list(journal: &dyn Journal, json: bool) -> anyhow::Result<ExitCode> {
         .unwrap_or(0)
         .max(3);
     for run in runs {
+        let agent = agent_of(journal, &run.run_id).await?;
         writeln!(
             out,
-            "{:width$}  {:24}  {:20}  {}",
+            "{:width$}  {:24}  {:20}  {:12}  {}",
             run.run_id.as_str(),
             describe(&run.status),
             run.updated_at.format(&Rfc3339).unwrap_or_default(),
+            short(agent.as_deref()),
             run.title.unwrap_or_default(),
         )?;
     }

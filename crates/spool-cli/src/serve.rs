@@ -577,7 +577,7 @@ pub(crate) fn load_agent_as(
     let mut loaded = AgentDefinition::load(path)?;
     let spec = match model {
         Some(model) => {
-            loaded.definition.agent.engine = model.to_string();
+            loaded.set_engine(model.to_string());
             // A script or program named on the command line is found from
             // here, not from the definition's directory.
             if model.reads_files() {

@@ -960,6 +960,44 @@ impl Journal for PgJournal {
         }))
     }
 
+    fn keep_definition<'a>(
+        &'a self,
+        digest: &'a str,
+        document: &'a serde_json::Value,
+    ) -> BoxFuture<'a, Result<(), JournalError>> {
+        let document = document.to_string();
+        Box::pin(self.send(None, move |reply| Op::Define {
+            digest: digest.to_owned(),
+            document,
+            reply,
+        }))
+    }
+
+    fn definition<'a>(
+        &'a self,
+        digest: &'a str,
+    ) -> BoxFuture<'a, Result<Option<serde_json::Value>, JournalError>> {
+        Box::pin(async move {
+            let row = self
+                .readers
+                .query(|client, _| async move {
+                    client
+                        .query_opt(
+                            "SELECT document FROM spool_definitions WHERE digest = $1",
+                            &[&digest],
+                        )
+                        .await
+                })
+                .await?;
+            row.map(|row| {
+                serde_json::from_str(row.get::<_, &str>(0)).map_err(|e| {
+                    JournalError::storage(format!("definition {digest} does not read: {e}"))
+                })
+            })
+            .transpose()
+        })
+    }
+
     fn tombstone<'a>(
         &'a self,
         run: &'a RunId,

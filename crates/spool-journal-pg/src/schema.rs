@@ -21,8 +21,8 @@ use crate::storage;
 /// in their pages, so a commit's head updates are heap-only (no index
 /// entry written, the old version pruned in place); the listing, the
 /// index's one reader, reads every head and sorts them itself; step 5
-/// keeps the tombstones of deleted runs and finds a run's operation ids
-/// without a scan, for deletion.
+/// keeps the tombstones of deleted runs, finds a run's operation ids
+/// without a scan, for deletion, and keeps agent definitions by digest.
 const STEPS: &[&str] = &[
     "
 CREATE TABLE spool_events (
@@ -97,6 +97,10 @@ CREATE TABLE spool_tombstones (
     events BIGINT NOT NULL
 );
 CREATE INDEX spool_operations_run ON spool_operations (run_id);
+CREATE TABLE spool_definitions (
+    digest TEXT COLLATE \"C\" PRIMARY KEY,
+    document TEXT NOT NULL
+);
 ",
 ];
 

@@ -74,6 +74,9 @@ pub const CHECKS: &[(&str, Check)] = &[
         "a_probe_of_a_writable_store_succeeds_and_records_no_run",
         |j| Box::pin(a_probe_of_a_writable_store_succeeds_and_records_no_run(j)),
     ),
+    ("a_definition_is_kept_once_per_digest", |j| {
+        Box::pin(a_definition_is_kept_once_per_digest(j))
+    }),
     (
         "a_deleted_run_leaves_only_its_tombstone_and_the_others_still_verify",
         |j| Box::pin(a_deleted_run_leaves_only_its_tombstone_and_the_others_still_verify(j)),
@@ -951,4 +954,19 @@ async fn a_deleted_run_leaves_only_its_tombstone_and_the_others_still_verify(
         .append(&kept, Seq(2), vec![completed("t1")])
         .await
         .expect("the other run goes on");
+}
+
+async fn a_definition_is_kept_once_per_digest(journal: Arc<dyn Journal>) {
+    let first = json!({"agent": {"engine": "echo", "system_prompt": "Be brief."}});
+    let second = json!({"agent": {"engine": "echo"}});
+    assert_eq!(journal.definition("sha256:aa").await.unwrap(), None);
+    journal.keep_definition("sha256:aa", &first).await.unwrap();
+    journal.keep_definition("sha256:aa", &second).await.unwrap();
+    journal.keep_definition("sha256:bb", &second).await.unwrap();
+    assert_eq!(
+        journal.definition("sha256:aa").await.unwrap(),
+        Some(first),
+        "a digest keeps the document it was first kept with"
+    );
+    assert_eq!(journal.definition("sha256:bb").await.unwrap(), Some(second));
 }

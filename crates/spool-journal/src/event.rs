@@ -142,6 +142,11 @@ pub struct RunCreated {
     /// Who created it, when that was proven.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub principal: Option<Principal>,
+    /// The digest (`sha256:…`) of the agent definition the run started
+    /// with; the journal keeps the definition once per digest, in a record
+    /// run at the address `spool.agent/DIGEST`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
 }
 
 /// `turn_started`.

@@ -371,6 +371,40 @@ pub struct Loaded {
     pub base: PathBuf,
     /// Said to the operator, when worth saying (the built-in default in use).
     pub note: Option<String>,
+    /// The definition as its file says it, as JSON (`{}` for the
+    /// built-in default), with what the command line replaced in it
+    /// ([`Loaded::set_engine`]): what [`Loaded::digest`] digests, and what
+    /// the journal keeps once per digest.
+    pub document: serde_json::Value,
+}
+
+/// The address namespace of the journal's records of agent definitions:
+/// one run per digest, holding the definition (see
+/// [`Runtime::definition`](crate::Runtime::definition)).
+pub const DEFINITION_NAMESPACE: &str = "spool.agent";
+
+impl Loaded {
+    /// The definition's digest, `sha256:` and 64 hex digits of its
+    /// canonical JSON (RFC 8785): the same for the same settings, however
+    /// the file is laid out or commented.
+    #[must_use]
+    pub fn digest(&self) -> String {
+        spool_wire::canonical::content_hash(&self.document)
+    }
+
+    /// Runs the definition with `engine` (`--model`), in the definition
+    /// and in what its digest covers.
+    pub fn set_engine(&mut self, engine: String) {
+        if let serde_json::Value::Object(document) = &mut self.document {
+            let agent = document
+                .entry("agent")
+                .or_insert_with(|| serde_json::Value::Object(serde_json::Map::new()));
+            if let serde_json::Value::Object(agent) = agent {
+                agent.insert("engine".into(), serde_json::Value::String(engine.clone()));
+            }
+        }
+        self.definition.agent.engine = engine;
+    }
 }
 
 impl AgentDefinition {
@@ -398,6 +432,7 @@ impl AgentDefinition {
                     note: Some(format!(
                         "no {DEFAULT_FILE} here: using the built-in agent (the echo engine and the built-in tools)"
                     )),
+                    document: serde_json::Value::Object(serde_json::Map::new()),
                 });
             }
             Err(source) => return Err(AgentError::Read { path, source }),
@@ -406,10 +441,16 @@ impl AgentDefinition {
             path: path.clone(),
             source,
         })?;
+        // It parsed as a definition, so it parses as a table.
+        let document = toml::from_str::<toml::Table>(&text)
+            .ok()
+            .and_then(|table| serde_json::to_value(table).ok())
+            .unwrap_or_default();
         Ok(Loaded {
             definition,
             base,
             note: None,
+            document,
         })
     }
 

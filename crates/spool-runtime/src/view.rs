@@ -78,6 +78,8 @@ pub struct RunDetail {
     /// Whether it is past `warn_at` of a `[limits]` limit: new input is
     /// refused once it is past the limit itself.
     pub near_limit: bool,
+    /// The digest of the agent definition it started with.
+    pub agent: Option<String>,
 }
 
 impl RunDetail {
@@ -110,6 +112,10 @@ impl RunDetail {
             events: locked.cached().next().0,
             bytes: locked.cached().bytes,
             near_limit: locked.cached().near_limit(),
+            agent: state
+                .created
+                .as_ref()
+                .and_then(|created| created.agent.clone()),
             view,
         }
     }

@@ -299,6 +299,10 @@ pub struct RunRow {
     /// new input to the run is refused with `run_too_large`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub near_limit: bool,
+    /// The digest (`sha256:…`) of the agent definition the run started
+    /// with; `spool agent diff` compares two.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
 }
 
 /// Where a fork came from: the source run and the turn it was cut at.

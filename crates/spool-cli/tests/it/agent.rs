@@ -1,6 +1,13 @@
-//! `spool agent check`.
+//! `spool agent check` and `spool agent diff`.
 
 use std::process::Command;
+
+fn spool(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_spool"))
+        .args(args)
+        .output()
+        .unwrap()
+}
 
 fn check(args: &[&str], dir: &std::path::Path) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_spool"))
@@ -205,4 +212,80 @@ fn an_mcp_table_is_read_by_agent_check_which_fails_on_a_server_that_does_not_sta
             "[[mcp]] has `{key}` in the schema: {mcp}"
         );
     }
+}
+
+#[test]
+fn agent_diff_says_what_changed_between_a_kept_digest_and_a_file_and_exits_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let before = dir.path().join("before.toml");
+    let after = dir.path().join("after.toml");
+    std::fs::write(&before, "[agent]\nsystem_prompt = \"Be brief.\"\n").unwrap();
+    std::fs::write(
+        &after,
+        "[agent]\nsystem_prompt = \"Be thorough.\"\n\n[budgets]\ntokens = 20000\n",
+    )
+    .unwrap();
+    let checked = spool(&["agent", "check", before.to_str().unwrap()]);
+    let stdout = String::from_utf8(checked.stdout).unwrap();
+    let digest = stdout
+        .lines()
+        .find_map(|line| line.strip_prefix("digest   "))
+        .unwrap_or_else(|| panic!("check prints the digest: {stdout}"))
+        .to_owned();
+    // The journal keeps the definition a run started with.
+    let journal = dir.path().join("journal");
+    let document: serde_json::Value = serde_json::json!({"agent": {"system_prompt": "Be brief."}});
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            let store = spool_journal::store::sqlite::SqliteJournal::open(
+                &journal,
+                spool_journal::store::sqlite::Options::default(),
+            )
+            .unwrap();
+            spool_journal::Journal::keep_definition(&store, &digest, &document)
+                .await
+                .unwrap();
+        });
+    let journal = journal.to_str().unwrap();
+    let diff = spool(&[
+        "agent",
+        "diff",
+        &digest,
+        after.to_str().unwrap(),
+        "--journal",
+        journal,
+    ]);
+    assert_eq!(
+        diff.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&diff.stderr)
+    );
+    assert_eq!(
+        String::from_utf8(diff.stdout).unwrap(),
+        "~ agent.system_prompt: \"Be brief.\" -> \"Be thorough.\"\n+ budgets = {\"tokens\":20000}\n"
+    );
+    let same = spool(&[
+        "agent",
+        "diff",
+        &digest,
+        before.to_str().unwrap(),
+        "--journal",
+        journal,
+    ]);
+    assert_eq!(same.status.code(), Some(0));
+    assert_eq!(String::from_utf8_lossy(&same.stdout), "");
+    let unknown = spool(&[
+        "agent",
+        "diff",
+        &format!("sha256:{}", "0".repeat(64)),
+        before.to_str().unwrap(),
+        "--journal",
+        journal,
+    ]);
+    assert_eq!(unknown.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&unknown.stderr).contains("keeps no agent definition"));
 }

@@ -144,6 +144,7 @@ impl HttpChannel {
                 events: run.next_seq.0,
                 bytes: None,
                 near_limit: false,
+                agent: None,
             }),
             Err(error) => Err(error),
         }
@@ -660,6 +661,7 @@ fn row_of(detail: spool_runtime::RunDetail) -> wire::RunRow {
         events: detail.events,
         bytes: Some(detail.bytes),
         near_limit: detail.near_limit,
+        agent: detail.agent,
     }
 }
 

@@ -174,6 +174,23 @@ pub(super) async fn transact(
                 }
             },
             Op::Delete { .. } => unreachable!("deletions are committed on their own"),
+            Op::Define {
+                digest,
+                document,
+                reply,
+            } => {
+                if let Err(error) = client
+                    .execute(
+                        "INSERT INTO spool_definitions (digest, document) VALUES ($1, $2)
+                         ON CONFLICT (digest) DO NOTHING",
+                        &[&digest, &document],
+                    )
+                    .await
+                {
+                    broken = Some(error.to_string());
+                }
+                Done::Probe(reply)
+            }
             Op::Probe { reply } => {
                 let probed_at = now
                     .format(&time::format_description::well_known::Rfc3339)

@@ -42,6 +42,7 @@ conformance!(
     the_run_listing_follows_the_fold,
     runs_by_status_are_the_listings_runs_of_that_status,
     a_probe_of_a_writable_store_succeeds_and_records_no_run,
+    a_definition_is_kept_once_per_digest,
     a_deleted_run_leaves_only_its_tombstone_and_the_others_still_verify,
 );
 

@@ -618,7 +618,7 @@ async fn a_journal_of_the_layout_before_watches_is_migrated_on_open_and_keeps_it
         &[&r],
         "ALTER TABLE \"{schema}\".spool_runs DROP COLUMN watched_until, DROP COLUMN written_by;
          CREATE INDEX spool_runs_updated ON \"{schema}\".spool_runs (updated_ns);
-         DROP TABLE \"{schema}\".spool_tombstones; DROP INDEX \"{schema}\".spool_operations_run;
+         DROP TABLE \"{schema}\".spool_tombstones, \"{schema}\".spool_definitions; DROP INDEX \"{schema}\".spool_operations_run;
          UPDATE \"{schema}\".spool_meta SET value = '2' WHERE key = 'store_version'",
     )
     .await;
@@ -660,7 +660,7 @@ async fn heads_indexed_by_update_time_lose_the_index_on_open_and_still_list_the_
         &[&older, &newer],
         "CREATE INDEX IF NOT EXISTS spool_runs_updated ON \"{schema}\".spool_runs (updated_ns);
          ALTER TABLE \"{schema}\".spool_runs RESET (fillfactor);
-         DROP TABLE \"{schema}\".spool_tombstones; DROP INDEX \"{schema}\".spool_operations_run;
+         DROP TABLE \"{schema}\".spool_tombstones, \"{schema}\".spool_definitions; DROP INDEX \"{schema}\".spool_operations_run;
          UPDATE \"{schema}\".spool_meta SET value = '3' WHERE key = 'store_version'",
     )
     .await;

@@ -31,6 +31,7 @@ struct Inner {
     claims: HashMap<ClaimKey, ClaimRow>,
     claimed_calls: HashMap<CallRef, ClaimKey>,
     tombstones: HashMap<RunId, Tombstone>,
+    definitions: HashMap<String, serde_json::Value>,
 }
 
 impl std::fmt::Debug for MemoryJournal {
@@ -356,6 +357,27 @@ impl Journal for MemoryJournal {
         run: &'a RunId,
     ) -> BoxFuture<'a, Result<Option<Tombstone>, JournalError>> {
         Box::pin(async move { Ok(self.lock().tombstones.get(run).cloned()) })
+    }
+
+    fn keep_definition<'a>(
+        &'a self,
+        digest: &'a str,
+        document: &'a serde_json::Value,
+    ) -> BoxFuture<'a, Result<(), JournalError>> {
+        Box::pin(async move {
+            self.lock()
+                .definitions
+                .entry(digest.to_owned())
+                .or_insert_with(|| document.clone());
+            Ok(())
+        })
+    }
+
+    fn definition<'a>(
+        &'a self,
+        digest: &'a str,
+    ) -> BoxFuture<'a, Result<Option<serde_json::Value>, JournalError>> {
+        Box::pin(async move { Ok(self.lock().definitions.get(digest).cloned()) })
     }
 
     fn subscribe<'a>(

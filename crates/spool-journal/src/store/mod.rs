@@ -127,7 +127,10 @@ pub trait Journal: Send + Sync + 'static {
     /// append to it is refused with [`JournalError::RunDeleted`]).
     ///
     /// The store removes the rows; it does not know about turns, so the
-    /// caller (the runtime) deletes only a run with none in progress.
+    /// caller (the runtime) deletes only a run with none in progress and
+    /// no append of it in flight. The SQLite store deletes within its
+    /// group commit, so a deletion costs appends no commit or sync of its
+    /// own.
     ///
     /// # Errors
     ///
@@ -140,6 +143,21 @@ pub trait Journal: Send + Sync + 'static {
         run: &'a RunId,
         deletion: Deletion,
     ) -> BoxFuture<'a, Result<Tombstone, JournalError>>;
+
+    /// Keeps `document` (an agent definition, as JSON) under `digest`,
+    /// once: a digest already kept is left as it is. Runs name the
+    /// definition they started with by its digest (`run_created.agent`).
+    fn keep_definition<'a>(
+        &'a self,
+        digest: &'a str,
+        document: &'a Value,
+    ) -> BoxFuture<'a, Result<(), JournalError>>;
+
+    /// The document kept under `digest`.
+    fn definition<'a>(
+        &'a self,
+        digest: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Value>, JournalError>>;
 
     /// The tombstone of a deleted run; `None` for any other.
     fn tombstone<'a>(
@@ -163,7 +181,8 @@ pub trait Journal: Send + Sync + 'static {
 
 /// Inside an `impl Journal for Wrapper`, forwards the methods that only
 /// read (`read`, `runs`, `addresses`, `find_address`, `find_operation`,
-/// `subscribe`, `tombstone`), and `delete`, to
+/// `subscribe`, `tombstone`, `definition`), and `delete` and
+/// `keep_definition`, to
 /// the journal in field `$inner`: a wrapper that watches or fails writes
 /// writes only `append`, `claim` and, when it cares, `probe`.
 ///
@@ -277,6 +296,21 @@ macro_rules! forward_journal_reads {
             Result<Option<$crate::store::Tombstone>, $crate::JournalError>,
         > {
             self.$inner.tombstone(run)
+        }
+
+        fn keep_definition<'a>(
+            &'a self,
+            digest: &'a str,
+            document: &'a serde_json::Value,
+        ) -> $crate::store::BoxFuture<'a, Result<(), $crate::JournalError>> {
+            self.$inner.keep_definition(digest, document)
+        }
+
+        fn definition<'a>(
+            &'a self,
+            digest: &'a str,
+        ) -> $crate::store::BoxFuture<'a, Result<Option<serde_json::Value>, $crate::JournalError>> {
+            self.$inner.definition(digest)
         }
     };
 }

@@ -37,6 +37,16 @@ pub enum Op {
         /// The caller.
         reply: oneshot::Sender<Result<(), JournalError>>,
     },
+    /// [`Journal::keep_definition`](super::Journal::keep_definition):
+    /// committed like a probe, with the batch it arrives in.
+    Define {
+        /// The digest.
+        digest: String,
+        /// The definition, as canonical JSON.
+        document: String,
+        /// The caller.
+        reply: oneshot::Sender<Result<(), JournalError>>,
+    },
     /// [`Journal::delete`](super::Journal::delete): committed in a
     /// transaction of its own, never grouped with appends.
     Delete {
@@ -81,7 +91,7 @@ impl Done {
         match op {
             Op::Append { reply, .. } => Self::Append(reply, Err(error)),
             Op::Claim { reply, .. } => Self::Claim(reply, Err(error)),
-            Op::Probe { reply } => Self::Probe(reply),
+            Op::Probe { reply } | Op::Define { reply, .. } => Self::Probe(reply),
             Op::Delete { run, reply, .. } => Self::Delete(reply, run, Err(error)),
         }
     }

@@ -25,6 +25,7 @@ pub struct RuntimeBuilder {
     cached_runs: usize,
     shared_journal: bool,
     limits: crate::agent::Limits,
+    definition: Option<(String, serde_json::Value)>,
 }
 
 impl std::fmt::Debug for RuntimeBuilder {
@@ -46,6 +47,7 @@ impl RuntimeBuilder {
             cached_runs: DEFAULT_CACHED_RUNS,
             shared_journal: false,
             limits: crate::agent::Limits::default(),
+            definition: None,
         }
     }
 
@@ -139,6 +141,7 @@ impl RuntimeBuilder {
         self.budgets = definition.budgets;
         self.pricing = definition.pricing;
         self.limits = definition.limits;
+        self.definition = Some((loaded.digest(), loaded.document.clone()));
         Ok(self)
     }
 
@@ -175,6 +178,11 @@ impl RuntimeBuilder {
                         .limits(self.limits),
                     sleeping: Mutex::new(HashSet::new()),
                     tasks: crate::tasks::Tasks::default(),
+                    definition: self.definition.map(|(digest, document)| super::Definition {
+                        digest,
+                        document,
+                        kept: tokio::sync::OnceCell::new(),
+                    }),
                 }
             }),
         }

@@ -66,6 +66,7 @@ impl Runtime {
             title: request.title.clone(),
             kind: request.kind.clone(),
             principal: request.principal.clone(),
+            agent: self.inner.agent_digest().await?,
         });
         let started = TurnStarted {
             turn_id: turn.clone(),
@@ -185,6 +186,7 @@ impl Runtime {
             address: Some(address.clone()),
             principal,
             kind,
+            agent: self.inner.agent_digest().await?,
             ..RunCreated::default()
         });
         let started = TurnStarted {
@@ -741,6 +743,7 @@ impl Runtime {
                 title: request.title.clone().or(created.title),
                 kind: created.kind,
                 principal: request.principal.clone(),
+                agent: self.inner.agent_digest().await?,
                 ..RunCreated::default()
             }),
             Event::ForkedFrom(link.clone()),
@@ -853,12 +856,7 @@ impl Runtime {
         locked.unload();
         drop(locked);
         let tombstone = tombstone?;
-        self.inner.runs.remove(run);
-        self.inner
-            .sleeping
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .retain(|(sleeper, _)| sleeper != run);
+        self.inner.forget(run);
         tracing::info!(run_id = %run, by = %tombstone.by, events = tombstone.events, "run deleted");
         Ok(tombstone)
     }

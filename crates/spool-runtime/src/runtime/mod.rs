@@ -66,6 +66,16 @@ pub(crate) struct Inner {
     pub(crate) storage: Arc<crate::storage::Storage>,
     /// Every task the runtime started.
     pub(crate) tasks: crate::tasks::Tasks,
+    /// The agent definition new runs start with, by digest.
+    pub(crate) definition: Option<Definition>,
+}
+
+/// An agent definition as runs name it: its digest, its document, and
+/// whether the journal keeps it yet (once per process).
+pub(crate) struct Definition {
+    pub(crate) digest: String,
+    pub(crate) document: serde_json::Value,
+    pub(crate) kept: tokio::sync::OnceCell<()>,
 }
 
 /// A run's driver task, as the runtime tracks it.
@@ -220,6 +230,33 @@ impl Runtime {
 }
 
 impl Inner {
+    /// The digest new runs record (`run_created.agent`), once the journal
+    /// keeps its definition: the first run a process creates keeps it
+    /// (a write the journal makes once per digest), the rest only name it.
+    pub(crate) async fn agent_digest(&self) -> Result<Option<String>, RuntimeError> {
+        let Some(definition) = &self.definition else {
+            return Ok(None);
+        };
+        definition
+            .kept
+            .get_or_try_init(|| async {
+                self.journal
+                    .keep_definition(&definition.digest, &definition.document)
+                    .await
+            })
+            .await?;
+        Ok(Some(definition.digest.clone()))
+    }
+
+    /// After `run`'s deletion: nothing of it stays in memory.
+    pub(crate) fn forget(&self, run: &RunId) {
+        self.runs.remove(run);
+        self.sleeping
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|(sleeper, _)| sleeper != run);
+    }
+
     /// Fires the cancel token of the run's current turn, if a driver runs.
     pub(crate) fn cancel_turn(&self, run: &RunId) {
         if let Some(driving) = self

@@ -150,6 +150,7 @@ impl Runtime {
         let created = Event::RunCreated(RunCreated {
             address: Some(address.clone()),
             principal,
+            agent: self.inner.agent_digest().await?,
             ..RunCreated::default()
         });
         let mut locked = Locked::fresh(&self.inner.runs, &run).await;
@@ -161,6 +162,26 @@ impl Runtime {
             }
             Err(other) => Err(other),
         }
+    }
+
+    /// The agent definition kept under `digest` (`run_created.agent`), as
+    /// JSON: what `spool agent diff` compares.
+    ///
+    /// # Errors
+    ///
+    /// When the journal cannot be read.
+    pub async fn definition(
+        &self,
+        digest: &str,
+    ) -> Result<Option<serde_json::Value>, RuntimeError> {
+        Ok(self.inner.journal.definition(digest).await?)
+    }
+
+    /// The digest of the definition new runs start with, when the runtime
+    /// was given one ([`RuntimeBuilder::agent`](crate::RuntimeBuilder::agent)).
+    #[must_use]
+    pub fn agent_digest_now(&self) -> Option<&str> {
+        self.inner.definition.as_ref().map(|d| d.digest.as_str())
     }
 
     /// Who created `run`, when that was proven (a verified principal

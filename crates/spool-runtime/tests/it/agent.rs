@@ -329,3 +329,51 @@ async fn a_runtime_built_from_a_definition_uses_its_prompt_tools_and_budgets() {
         "the system prompt and no tools reached the model"
     );
 }
+
+fn loaded(text: &str) -> spool_runtime::agent::Loaded {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("spool.toml");
+    std::fs::write(&path, text).unwrap();
+    spool_runtime::agent::AgentDefinition::load(Some(&path)).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_records_the_digest_of_its_definition_and_the_journal_keeps_each_definition_once() {
+    let journal: std::sync::Arc<dyn spool_journal::Journal> =
+        std::sync::Arc::new(spool_journal::store::memory::MemoryJournal::new());
+    let first = loaded("[agent]\nsystem_prompt = \"Be brief.\"\n");
+    // The same settings laid out otherwise, with a comment: the same digest.
+    let same = loaded("# the same agent\n[agent]\nsystem_prompt    = 'Be brief.'\n");
+    let second = loaded("[agent]\nsystem_prompt = \"Be thorough.\"\n");
+    assert_eq!(first.digest(), same.digest());
+    assert_ne!(first.digest(), second.digest());
+    assert!(first.digest().starts_with("sha256:") && first.digest().len() == 71);
+
+    let mut runs = Vec::new();
+    for definition in [&first, &first, &second] {
+        let runtime = spool_runtime::Runtime::builder(std::sync::Arc::clone(&journal))
+            .agent(definition)
+            .unwrap()
+            .build();
+        let (run, turn) = crate::support::begin(&runtime, "hello").await;
+        crate::support::settle(&runtime, &run, &turn).await;
+        runs.push((runtime, run));
+    }
+    for ((runtime, run), definition) in runs.iter().zip([&first, &first, &second]) {
+        assert_eq!(
+            runtime.detail(run).await.unwrap().agent,
+            Some(definition.digest()),
+            "each run names the definition it started with"
+        );
+    }
+    let runtime = &runs[0].0;
+    assert_eq!(
+        runtime.definition(&first.digest()).await.unwrap(),
+        Some(first.document.clone())
+    );
+    assert_eq!(
+        runtime.definition(&second.digest()).await.unwrap(),
+        Some(second.document.clone()),
+        "the journal keeps both definitions"
+    );
+}

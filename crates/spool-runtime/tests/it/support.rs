@@ -316,6 +316,24 @@ impl Journal for Instrumented {
         self.inner.tombstone(run)
     }
 
+    fn keep_definition<'a>(
+        &'a self,
+        digest: &'a str,
+        document: &'a serde_json::Value,
+    ) -> spool_journal::store::BoxFuture<'a, Result<(), spool_journal::JournalError>> {
+        self.inner.keep_definition(digest, document)
+    }
+
+    fn definition<'a>(
+        &'a self,
+        digest: &'a str,
+    ) -> spool_journal::store::BoxFuture<
+        'a,
+        Result<Option<serde_json::Value>, spool_journal::JournalError>,
+    > {
+        self.inner.definition(digest)
+    }
+
     fn addresses(
         &self,
     ) -> BoxFuture<'_, Result<Vec<(spool_journal::Address, RunId)>, spool_journal::JournalError>>

@@ -255,6 +255,12 @@ impl SqliteJournal {
         plan_once(&conn)?;
         // A migration at open is synced by SQLite itself; after it the
         // syncer syncs each commit (the log stays consistent either way).
+        // Before anything is written (switching to WAL writes the header):
+        // a new file gives the pages deletions free back to the file
+        // system (`Writer::vacuum`). SQLite takes the mode only then; a
+        // journal made before keeps reusing freed pages for new events.
+        conn.execute_batch("PRAGMA auto_vacuum = INCREMENTAL")
+            .map_err(storage)?;
         conn.execute_batch(&format!(
             "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA busy_timeout=10000;
              PRAGMA wal_autocheckpoint={WAL_CHECKPOINT_PAGES}; PRAGMA journal_size_limit={WAL_SIZE_LIMIT};"
@@ -634,6 +640,27 @@ impl Journal for SqliteJournal {
     ) -> BoxFuture<'a, Result<Option<Tombstone>, JournalError>> {
         let run = run.clone();
         Box::pin(self.with_reader(move |conn| tombstone(conn, &run)))
+    }
+
+    fn keep_definition<'a>(
+        &'a self,
+        digest: &'a str,
+        document: &'a Value,
+    ) -> BoxFuture<'a, Result<(), JournalError>> {
+        let document = spool_wire::canonical::canonical_json(document);
+        Box::pin(self.send(move |reply| Op::Define {
+            digest: digest.to_owned(),
+            document,
+            reply,
+        }))
+    }
+
+    fn definition<'a>(
+        &'a self,
+        digest: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Value>, JournalError>> {
+        let digest = digest.to_owned();
+        Box::pin(self.with_reader(move |conn| definition(conn, &digest)))
     }
 
     fn subscribe<'a>(

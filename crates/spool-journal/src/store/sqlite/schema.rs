@@ -78,11 +78,16 @@ CREATE TABLE claims (
 CREATE UNIQUE INDEX claims_holder ON claims (run_id, call_id);
 ";
 
-/// What deletion needs, made in any journal opened for writing (a
-/// journal from before deletion gains them at its first such open): the
-/// tombstones of deleted runs, and the operation ids by run, so a
-/// deletion finds its run's without a scan.
+/// What deletion and agent versions need, made in any journal opened for
+/// writing (a journal from before gains them at its first such open): the
+/// tombstones of deleted runs, the operation ids by run (so a deletion
+/// finds its run's without a scan), and the agent definitions runs name
+/// by digest.
 pub(super) const LIFECYCLE: &str = "
+CREATE TABLE IF NOT EXISTS definitions (
+    digest TEXT PRIMARY KEY,
+    document TEXT NOT NULL
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS tombstones (
     run_id TEXT PRIMARY KEY,
     deleted_ns INTEGER NOT NULL,
@@ -173,19 +178,6 @@ pub(super) const WAL_SIZE_LIMIT: u64 = 64 * 1024 * 1024;
 /// Creates the schema in a new file, or checks an existing file's versions
 /// and migrates its layout to this build's.
 pub(super) fn migrate(conn: &Connection) -> Result<(), JournalError> {
-    // A new file gives the pages deleted runs free back to the file
-    // system (`PRAGMA incremental_vacuum` after each deletion): SQLite
-    // takes the mode only before the first table is made. A journal made
-    // before keeps reusing freed pages for new events instead.
-    let empty: bool = conn
-        .query_row("SELECT count(*) = 0 FROM sqlite_master", [], |row| {
-            row.get(0)
-        })
-        .map_err(storage)?;
-    if empty {
-        conn.execute_batch("PRAGMA auto_vacuum = INCREMENTAL")
-            .map_err(storage)?;
-    }
     conn.execute_batch(
         "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID",
     )
@@ -226,15 +218,17 @@ pub(super) fn migrate(conn: &Connection) -> Result<(), JournalError> {
     }
     let lifecycle: bool = conn
         .query_row(
-            "SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'tombstones'",
+            "SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'definitions'",
             [],
             |row| row.get(0),
         )
         .map_err(storage)?;
     if !lifecycle {
-        in_transaction(conn, "adding the tables of deletion", |conn| {
-            conn.execute_batch(LIFECYCLE).map_err(storage)
-        })?;
+        in_transaction(
+            conn,
+            "adding the tables of deletion and definitions",
+            |conn| conn.execute_batch(LIFECYCLE).map_err(storage),
+        )?;
     }
     // Journals made before 2026-12-01 kept the runs in update order in an
     // index every commit rewrote (a tenth of appends/s with 64 runs

@@ -195,16 +195,6 @@ impl Syncing {
         self.changed.notify_all();
     }
 
-    /// Waits until every commit handed over is synced and its heads are
-    /// the journal's: what a deletion does first, so no head of its run
-    /// arrives in the cache after it.
-    pub(super) fn drain(&self) {
-        let mut state = self.state();
-        while state.busy || !state.queue.is_empty() {
-            state = self.wait(state);
-        }
-    }
-
     /// Whether a commit may be handed to the syncer's thread at all (not
     /// when syncs do nothing).
     pub(super) fn hands_over(&self) -> bool {

@@ -97,6 +97,8 @@ impl Writer {
         if self.unindexed > 0 {
             self.index_tail();
         }
+        // Whatever deletions freed goes back before the last checkpoint.
+        self.vacuum(1);
         self.checkpointer.close();
         if self.keeps_wal() {
             return;
@@ -136,28 +138,10 @@ impl Writer {
         }
     }
 
-    /// Commits `batch`: its appends, claims and probes in one group
-    /// transaction, then each deletion in one of its own.
+    /// Commits `batch` in one transaction: appends, claims, probes,
+    /// definitions and deletions alike, so a deletion costs appends no
+    /// commit or sync of its own.
     pub(super) fn commit(&mut self, batch: Vec<Op>) {
-        let (deletions, batch): (Vec<Op>, Vec<Op>) = batch
-            .into_iter()
-            .partition(|op| matches!(op, Op::Delete { .. }));
-        if !batch.is_empty() {
-            self.commit_group(batch);
-        }
-        for op in deletions {
-            if let Op::Delete {
-                run,
-                deletion,
-                reply,
-            } = op
-            {
-                self.delete(run, deletion, reply);
-            }
-        }
-    }
-
-    fn commit_group(&mut self, batch: Vec<Op>) {
         if let Some(failure) = self.durable.failure() {
             return fail_all(batch, &failure);
         }
@@ -186,6 +170,9 @@ impl Writer {
             }
         };
         let mut broken: Option<String> = None;
+        // Runs this transaction deletes: forgotten by every cache once it
+        // commits.
+        let mut deleted: Vec<RunId> = Vec::new();
         for op in batch {
             if broken.is_some() {
                 done.push(Done::refused(
@@ -218,7 +205,35 @@ impl Writer {
                         Done::Claim(reply, Err(error))
                     }
                 },
-                Op::Delete { .. } => unreachable!("deletions are committed on their own"),
+                Op::Delete {
+                    run,
+                    deletion,
+                    reply,
+                } => match self.delete(&mut pending, &run, deletion) {
+                    Ok(tombstone) => {
+                        deleted.push(run.clone());
+                        Done::Delete(reply, run, Ok(tombstone))
+                    }
+                    Err(Failed::Refused(error)) => Done::Delete(reply, run, Err(error)),
+                    Err(Failed::Broken(error)) => {
+                        broken = Some(error.to_string());
+                        Done::Delete(reply, run, Err(error))
+                    }
+                },
+                Op::Define {
+                    digest,
+                    document,
+                    reply,
+                } => {
+                    if let Err(error) = exec(
+                        &self.conn,
+                        "INSERT OR IGNORE INTO definitions (digest, document) VALUES (?1, ?2)",
+                        params![digest, document],
+                    ) {
+                        broken = Some(error.to_string());
+                    }
+                    Done::Probe(reply)
+                }
                 Op::Probe { reply } => {
                     let probed_at = (self.clock)()
                         .format(&time::format_description::well_known::Rfc3339)
@@ -283,6 +298,9 @@ impl Writer {
             .operations
             .fetch_add(done.len() as u64, Ordering::Relaxed);
         self.commits += 1;
+        if !deleted.is_empty() {
+            self.forget(&deleted);
+        }
         for (run, head) in &pending {
             self.unsynced
                 .insert(run.clone(), (self.commits, head.clone()));
@@ -476,84 +494,81 @@ impl Writer {
 }
 
 impl Writer {
-    /// Deletes `run` in a transaction of its own (the writer's connection
-    /// has `secure_delete` on, so its rows' bytes are overwritten in the
-    /// pages that held them), then gives freed pages back to the file system
-    /// (in a journal made with incremental vacuum). Answered once synced,
-    /// like any commit.
+    /// Deletes `run` in the open transaction: its rows go (the writer's
+    /// connection has `secure_delete` on, so their bytes are overwritten
+    /// in the pages that held them) and its tombstone is written. The
+    /// run's head is this transaction's, an unsynced commit's or the
+    /// cache's, as for an append. The caller deletes a run with no append
+    /// of it in flight (the runtime holds the run's lock).
     fn delete(
-        &mut self,
-        run: RunId,
-        deletion: Deletion,
-        reply: oneshot::Sender<Result<Tombstone, JournalError>>,
-    ) {
-        if let Some(failure) = self.durable.failure() {
-            let _ = reply.send(Err(JournalError::storage(failure)));
-            return;
-        }
-        // Every earlier commit synced and its heads cached, so none of
-        // this run's arrives after it is gone; then this writer forgets it.
-        self.syncing.drain();
-        self.heads.lock().remove(&run);
-        self.unsynced.remove(&run);
-        if let Some(behind) = &mut self.behind {
-            behind.remove(&run);
-        }
-        let now = (self.clock)();
-        let result = self.delete_now(&run, deletion, now);
-        let Ok((tombstone, wrote)) = result else {
-            let _ = reply.send(result.map(|(tombstone, _)| tombstone));
-            return;
-        };
-        if !wrote {
-            let _ = reply.send(Ok(tombstone));
-            return;
-        }
-        // Freed pages back to the file system: a no-op in a journal
-        // without incremental vacuum (reused for new events there).
-        if let Err(error) = self.conn.execute_batch("PRAGMA incremental_vacuum") {
-            tracing::warn!(target: "spool::journal", %error, "the pages a deletion freed stay in the file");
-        }
-        self.commits += 1;
-        self.counters.commits.fetch_add(1, Ordering::Relaxed);
-        let committed = Committed {
-            number: self.commits,
-            done: vec![Done::Delete(reply, run, Ok(tombstone))],
-            heads: RunMap::default(),
-            last_pos: 0,
-        };
-        self.syncing.submit(committed, true);
-    }
-
-    /// The deletion's transaction: the tombstone, and whether it wrote
-    /// one (a run deleted before answers its old one).
-    fn delete_now(
-        &mut self,
+        &self,
+        pending: &mut RunMap<Head>,
         run: &RunId,
         deletion: Deletion,
-        now: OffsetDateTime,
-    ) -> Result<(Tombstone, bool), JournalError> {
-        self.begin().map_err(storage)?;
-        let result = delete_run(&self.conn, run, deletion, now);
-        let outcome = match result {
-            Ok((tombstone, true)) => exec(&self.conn, "COMMIT", [])
-                .map(|_| (tombstone, true))
-                .map_err(storage),
-            other => other,
-        };
-        if !self.conn.is_autocommit()
-            && let Err(error) = self.conn.execute_batch("ROLLBACK")
+    ) -> Result<Tombstone, Failed> {
+        if let Some(tombstone) = tombstone(&self.conn, run).map_err(Failed::Broken)? {
+            return Ok(tombstone);
+        }
+        let (head, _) = self.head(pending, run).map_err(Failed::Broken)?;
+        let head =
+            head.ok_or_else(|| Failed::Refused(JournalError::NoSuchRun { run: run.clone() }))?;
+        deletion
+            .check(run, head.next_seq)
+            .map_err(Failed::Refused)?;
+        pending.remove(run);
+        delete_run(&self.conn, run, deletion, head.next_seq, (self.clock)()).map_err(Failed::Broken)
+    }
+
+    /// After a commit that deleted `runs`: no cache holds their heads, and
+    /// once enough pages are free they go back to the file system.
+    fn forget(&mut self, runs: &[RunId]) {
         {
-            tracing::debug!(%error, "rollback after a deletion that wrote nothing");
+            let mut heads = self.heads.lock();
+            for run in runs {
+                heads.remove(run);
+            }
         }
-        if outcome.is_err() {
-            self.heads.lock().clear();
-            self.unsynced.clear();
-            self.tail.forget();
+        for run in runs {
+            self.unsynced.remove(run);
+            if let Some(behind) = &mut self.behind {
+                behind.remove(run);
+            }
         }
-        outcome
+        self.vacuum(VACUUM_PAGES);
+    }
+
+    /// Gives free pages back to the file system, `at_least` of them at a
+    /// time, in a journal made with incremental vacuum (a no-op in one
+    /// made before, which reuses them for new events): moving pages is
+    /// the writer's time, so it waits until there are enough to be worth
+    /// it. `0` gives every free page back (at close).
+    pub(super) fn vacuum(&self, at_least: i64) {
+        let free: i64 = self
+            .conn
+            .query_row("PRAGMA freelist_count", [], |row| row.get(0))
+            .unwrap_or(0);
+        if free == 0 || free < at_least {
+            return;
+        }
+        // The pragma frees one page per step, each answered as a row:
+        // every row is read, or only the first page goes.
+        let freed = self
+            .conn
+            .prepare(&format!("PRAGMA incremental_vacuum({free})"))
+            .and_then(|mut statement| {
+                let mut rows = statement.query([])?;
+                while rows.next()?.is_some() {}
+                Ok(())
+            });
+        if let Err(error) = freed {
+            tracing::warn!(target: "spool::journal", %error, "the pages deletions freed stay in the file for now");
+        }
     }
 }
+
+/// Free pages (4 KiB each) at which the writer gives them back to the
+/// file system: 4 MiB at a time.
+const VACUUM_PAGES: i64 = 1_024;
 
 /// Removes `run`'s rows and writes its tombstone, in the open
 /// transaction.
@@ -561,15 +576,9 @@ fn delete_run(
     conn: &Connection,
     run: &RunId,
     deletion: Deletion,
+    next: Seq,
     now: OffsetDateTime,
-) -> Result<(Tombstone, bool), JournalError> {
-    if let Some(tombstone) = tombstone(conn, run)? {
-        return Ok((tombstone, false));
-    }
-    let Some(head) = load_head(conn, Layout::InArrivalOrder, run)? else {
-        return Err(JournalError::NoSuchRun { run: run.clone() });
-    };
-    deletion.check(run, head.next_seq)?;
+) -> Result<Tombstone, JournalError> {
     let id = run.as_str();
     for statement in [
         "DELETE FROM events WHERE pos IN (SELECT pos FROM event_index WHERE run_id = ?1)",
@@ -587,7 +596,7 @@ fn delete_run(
         deleted_at: now,
         by: deletion.by,
         reason: deletion.reason,
-        events: head.next_seq.0,
+        events: next.0,
     };
     exec(
         conn,
@@ -601,23 +610,57 @@ fn delete_run(
         ],
     )
     .map_err(storage)?;
-    Ok((tombstone, true))
+    Ok(tombstone)
+}
+
+/// `sql`, prepared; `None` when its table does not exist (a journal
+/// from before the table, opened read-only, was never migrated).
+fn prepared_if_table<'c>(
+    conn: &'c Connection,
+    sql: &str,
+) -> Result<Option<rusqlite::CachedStatement<'c>>, JournalError> {
+    match conn.prepare_cached(sql) {
+        Ok(statement) => Ok(Some(statement)),
+        Err(rusqlite::Error::SqliteFailure(_, Some(ref message)))
+            if message.contains("no such table") =>
+        {
+            Ok(None)
+        }
+        Err(error) => Err(storage(error)),
+    }
+}
+
+/// The definition kept under `digest`; `None` for any other, and in a
+/// journal from before definitions, which has no such table.
+pub(super) fn definition(
+    conn: &Connection,
+    digest: &str,
+) -> Result<Option<serde_json::Value>, JournalError> {
+    let Some(mut statement) =
+        prepared_if_table(conn, "SELECT document FROM definitions WHERE digest = ?1")?
+    else {
+        return Ok(None);
+    };
+    let text: Option<String> = statement
+        .query_row(params![digest], |row| row.get(0))
+        .optional()
+        .map_err(storage)?;
+    text.map(|text| {
+        serde_json::from_str(&text)
+            .map_err(|e| JournalError::storage(format!("definition {digest} does not read: {e}")))
+    })
+    .transpose()
 }
 
 /// A deleted run's tombstone; `None` for any other run, and in a journal
 /// from before deletion, which has no such table.
 pub(super) fn tombstone(conn: &Connection, run: &RunId) -> Result<Option<Tombstone>, JournalError> {
-    let statement = conn.prepare_cached(
+    let Some(mut statement) = prepared_if_table(
+        conn,
         "SELECT deleted_ns, deleted_by, reason, events FROM tombstones WHERE run_id = ?1",
-    );
-    let mut statement = match statement {
-        Ok(statement) => statement,
-        Err(rusqlite::Error::SqliteFailure(_, Some(ref message)))
-            if message.contains("no such table") =>
-        {
-            return Ok(None);
-        }
-        Err(error) => return Err(storage(error)),
+    )?
+    else {
+        return Ok(None);
     };
     let row = statement
         .query_row(params![run.as_str()], |row| {

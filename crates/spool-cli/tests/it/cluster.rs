@@ -842,3 +842,94 @@ fn a_node_whose_first_takeover_outlasts_its_lease_keeps_the_lease_meanwhile_and_
     assert!(log_of(&url, &before).contains("echo: before"));
     assert!(terminate(b).success());
 }
+
+/// `DELETE path` on `addr`: the status and the reply's body.
+fn delete(addr: &str, path: &str) -> (u16, serde_json::Value) {
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    write!(
+        stream,
+        "DELETE {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).unwrap();
+    let status = reply.split(' ').nth(1).unwrap().parse().unwrap();
+    (status, serde_json::from_str(body_of(&reply)).unwrap())
+}
+
+#[test]
+fn a_run_deleted_through_any_node_is_gone_from_every_node_and_the_others_stay() {
+    let Some(url) = crate::postgres::database() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = three_nodes(dir.path(), &url);
+    let (a, b, c) = (&nodes[0].addr, &nodes[1].addr, &nodes[2].addr);
+    // Six runs, all driven by A, which made them.
+    let runs: Vec<String> = (0..6)
+        .map(|i| {
+            let body = serde_json::json!({ "text": format!("run {i}") }).to_string();
+            let (status, reply) = post(a, "/spool/v1/runs", &body, None);
+            assert_eq!(status, 200, "{reply}");
+            serde_json::from_str::<serde_json::Value>(body_of(&reply)).unwrap()["run_id"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    // On A itself, through B (forwarded to A), and with the command line
+    // through C.
+    let (status, gone) = delete(a, &format!("/spool/v1/runs/{}", runs[0]));
+    assert_eq!(status, 200, "{gone}");
+    let (status, gone) = delete(b, &format!("/spool/v1/runs/{}", runs[1]));
+    assert_eq!(
+        (status, gone["run_id"].as_str()),
+        (200, Some(runs[1].as_str())),
+        "{gone}"
+    );
+    let deleted = Command::new(env!("CARGO_BIN_EXE_spool"))
+        .args(["runs", "delete", &runs[2], "--url", &format!("http://{c}")])
+        .output()
+        .unwrap();
+    assert!(
+        deleted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&deleted.stderr)
+    );
+    assert!(String::from_utf8_lossy(&deleted.stdout).contains(&format!("{}  deleted", runs[2])));
+    for node in [a, b, c] {
+        for run in &runs[..3] {
+            let view = crate::bus::get_json(node, &format!("/spool/v1/runs/{run}"));
+            assert_eq!(view["code"], "run_deleted", "{node}: {view}");
+        }
+        for run in &runs[3..] {
+            let view = crate::bus::get_json(node, &format!("/spool/v1/runs/{run}"));
+            assert_eq!(view["state"], "completed", "{node}: {view}");
+        }
+    }
+    // A new turn on a kept run still goes through A, whoever is asked.
+    let (status, reply) = post(
+        c,
+        &format!("/spool/v1/runs/{}", runs[3]),
+        &serde_json::json!({ "text": "again" }).to_string(),
+        None,
+    );
+    assert_eq!(status, 200, "{reply}");
+    let listed = Command::new(env!("CARGO_BIN_EXE_spool"))
+        .args(["runs", "list", "--json", "--journal", &url])
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&listed.stdout);
+    for run in &runs[..3] {
+        assert!(!listed.contains(run.as_str()), "{listed}");
+    }
+    for run in &runs[3..] {
+        assert!(listed.contains(run.as_str()), "{listed}");
+    }
+    for running in nodes {
+        assert!(terminate(running).success());
+    }
+}

@@ -306,3 +306,71 @@ fn a_cluster_node_on_every_interface_needs_an_address_the_others_can_reach() {
         text(&bad.stderr)
     );
 }
+
+/// `spool serve` with `[retention] completed = "2s"` on `journal`: a run
+/// that completed is deleted by the server's sweeper once two seconds
+/// have passed, and answers 410 from then on, while a run kept waiting
+/// is never swept.
+fn serve_sweeps_a_completed_run_past_its_retention(dir: &std::path::Path, journal: &str) {
+    std::fs::write(
+        dir.join("spool.toml"),
+        "[agent]\nengine = \"scripted:script.jsonl\"\n\n[retention]\ncompleted = \"2s\"\ncancelled = \"2s\"\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("script.jsonl"), "{\"text\": \"done\"}\n").unwrap();
+    let running = serve_on(dir, journal.as_ref(), &[], &[]);
+    assert!(
+        running.notes.iter().any(|note| note.contains("retention:")),
+        "the server says it sweeps: {:?}",
+        running.notes
+    );
+    let done = crate::bus::run_to_end(&running.addr, "finish");
+    assert_eq!(done["state"], "completed", "{done}");
+    let run = done["run_id"].as_str().unwrap().to_owned();
+    let (status, ensured) = crate::serve::post(&running.addr, "/spool/v1/addresses/kept", "", None);
+    assert_eq!(status, 200, "{ensured}");
+    // The run's stream stays open while the run lives and ends when it is
+    // deleted: read to its end (the connection closes with it).
+    {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(&running.addr).unwrap();
+        stream
+            .set_read_timeout(Some(std::time::Duration::from_secs(30)))
+            .unwrap();
+        write!(
+            stream,
+            "GET /spool/v1/runs/{run}/stream HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut seen = Vec::new();
+        stream
+            .read_to_end(&mut seen)
+            .expect("the run's stream ends within 30 s, when the sweeper deletes it");
+    }
+    let view = crate::bus::get_json(&running.addr, &format!("/spool/v1/runs/{run}"));
+    assert_eq!(view["code"], "run_deleted", "{view}");
+    let kept = crate::bus::get_json(&running.addr, "/spool/v1/addresses/kept");
+    let kept = crate::bus::get_json(
+        &running.addr,
+        &format!("/spool/v1/runs/{}", kept["run_id"].as_str().unwrap()),
+    );
+    assert_eq!(
+        kept["state"], "pending",
+        "a run that never ended is kept: {kept}"
+    );
+    assert!(terminate(running).success());
+}
+
+#[test]
+fn serve_sweeps_runs_past_their_retention_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = dir.path().join("journal");
+    serve_sweeps_a_completed_run_past_its_retention(dir.path(), journal.to_str().unwrap());
+}
+
+#[test]
+fn serve_sweeps_runs_past_their_retention_on_postgres() {
+    let Some(url) = database() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    serve_sweeps_a_completed_run_past_its_retention(dir.path(), &url);
+}

@@ -125,14 +125,25 @@ impl Runtime {
         if retention.is_empty() {
             return Ok(swept);
         }
-        let mut due: Vec<(RunSummary, String)> = self
-            .inner
-            .journal
-            .runs()
-            .await?
-            .into_iter()
-            .filter_map(|run| retention.due(&run, now).map(|why| (run, why)))
-            .collect();
+        // Only the states with a retention are listed, each filtered where
+        // the rows are (SQLite and PostgreSQL read no other run's row).
+        let mut due: Vec<(RunSummary, String)> = Vec::new();
+        for (status, keep) in [
+            (Status::Completed, retention.completed),
+            (Status::Failed, retention.failed),
+            (Status::Cancelled, retention.cancelled),
+            (Status::Retired, retention.retired),
+        ] {
+            if keep.is_none() {
+                continue;
+            }
+            let listed = self.inner.journal.runs_with_status(status).await?;
+            due.extend(
+                listed
+                    .into_iter()
+                    .filter_map(|run| retention.due(&run, now).map(|why| (run, why))),
+            );
+        }
         due.sort_by_key(|(run, _)| run.updated_at);
         let mut pace = tokio::time::interval(SWEEP_PACE);
         pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -896,6 +896,38 @@ impl Journal for PgJournal {
         Box::pin(self.readers.runs())
     }
 
+    fn runs_with_status(
+        &self,
+        status: spool_journal::fold::Status,
+    ) -> BoxFuture<'_, Result<Vec<RunSummary>, JournalError>> {
+        // Filtered in the database: a retention sweep asks for the runs in
+        // one state, and reads no other row.
+        Box::pin(async move {
+            let status = status.encode();
+            let rows = self
+                .readers
+                .query(|client, _| {
+                    let status = status.clone();
+                    async move {
+                        client
+                            .query(
+                                "SELECT run_id, next_seq, last_hash, status, title, created_ns, updated_ns
+                                 FROM spool_runs WHERE status = $1",
+                                &[&status],
+                            )
+                            .await
+                    }
+                })
+                .await?;
+            rows.iter()
+                .map(|row| {
+                    let run_id = stored_run_id(row.get(0))?;
+                    Ok(head_of(&run_id, row, 1)?.into_summary(run_id))
+                })
+                .collect()
+        })
+    }
+
     fn addresses(&self) -> BoxFuture<'_, Result<Vec<(Address, RunId)>, JournalError>> {
         Box::pin(self.readers.addresses())
     }

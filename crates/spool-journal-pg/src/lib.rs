@@ -620,6 +620,16 @@ struct ReadStatements {
     operation: Statement,
 }
 
+/// Runs' summaries from rows of `run_id` and a head's columns.
+fn summaries(rows: &[tokio_postgres::Row]) -> Result<Vec<RunSummary>, JournalError> {
+    rows.iter()
+        .map(|row| {
+            let run_id = stored_run_id(row.get(0))?;
+            Ok(head_of(&run_id, row, 1)?.into_summary(run_id))
+        })
+        .collect()
+}
+
 /// One connection for reads, made again when it is lost: the client
 /// pipelines the queries of every task that shares it.
 pub(crate) struct Readers {
@@ -833,12 +843,24 @@ impl Readers {
         let rows = self
             .query(|client, st| async move { client.query(&st.runs, &[]).await })
             .await?;
-        rows.iter()
-            .map(|row| {
-                let run_id = stored_run_id(row.get(0))?;
-                Ok(head_of(&run_id, row, 1)?.into_summary(run_id))
+        summaries(&rows)
+    }
+
+    /// The runs in one state, filtered in the database: a retention sweep
+    /// asks for one state, and reads no other row.
+    async fn runs_with_status(&self, status: &str) -> Result<Vec<RunSummary>, JournalError> {
+        let rows = self
+            .query(|client, _| async move {
+                client
+                    .query(
+                        "SELECT run_id, next_seq, last_hash, status, title, created_ns, updated_ns
+                         FROM spool_runs WHERE status = $1",
+                        &[&status],
+                    )
+                    .await
             })
-            .collect()
+            .await?;
+        summaries(&rows)
     }
 
     async fn addresses(&self) -> Result<Vec<(Address, RunId)>, JournalError> {
@@ -900,32 +922,7 @@ impl Journal for PgJournal {
         &self,
         status: spool_journal::fold::Status,
     ) -> BoxFuture<'_, Result<Vec<RunSummary>, JournalError>> {
-        // Filtered in the database: a retention sweep asks for the runs in
-        // one state, and reads no other row.
-        Box::pin(async move {
-            let status = status.encode();
-            let rows = self
-                .readers
-                .query(|client, _| {
-                    let status = status.clone();
-                    async move {
-                        client
-                            .query(
-                                "SELECT run_id, next_seq, last_hash, status, title, created_ns, updated_ns
-                                 FROM spool_runs WHERE status = $1",
-                                &[&status],
-                            )
-                            .await
-                    }
-                })
-                .await?;
-            rows.iter()
-                .map(|row| {
-                    let run_id = stored_run_id(row.get(0))?;
-                    Ok(head_of(&run_id, row, 1)?.into_summary(run_id))
-                })
-                .collect()
-        })
+        Box::pin(async move { self.readers.runs_with_status(&status.encode()).await })
     }
 
     fn addresses(&self) -> BoxFuture<'_, Result<Vec<(Address, RunId)>, JournalError>> {

@@ -160,7 +160,7 @@ pub enum RuntimeError {
     /// The run's history is past a limit of `[limits]`: new input is
     /// refused.
     #[error(
-        "run {run} holds {events} events ({bytes} bytes), past its limit ({max_events} events, {max_bytes} bytes; [limits] in spool.toml): start a new run, or fork it before an earlier turn (POST /runs/{{id}}/fork with `before`) to go on from there"
+        "run {run} holds {events} events ({bytes} bytes), past its limit ({max_events} events, {max_bytes} bytes; [limits] in spool.toml): start a new run, or fork it before an earlier turn to go on from there"
     )]
     RunTooLarge {
         /// The run.

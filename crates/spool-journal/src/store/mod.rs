@@ -280,6 +280,18 @@ macro_rules! forward_journal_reads {
             self.$inner.subscribe(run)
         }
 
+        $crate::forward_journal_lifecycle!($inner);
+    };
+}
+
+/// Inside an `impl Journal for Wrapper`, forwards deletion and agent
+/// definitions (`delete`, `tombstone`, `keep_definition`, `definition`)
+/// to the journal in field `$inner`: what
+/// [`forward_journal_reads!`](crate::forward_journal_reads) includes, for
+/// a wrapper that writes its own reads.
+#[macro_export]
+macro_rules! forward_journal_lifecycle {
+    ($inner:ident) => {
         fn delete<'a>(
             &'a self,
             run: &'a $crate::RunId,

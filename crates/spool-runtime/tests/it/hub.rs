@@ -250,44 +250,7 @@ impl spool_journal::Journal for Counting {
         self.inner.runs()
     }
 
-    fn delete<'a>(
-        &'a self,
-        run: &'a spool_journal::RunId,
-        deletion: spool_journal::store::Deletion,
-    ) -> spool_journal::store::BoxFuture<
-        'a,
-        Result<spool_journal::store::Tombstone, spool_journal::JournalError>,
-    > {
-        self.inner.delete(run, deletion)
-    }
-
-    fn tombstone<'a>(
-        &'a self,
-        run: &'a spool_journal::RunId,
-    ) -> spool_journal::store::BoxFuture<
-        'a,
-        Result<Option<spool_journal::store::Tombstone>, spool_journal::JournalError>,
-    > {
-        self.inner.tombstone(run)
-    }
-
-    fn keep_definition<'a>(
-        &'a self,
-        digest: &'a str,
-        document: &'a serde_json::Value,
-    ) -> spool_journal::store::BoxFuture<'a, Result<(), spool_journal::JournalError>> {
-        self.inner.keep_definition(digest, document)
-    }
-
-    fn definition<'a>(
-        &'a self,
-        digest: &'a str,
-    ) -> spool_journal::store::BoxFuture<
-        'a,
-        Result<Option<serde_json::Value>, spool_journal::JournalError>,
-    > {
-        self.inner.definition(digest)
-    }
+    spool_journal::forward_journal_lifecycle!(inner);
 
     fn addresses(
         &self,

@@ -30,6 +30,10 @@ pub use event::{Envelope, Event};
 pub use id::{Address, Principal, RunId, Seq, TurnId};
 pub use store::{Journal, JournalError};
 
+/// For the forwarding macros: a wrapper's crate need not name serde_json.
+#[doc(hidden)]
+pub use serde_json as __serde_json;
+
 /// Canonical JSON text of a value, for hashes and messages.
 fn canonical(value: &serde_json::Value) -> String {
     spool_wire::canonical::canonical_json(value)

@@ -841,3 +841,76 @@ fn the_console_applies_the_same_origin_host_token_and_ownership_rules() {
     assert_eq!(reply.status, 200, "{}", reply.body);
     terminate(running);
 }
+
+#[test]
+fn a_cross_origin_or_rebinding_delete_deletes_no_run_and_the_servers_own_page_may() {
+    let dir = tempfile::tempdir().unwrap();
+    let running = serve(dir.path(), &[]);
+    let addr = running.addr.as_str();
+    let host = format!("Host: {addr}");
+    let port = addr.rsplit_once(':').unwrap().1;
+    let started = post(addr, "/spool/v1/runs", r#"{"text": "keep me"}"#);
+    assert_eq!(started.status, 200, "{}", started.body);
+    let run = serde_json::from_str::<serde_json::Value>(&started.body).unwrap()["run_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let path = format!("/spool/v1/runs/{run}");
+    let foreign = exchange(
+        addr,
+        &raw(
+            "DELETE",
+            &path,
+            &[&host, "Origin: http://evil.example"],
+            b"",
+        ),
+    );
+    refused_with(&foreign, 403, "origin_not_allowed", "a cross-origin DELETE");
+    let preflight = exchange(
+        addr,
+        &raw(
+            "OPTIONS",
+            &path,
+            &[
+                &host,
+                "Origin: http://evil.example",
+                "Access-Control-Request-Method: DELETE",
+            ],
+            b"",
+        ),
+    );
+    refused_with(
+        &preflight,
+        403,
+        "origin_not_allowed",
+        "a DELETE's preflight",
+    );
+    let rebound = exchange(
+        addr,
+        &raw(
+            "DELETE",
+            &path,
+            &[&format!("Host: evil.example:{port}")],
+            b"",
+        ),
+    );
+    refused_with(
+        &rebound,
+        403,
+        "host_not_allowed",
+        "a DELETE on a rebound host",
+    );
+    assert_eq!(get(addr, &path).status, 200, "the run is still there");
+    let own = exchange(
+        addr,
+        &raw(
+            "DELETE",
+            &path,
+            &[&host, &format!("Origin: http://{addr}")],
+            b"",
+        ),
+    );
+    assert_eq!(own.status, 200, "{}", own.body);
+    assert_eq!(get(addr, &path).status, 410);
+    terminate(running);
+}

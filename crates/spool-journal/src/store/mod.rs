@@ -313,7 +313,7 @@ macro_rules! forward_journal_lifecycle {
         fn keep_definition<'a>(
             &'a self,
             digest: &'a str,
-            document: &'a serde_json::Value,
+            document: &'a $crate::__serde_json::Value,
         ) -> $crate::store::BoxFuture<'a, Result<(), $crate::JournalError>> {
             self.$inner.keep_definition(digest, document)
         }
@@ -321,7 +321,10 @@ macro_rules! forward_journal_lifecycle {
         fn definition<'a>(
             &'a self,
             digest: &'a str,
-        ) -> $crate::store::BoxFuture<'a, Result<Option<serde_json::Value>, $crate::JournalError>> {
+        ) -> $crate::store::BoxFuture<
+            'a,
+            Result<Option<$crate::__serde_json::Value>, $crate::JournalError>,
+        > {
             self.$inner.definition(digest)
         }
     };

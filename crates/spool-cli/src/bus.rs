@@ -19,7 +19,7 @@ use tokio::sync::watch;
 use crate::serve::{Agent, say};
 
 /// The bus flags of `spool serve`; each overrides its key in `[bus]`.
-#[derive(Debug, Args)]
+#[derive(Clone, Debug, Args)]
 pub(crate) struct BusArgs {
     /// This instance's name on the bus (`bus.instance`).
     #[arg(long)]

@@ -13,6 +13,7 @@ mod cluster;
 mod journal;
 mod mcp;
 mod pod;
+mod reload;
 mod rpc;
 mod runs;
 mod serve;

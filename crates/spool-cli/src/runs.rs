@@ -305,18 +305,20 @@ async fn delete_here(journal: &JournalAt, asked: Deleting) -> anyhow::Result<Exi
     })
 }
 
-/// The digest of the agent definition `run` started with, from its
-/// `run_created` (the run's log is read for it).
+/// The digest of the agent definition `run` runs on: the last it moved to
+/// (`agent_changed`), else the one its `run_created` names (the run's log
+/// is read for it).
 async fn agent_of(journal: &dyn Journal, run: &RunId) -> anyhow::Result<Option<String>> {
     Ok(journal
         .read(run, Seq(0))
         .await?
         .into_iter()
-        .next()
-        .and_then(|first| match first.event {
+        .filter_map(|envelope| match envelope.event {
             spool_journal::Event::RunCreated(created) => created.agent,
+            spool_journal::Event::AgentChanged(changed) => Some(changed.to),
             _ => None,
-        }))
+        })
+        .last())
 }
 
 /// A digest as the list shows it: its first 12 hex digits.

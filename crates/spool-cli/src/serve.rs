@@ -14,6 +14,8 @@ use spool_http::{HttpChannel, Listener, TokenFile};
 use spool_runtime::agent::{AgentDefinition, Loaded};
 use spool_runtime::{Engine, Runtime};
 
+use crate::reload::{Builder, Reloader};
+
 #[derive(Debug, Args)]
 pub(crate) struct ServeArgs {
     /// The TCP address to listen on. Anything but loopback needs
@@ -47,12 +49,12 @@ pub(crate) struct ServeArgs {
     journal: JournalAt,
     /// The agent definition; `./spool.toml`, or the built-in echo agent.
     #[arg(long)]
-    agent: Option<PathBuf>,
+    pub(crate) agent: Option<PathBuf>,
     /// Require bearer tokens from this file (see `spool token new`).
     #[arg(long)]
     token_file: Option<PathBuf>,
     #[arg(long, value_name = "SPEC", help = spool_engines::MODEL_HELP)]
-    model: Option<spool_engines::Spec>,
+    pub(crate) model: Option<spool_engines::Spec>,
     /// How many runs the runtime keeps in memory between requests (a run
     /// out of it has its log read once when next touched).
     #[arg(long, env = "SPOOL_CACHED_RUNS", default_value_t = spool_runtime::DEFAULT_CACHED_RUNS as u64, value_parser = clap::value_parser!(u64).range(1..))]
@@ -86,7 +88,7 @@ pub(crate) struct ServeArgs {
     #[arg(long)]
     no_console: bool,
     #[command(flatten)]
-    bus: crate::bus::BusArgs,
+    pub(crate) bus: crate::bus::BusArgs,
     #[command(flatten)]
     cluster: crate::journal::ClusterArgs,
 }
@@ -247,6 +249,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         _ => "http",
     };
     let cached_runs = usize::try_from(args.cached_runs).unwrap_or(usize::MAX);
+    // Every agent this server runs is built alike: the one it starts
+    // with, a reload's, and the older ones runs still run on.
+    let agents = Builder::new(
+        agent.loaded.base.clone(),
+        args.bus.instance().map(str::to_owned),
+        Some(args.bus.clone()),
+    );
     // On a cluster, the scheduler learns of schedules whose record run
     // this node takes over; it starts after the first takeover.
     let scheduler_slot = Arc::new(std::sync::OnceLock::new());
@@ -258,15 +267,22 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         let advertised = args.cluster.advertised(&listener.describe(), scheme)?;
         let (store, node) =
             crate::journal::open_node(&args.journal, &args.cluster, &advertised).await?;
-        let runtime = build_runtime(store, &agent, Some(cached_runs), true).await?;
+        let runtime =
+            build_runtime(store, &agent, Some(cached_runs), true, Arc::clone(&agents)).await?;
         let (first, resumed) =
             crate::journal::keep_node(node.clone(), runtime.clone(), scheduler_slot.clone())
                 .await?;
         taken = first;
         (runtime, Claim::Node(node), resumed)
     } else {
-        let (runtime, owner) =
-            open_runtime(&args.journal, &agent, Some(cached_runs), Process::Serving).await?;
+        let (runtime, owner) = open_runtime_with(
+            &args.journal,
+            &agent,
+            Some(cached_runs),
+            Process::Serving,
+            Arc::clone(&agents),
+        )
+        .await?;
         let resumed = recover(&runtime).await?;
         (runtime, owner, resumed)
     };
@@ -332,13 +348,18 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             "spool: A2A push notifications left undelivered by the last run are not resumed here: {error}"
         )),
     }
+    // The agent definition is read again on SIGHUP and on an
+    // administrator's `POST /agent/reload`.
+    let reloader = Reloader::new(&args, &agent, runtime.clone(), agents);
+    reloader.on_hangup()?;
     // Kept to stop the runtime's own tasks once nothing takes requests.
     let lifecycle = runtime.clone();
     let mut channel = HttpChannel::new(runtime, closing.clone())
         .with_run_access(access)
         .with_guard(guard)
         .with_agent(agent.loaded.definition.agent.name.clone())
-        .with_schedules(scheduler);
+        .with_schedules(scheduler)
+        .with_reload(reloader.route());
     if !args.no_console {
         channel = channel.with_console();
     }
@@ -532,12 +553,6 @@ pub(crate) struct Agent {
     pub(crate) bus: Option<spool_bus::config::BusSection>,
 }
 
-impl Agent {
-    fn tools(&self) -> anyhow::Result<spool_runtime::Tools> {
-        tools_of(&self.loaded, self.bus.as_ref())
-    }
-}
-
 /// An agent's tools: the definition's, and `delegate` when `[bus]` turns
 /// it on.
 pub(crate) fn tools_of(
@@ -625,32 +640,42 @@ pub(crate) async fn open_runtime(
     cached_runs: Option<usize>,
     process: Process,
 ) -> anyhow::Result<(Runtime, Claim)> {
+    let builder = Builder::new(agent.loaded.base.clone(), None, None);
+    open_runtime_with(journal, agent, cached_runs, process, builder).await
+}
+
+/// [`open_runtime`], building agents with `builder`.
+async fn open_runtime_with(
+    journal: &JournalAt,
+    agent: &Agent,
+    cached_runs: Option<usize>,
+    process: Process,
+    builder: Arc<Builder>,
+) -> anyhow::Result<(Runtime, Claim)> {
     let (store, owner) = crate::journal::open_owned(journal, process).await?;
     Ok((
-        build_runtime(store, agent, cached_runs, false).await?,
+        build_runtime(store, agent, cached_runs, false, builder).await?,
         owner,
     ))
 }
 
 /// The runtime on `store`, running `agent`; `shared` when other nodes
-/// append to the journal too.
+/// append to the journal too. Runs started on other definitions run on
+/// theirs, built by `agents` from the journal's copy.
 async fn build_runtime(
     store: Arc<dyn spool_journal::Journal>,
     agent: &Agent,
     cached_runs: Option<usize>,
     shared: bool,
+    agents: Arc<Builder>,
 ) -> anyhow::Result<Runtime> {
     let store = crate::telemetry::observe(&agent.loaded, store)?;
     // The `[[mcp]]` servers are started and listed before the first turn;
     // one that does not answer yet is tried again in the background.
-    let servers =
-        spool_mcp::McpServers::from_definition(&agent.loaded.definition, &agent.loaded.base)
-            .map_err(anyhow::Error::msg)?;
-    let tools = servers.start(agent.tools()?).await;
+    let spec = agents.spec(agent).await?;
     let mut builder = Runtime::builder(store)
-        .agent(&agent.loaded)?
-        .live_tools(tools)
-        .engine(agent.engine.clone())
+        .agent_spec(spec)
+        .agent_factory(agents)
         .shared_journal(shared);
     if let Some(runs) = cached_runs {
         builder = builder.cached_runs(runs);

@@ -102,6 +102,10 @@ pub enum Event {
     ForkedFrom(ForkLink),
     /// A fork was made of this run's history through a position.
     ForkedInto(ForkLink),
+    /// The run moved to another agent definition: the turn that follows,
+    /// and the ones after it, run on `to` (its model, tools, prompt,
+    /// budgets and limits). Recorded before a turn's `turn_started`.
+    AgentChanged(AgentChanged),
 }
 
 /// Token usage.
@@ -147,6 +151,10 @@ pub struct RunCreated {
     /// run at the address `spool.agent/DIGEST`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<String>,
+    /// Whether the run follows newer definitions of its agent, when its
+    /// creator said; absent, the newest definition's `upgrade` decides.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgrade: Option<spool_wire::run::Upgrade>,
 }
 
 /// `turn_started`.
@@ -529,6 +537,17 @@ pub struct ForkLink {
     pub cut: ForkCut,
 }
 
+/// `agent_changed`: a run's move from one agent definition to another.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentChanged {
+    /// The digest the run ran on until now (absent for a run that
+    /// recorded none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<String>,
+    /// The digest it runs on from here.
+    pub to: String,
+}
+
 /// Where a fork is cut, relative to its turn.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -613,6 +632,7 @@ impl Event {
             Self::Noted(_) => "noted",
             Self::ForkedFrom(_) => "forked_from",
             Self::ForkedInto(_) => "forked_into",
+            Self::AgentChanged(_) => "agent_changed",
         }
     }
 

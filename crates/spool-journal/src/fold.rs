@@ -72,6 +72,9 @@ pub struct State {
     pub created_at: Option<OffsetDateTime>,
     /// Where the run was forked from, when it is a fork.
     pub forked_from: Option<crate::event::ForkLink>,
+    /// The digest of the agent definition the run's turns run on: the
+    /// one it was created with, or the last it moved to.
+    pub agent: Option<String>,
 }
 
 /// A run's public state, with why it waits.
@@ -257,6 +260,7 @@ impl State {
                 if let Some(address) = &created.address {
                     self.addresses.insert(address.clone());
                 }
+                self.agent.clone_from(&created.agent);
                 self.created = Some(created.clone());
             }
             Event::TurnStarted(started) => {
@@ -391,6 +395,7 @@ impl State {
             Event::ForkedFrom(link) => self.forked_from = Some(link.clone()),
             // A link to a fork changes nothing here.
             Event::ForkedInto(_) => {}
+            Event::AgentChanged(changed) => self.agent = Some(changed.to.clone()),
             Event::Noted(note) => {
                 let namespace = self.notes.entry(note.namespace.clone()).or_default();
                 if note.value.is_null() {

@@ -529,6 +529,9 @@ impl Reader {
             | Event::Noted(_)
             | Event::ForkedFrom(_)
             | Event::ForkedInto(_) => None,
+            // Which definition the next turn runs on: the run's detail
+            // shows it.
+            Event::AgentChanged(_) => None,
         };
         own[0] = first;
         own[2] = spool_journal::fold::moved_to(&envelope.event).map(Activity::StateChanged);

@@ -7,6 +7,7 @@
 //! system_prompt = "You review deployment plans."
 //! engine = "echo"                      # or "scripted:script.jsonl"
 //! builtin_tools = ["ask_human", "request_approval", "sleep"]
+//! upgrade = "pinned"                   # or "next_turn": runs on older definitions move here at their next turn
 //!
 //! [[tool]]
 //! name = "deploy"
@@ -178,6 +179,14 @@ pub struct AgentSection {
     /// The built-in tools that are on; all of them when absent.
     #[serde(default)]
     pub builtin_tools: Option<Vec<String>>,
+    /// Whether runs started on an earlier definition move to this one at
+    /// their next turn (`next_turn`) or keep theirs (`pinned`, the
+    /// default) when this definition is loaded in their place (a reload,
+    /// or a restart with a changed file). A run created with its own
+    /// `upgrade` follows that instead.
+    #[serde(default = "pinned")]
+    #[schemars(schema_with = "upgrade_schema")]
+    pub upgrade: spool_wire::run::Upgrade,
 }
 
 /// `[provider]` as the runtime sees it: a table another crate reads (the
@@ -195,6 +204,15 @@ fn effect_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schemars::json_schema!({"type": "string", "enum": ["read", "idempotent", "write"]})
 }
 
+/// `upgrade`'s two words.
+fn upgrade_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({"type": "string", "enum": ["pinned", "next_turn"]})
+}
+
+fn pinned() -> spool_wire::run::Upgrade {
+    spool_wire::run::Upgrade::Pinned
+}
+
 fn echo() -> String {
     "echo".to_owned()
 }
@@ -206,6 +224,7 @@ impl Default for AgentSection {
             system_prompt: None,
             engine: echo(),
             builtin_tools: None,
+            upgrade: pinned(),
         }
     }
 }
@@ -390,6 +409,29 @@ impl Loaded {
     #[must_use]
     pub fn digest(&self) -> String {
         spool_wire::canonical::content_hash(&self.document)
+    }
+
+    /// A definition kept by the journal (its [`Loaded::document`]), read
+    /// back: what runs started on it are driven with after a reload or a
+    /// restart. Relative paths resolve against `base`.
+    ///
+    /// # Errors
+    ///
+    /// When the document is no longer a valid definition (a newer Spool
+    /// refuses a key an older one took).
+    pub fn from_document(
+        document: &serde_json::Value,
+        base: PathBuf,
+    ) -> Result<Self, DefinitionError> {
+        let definition = AgentDefinition::deserialize(document)
+            .map_err(|error| DefinitionError::Rule(error.to_string()))?;
+        definition.check().map_err(DefinitionError::Rule)?;
+        Ok(Self {
+            definition,
+            base,
+            note: None,
+            document: document.clone(),
+        })
     }
 
     /// Runs the definition with `engine` (`--model`), in the definition

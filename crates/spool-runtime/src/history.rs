@@ -60,9 +60,19 @@ impl History {
         }
     }
 
-    /// The system prompt it starts from.
-    pub(crate) fn system(&self) -> Option<Arc<str>> {
-        self.system.clone()
+    /// Heads the conversation with `system` in place of its prompt (a run
+    /// moved to another agent definition): the messages stay, and the
+    /// hash chain is taken again over them.
+    pub(crate) fn set_system(&mut self, system: Option<Arc<str>>) {
+        let mut messages: Vec<Message> = self.messages.iter().cloned().collect();
+        if self.system.is_some() && matches!(messages.first(), Some(Message::System { .. })) {
+            messages.remove(0);
+        }
+        self.system = system;
+        self.reset();
+        for message in messages {
+            self.push(message);
+        }
     }
 
     /// The messages, shared.

@@ -18,6 +18,7 @@
 pub mod access;
 pub mod activity;
 pub mod agent;
+mod agents;
 mod budget;
 pub mod channel;
 pub mod dirs;
@@ -40,6 +41,7 @@ pub mod tools;
 pub mod view;
 
 pub use access::RunAccess;
+pub use agents::{AgentFactory, AgentSpec};
 pub use channel::{AuthError, Authenticator, Channel, Credentials};
 pub use engine::{Engine, Message, ModelRequest, ModelResponse};
 pub use error::{ErrorKind, Limited, RuntimeError};

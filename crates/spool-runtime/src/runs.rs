@@ -19,6 +19,7 @@ use spool_journal::fold::{State, Status};
 use spool_journal::{Envelope, Event, Journal, JournalError, RunId, Seq};
 use tokio::sync::OwnedMutexGuard;
 
+use crate::agents::{Agent, Agents, Named};
 use crate::error::RuntimeError;
 use crate::history::History;
 
@@ -35,12 +36,12 @@ pub const DEFAULT_CACHED_RUNS: usize = 1024;
 pub(crate) struct Runs {
     map: Mutex<Map>,
     capacity: usize,
-    system: Option<Arc<str>>,
+    /// The agents runs run on: a run read from its log starts on the
+    /// current one and moves to the one its log names.
+    pub(crate) agents: Arc<Agents>,
     /// Other processes append to the journal: a cached run another
     /// process may have changed is checked against its log before use.
     pub(crate) shared: bool,
-    /// How large a run may grow.
-    pub(crate) limits: crate::agent::Limits,
 }
 
 #[derive(Default)]
@@ -63,20 +64,13 @@ struct Slot {
 }
 
 impl Runs {
-    pub(crate) fn new(capacity: usize, system: Option<Arc<str>>) -> Self {
+    pub(crate) fn new(capacity: usize, agents: Arc<Agents>) -> Self {
         Self {
             map: Mutex::new(Map::default()),
             capacity: capacity.max(1),
-            system,
+            agents,
             shared: false,
-            limits: crate::agent::Limits::default(),
         }
-    }
-
-    /// See [`crate::RuntimeBuilder::limits`].
-    pub(crate) fn limits(mut self, limits: crate::agent::Limits) -> Self {
-        self.limits = limits;
-        self
     }
 
     /// See [`crate::RuntimeBuilder::shared_journal`].
@@ -102,10 +96,7 @@ impl Runs {
                 map.sweep_in = self.capacity.div_ceil(8);
             }
         }
-        let entry = Arc::new(tokio::sync::Mutex::new(Cached::new(
-            self.system.clone(),
-            self.limits,
-        )));
+        let entry = Arc::new(tokio::sync::Mutex::new(Cached::new(self.agents.current())));
         map.slots.insert(
             run.clone(),
             Slot {
@@ -204,8 +195,10 @@ pub(crate) struct Cached {
     pub(crate) turn_usage: Option<Usage>,
     /// The bytes the run's events take as the journal stores them.
     pub(crate) bytes: u64,
-    /// How large the run may grow, and whether it was said to be near.
-    limits: crate::agent::Limits,
+    /// The agent the run's turns run on: its engine, tools, prompt,
+    /// budgets and limits.
+    pub(crate) agent: Arc<Agent>,
+    /// Whether the run was said to be near its limit.
     warned: bool,
 }
 
@@ -224,38 +217,39 @@ impl std::io::Write for Counter {
 }
 
 impl Cached {
-    fn new(system: Option<Arc<str>>, limits: crate::agent::Limits) -> Self {
+    fn new(agent: Arc<Agent>) -> Self {
         Self {
             loaded: false,
             next: Seq(0),
             head: Arc::default(),
             state: State::default(),
-            history: History::new(system),
+            history: History::new(agent.system.clone()),
             turn_log: Some(Vec::new()),
             turn_start: None,
             calls_before_turn: 0,
             calls: 0,
             turn_usage: None,
             bytes: 0,
-            limits,
+            agent,
             warned: false,
         }
     }
 
     /// Whether the run is past `warn_at` of a limit.
     pub(crate) fn near_limit(&self) -> bool {
-        self.limits.near(self.next.0, self.bytes)
+        self.agent.limits.near(self.next.0, self.bytes)
     }
 
     /// `RunTooLarge` when the run is past a limit: new input is refused.
     pub(crate) fn check_size(&self, run: &RunId) -> Result<(), RuntimeError> {
-        if self.limits.exceeded(self.next.0, self.bytes) {
+        let limits = &self.agent.limits;
+        if limits.exceeded(self.next.0, self.bytes) {
             return Err(RuntimeError::RunTooLarge {
                 run: run.clone(),
                 events: self.next.0,
                 bytes: self.bytes,
-                max_events: self.limits.max_events,
-                max_bytes: self.limits.max_bytes,
+                max_events: limits.max_events,
+                max_bytes: limits.max_bytes,
             });
         }
         Ok(())
@@ -279,16 +273,26 @@ impl Cached {
         self.turn_log.as_deref().unwrap_or_default()
     }
 
-    /// Folds one appended (or read) event.
-    fn apply(&mut self, envelope: Envelope) {
+    /// Folds one appended (or read) event; `named` holds the agents the
+    /// events name.
+    fn apply(&mut self, envelope: Envelope, named: &Named) {
         let mut size = Counter(0);
         if serde_json::to_writer(&mut size, &envelope).is_ok() {
             self.bytes += size.0;
         }
+        match &envelope.event {
+            Event::RunCreated(created) => {
+                if let Some(digest) = &created.agent {
+                    self.run_on(named.get(digest));
+                }
+            }
+            Event::AgentChanged(changed) => self.run_on(named.get(&changed.to)),
+            _ => {}
+        }
         if !self.warned && self.near_limit() {
             self.warned = true;
             tracing::warn!(run_id = %envelope.run_id, events = envelope.seq.0 + 1, bytes = self.bytes,
-                max_events = self.limits.max_events, max_bytes = self.limits.max_bytes,
+                max_events = self.agent.limits.max_events, max_bytes = self.agent.limits.max_bytes,
                 "a run nears its size limit ([limits] in spool.toml): past it, new input to it is refused");
         }
         self.state.apply(&envelope);
@@ -317,6 +321,20 @@ impl Cached {
         } else {
             self.settle_turn_log();
             self.history.apply(&envelope);
+        }
+    }
+
+    /// Runs the run's turns from here on `agent`: its prompt heads the
+    /// conversation the model sees, its limits hold. `None` (an agent the
+    /// folding did not resolve, which every caller does) keeps the one it
+    /// has.
+    fn run_on(&mut self, agent: Option<&Arc<Agent>>) {
+        if let Some(agent) = agent
+            && !Arc::ptr_eq(agent, &self.agent)
+        {
+            self.agent = Arc::clone(agent);
+            self.history.set_system(agent.system.clone());
+            self.warned = false;
         }
     }
 
@@ -369,13 +387,21 @@ impl Cached {
     }
 
     /// Reads what the journal holds past this entry's head.
-    async fn load(&mut self, journal: &dyn Journal, run: &RunId) -> Result<(), JournalError> {
-        let system = self.history.system();
+    async fn load(
+        &mut self,
+        journal: &dyn Journal,
+        run: &RunId,
+        agents: &Agents,
+    ) -> Result<(), JournalError> {
         if !self.loaded {
-            *self = Self::new(system, self.limits);
+            *self = Self::new(agents.current());
         }
-        for envelope in journal.read(run, self.next).await? {
-            self.apply(envelope);
+        let envelopes = journal.read(run, self.next).await?;
+        let named = agents
+            .named(journal, crate::agents::events(&envelopes))
+            .await?;
+        for envelope in envelopes {
+            self.apply(envelope, &named);
         }
         self.park();
         self.loaded = true;
@@ -388,6 +414,7 @@ impl Cached {
 pub(crate) struct Locked {
     run: RunId,
     guard: OwnedMutexGuard<Cached>,
+    agents: Arc<Agents>,
 }
 
 impl std::fmt::Debug for Locked {
@@ -412,7 +439,7 @@ impl Locked {
             guard.loaded = false;
         }
         if !guard.loaded {
-            guard.load(journal, run).await?;
+            guard.load(journal, run, &runs.agents).await?;
         }
         if guard.next == Seq(0) {
             drop(guard);
@@ -431,20 +458,22 @@ impl Locked {
         Ok(Self {
             run: run.clone(),
             guard,
+            agents: Arc::clone(&runs.agents),
         })
     }
 
-    /// Locks a run this process is about to create under a fresh id: it
-    /// has no log to read.
-    pub(crate) async fn fresh(runs: &Runs, run: &RunId) -> Self {
+    /// Locks a run this process is about to create under a fresh id, on
+    /// `agent`: it has no log to read.
+    pub(crate) async fn fresh(runs: &Runs, run: &RunId, agent: &Arc<Agent>) -> Self {
         let mut guard = runs.entry(run).lock_owned().await;
         if !guard.loaded {
-            *guard = Cached::new(runs.system.clone(), runs.limits);
+            *guard = Cached::new(Arc::clone(agent));
             guard.loaded = true;
         }
         Self {
             run: run.clone(),
             guard,
+            agents: Arc::clone(&runs.agents),
         }
     }
 
@@ -482,10 +511,11 @@ impl Locked {
         events: Vec<Event>,
     ) -> Result<(), RuntimeError> {
         self.guard.unpark(journal, &self.run).await?;
+        let named = self.agents.named(journal, events.iter()).await?;
         match journal.append(&self.run, self.guard.next, events).await {
             Ok(envelopes) => {
                 for envelope in envelopes {
-                    self.guard.apply(envelope);
+                    self.guard.apply(envelope, &named);
                 }
                 self.guard.park();
                 Ok(())
@@ -509,13 +539,21 @@ impl Locked {
 mod tests {
     use super::*;
 
+    fn agents() -> Arc<Agents> {
+        let echo = crate::agents::AgentSpec::new(
+            Arc::new(crate::engines::EchoEngine),
+            crate::tool::LiveTools::default(),
+        );
+        Arc::new(Agents::new(echo.into(), None))
+    }
+
     fn run(n: usize) -> RunId {
         RunId::new(format!("run_{n}")).expect("a valid id")
     }
 
     #[test]
     fn runs_in_use_are_never_evicted_and_a_full_map_is_not_rescanned_on_every_insert() {
-        let runs = Runs::new(64, None);
+        let runs = Runs::new(64, agents());
         let held: Vec<_> = (0..1000).map(|n| runs.entry(&run(n))).collect();
         assert_eq!(runs.len(), 1000, "a slot in use keeps its lock");
         let sweeps = runs.map.lock().expect("not poisoned").sweeps;
@@ -547,14 +585,17 @@ mod tests {
             serde_json::from_value(serde_json::json!({"kind": "turn_completed", "payload": {"turn_id": "turn_1", "response": "done"}}))
                 .expect("an event"),
         ]);
-        let mut cached = Cached::new(None, crate::agent::Limits::default());
+        let mut cached = Cached::new(agents().current());
         for (seq, event) in events.enumerate() {
-            cached.apply(Envelope {
-                run_id: run(0),
-                seq: Seq(seq as u64),
-                recorded_at: time::OffsetDateTime::UNIX_EPOCH,
-                event,
-            });
+            cached.apply(
+                Envelope {
+                    run_id: run(0),
+                    seq: Seq(seq as u64),
+                    recorded_at: time::OffsetDateTime::UNIX_EPOCH,
+                    event,
+                },
+                &Named::default(),
+            );
         }
         assert_eq!(cached.state.status, Status::Completed);
         assert_eq!(
@@ -572,7 +613,7 @@ mod tests {
 
     #[test]
     fn a_map_held_over_its_bound_comes_back_under_it_once_its_runs_are_let_go() {
-        let runs = Runs::new(16, None);
+        let runs = Runs::new(16, agents());
         let held: Vec<_> = (0..40).map(|n| runs.entry(&run(n))).collect();
         drop(held);
         for n in 40..44 {

@@ -78,12 +78,14 @@ pub struct RunDetail {
     /// Whether it is past `warn_at` of a `[limits]` limit: new input is
     /// refused once it is past the limit itself.
     pub near_limit: bool,
-    /// The digest of the agent definition it started with.
+    /// The digest of the agent definition its turns run on: the one it
+    /// started with, or the last it moved to (`agent_changed`).
     pub agent: Option<String>,
 }
 
 impl RunDetail {
-    pub(crate) fn of(locked: &Locked, pricing: Option<&crate::agent::Pricing>) -> Self {
+    pub(crate) fn of(locked: &Locked) -> Self {
+        let pricing = locked.cached().agent.pricing;
         let view = RunView::of(locked);
         let state = locked.state();
         let suspended_call = view
@@ -102,6 +104,7 @@ impl RunDetail {
             turns: state.turns,
             usage: state.usage,
             cost_micro_usd: pricing
+                .as_ref()
                 .map(|p| p.micro_usd(state.usage.input_tokens, state.usage.output_tokens)),
             addresses: state.addresses.iter().cloned().collect(),
             failure: state.failure.clone(),
@@ -112,10 +115,7 @@ impl RunDetail {
             events: locked.cached().next().0,
             bytes: locked.cached().bytes,
             near_limit: locked.cached().near_limit(),
-            agent: state
-                .created
-                .as_ref()
-                .and_then(|created| created.agent.clone()),
+            agent: state.agent.clone(),
             view,
         }
     }

@@ -65,6 +65,11 @@ pub struct StartRun {
     /// A self-asserted identity, ignored when an authenticator is configured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth: Option<Principal>,
+    /// For a new run: `next_turn` to move to the server's newest agent
+    /// definition as each turn starts, `pinned` to keep the one it starts
+    /// with; absent, the newest definition's `upgrade` decides.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgrade: Option<crate::run::Upgrade>,
 }
 
 /// `POST /runs/{id}`: a message to an exact existing run.
@@ -463,6 +468,29 @@ pub struct Deleted {
     pub events: u64,
 }
 
+/// The reply to `POST /agent/reload`: which agent definition new runs
+/// start on now, and what the reload could not apply.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentReloaded {
+    /// The digest (`sha256:…`) of the definition new runs start on.
+    pub agent: String,
+    /// The digest it replaced; absent when the definition did not change
+    /// (or the server ran none before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous: Option<String>,
+    /// Whether the definition changed.
+    pub changed: bool,
+    /// Sections that differ but configure the server itself (`server`,
+    /// `schedule`, `retention`, `telemetry`, `bus`, `a2a`): they take
+    /// effect at the next start.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub restart_required: Vec<String>,
+    /// The digests of the definitions in memory, the current one first:
+    /// the others are those runs in memory still run on.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub in_memory: Vec<String>,
+}
+
 /// `POST /runs/{id}/fork`: a new run holding the run's history through a
 /// turn's end (`after`) or up to its start (`before`); exactly one of the
 /// two.
@@ -859,6 +887,9 @@ string_enum! {
         /// An operation id is longer than
         /// [`crate::run::MAX_OPERATION_ID_BYTES`].
         OperationIdTooLong = "operation_id_too_long",
+        /// A reloaded agent definition does not parse, or its engine or
+        /// tools cannot be built: the server keeps the definition it had.
+        AgentInvalid = "agent_invalid",
         /// The server failed; details are in its log.
         Internal = "internal",
         /// The journal cannot write now (a full disk, a failing device):
@@ -900,6 +931,7 @@ impl ErrorCode {
             | Self::ConversationCorrupt
             | Self::TurnNotFound => 409,
             Self::RequestTimeout => 408,
+            Self::AgentInvalid => 422,
             Self::TooLarge => 413,
             Self::UnsupportedMediaType => 415,
             Self::UriTooLong => 414,

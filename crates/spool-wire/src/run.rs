@@ -78,6 +78,18 @@ closed_enum! {
     }
 }
 
+closed_enum! {
+    /// Whether a run follows its agent's newer definitions: `pinned` runs
+    /// every turn on the definition it started with; `next_turn` moves to
+    /// the server's newest definition when its next turn starts.
+    pub enum Upgrade as "upgrade policy" {
+        /// Every turn on the definition the run started with.
+        Pinned = "pinned",
+        /// Each turn on the newest definition when the turn starts.
+        NextTurn = "next_turn",
+    }
+}
+
 string_enum! {
     /// Why a turn failed: the code a `turn_failed` records, and what a
     /// transport shows a client. Additive and persisted, so open: a code a

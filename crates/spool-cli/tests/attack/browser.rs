@@ -914,3 +914,66 @@ fn a_cross_origin_or_rebinding_delete_deletes_no_run_and_the_servers_own_page_ma
     assert_eq!(get(addr, &path).status, 410);
     terminate(running);
 }
+
+#[test]
+fn a_cross_origin_or_rebinding_reload_reloads_nothing_and_only_an_administrator_may() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    let (admin, user) = (token(&tokens, "ops", true), token(&tokens, "user", false));
+    std::fs::write(
+        dir.path().join("spool.toml"),
+        "[agent]\nsystem_prompt = \"one\"\n",
+    )
+    .unwrap();
+    let running = serve(dir.path(), &["--token-file", tokens.to_str().unwrap()]);
+    let addr = running.addr.as_str();
+    let host = format!("Host: {addr}");
+    let port = addr.rsplit_once(':').unwrap().1;
+    let path = "/spool/v1/agent/reload";
+    std::fs::write(
+        dir.path().join("spool.toml"),
+        "[agent]\nsystem_prompt = \"two\"\n",
+    )
+    .unwrap();
+    let as_admin = format!("Authorization: Bearer {admin}");
+    let foreign = exchange(
+        addr,
+        &raw(
+            "POST",
+            path,
+            &[&host, &as_admin, "Origin: http://evil.example"],
+            b"",
+        ),
+    );
+    refused_with(&foreign, 403, "origin_not_allowed", "a cross-origin reload");
+    let rebound = exchange(
+        addr,
+        &raw(
+            "POST",
+            path,
+            &[&format!("Host: evil.example:{port}"), &as_admin],
+            b"",
+        ),
+    );
+    refused_with(&rebound, 403, "host_not_allowed", "a rebinding reload");
+    let anonymous = exchange(addr, &raw("POST", path, &[&host], b""));
+    refused_with(
+        &anonymous,
+        401,
+        "unauthenticated",
+        "a reload without a token",
+    );
+    let as_user = format!("Authorization: Bearer {user}");
+    let user_reply = exchange(addr, &raw("POST", path, &[&host, &as_user], b""));
+    refused_with(
+        &user_reply,
+        403,
+        "forbidden",
+        "a reload with a user's token",
+    );
+    // None of them reloaded: the administrator's is the first to change it.
+    let reloaded = exchange(addr, &raw("POST", path, &[&host, &as_admin], b""));
+    assert_eq!(reloaded.status, 200, "{}", reloaded.body);
+    assert_eq!(reloaded.json()["changed"], true, "{}", reloaded.body);
+    terminate(running);
+}

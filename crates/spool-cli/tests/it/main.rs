@@ -14,6 +14,7 @@ mod pod;
 mod postgres;
 #[path = "../../../spool-mcp/tests/support/python.rs"]
 mod python;
+mod reload;
 mod rpc;
 mod runs;
 mod seed_examples;

@@ -74,7 +74,18 @@ pub struct HttpChannel {
     /// The origin, host and content-type rules, checked before anything
     /// else on every request.
     guard: Arc<crate::guard::Guard>,
+    /// The host's reload of its agent definition, for `POST /agent/reload`.
+    reload: Option<Reload>,
 }
+
+/// Reloads the host's agent definition (`POST /agent/reload`): what new
+/// runs start on now, or why the definition it read cannot be used (the
+/// old one then stays).
+pub type Reload = Arc<
+    dyn Fn() -> spool_runtime::BoxFuture<'static, Result<wire::AgentReloaded, String>>
+        + Send
+        + Sync,
+>;
 
 /// Who may read or drive a run: the runtime's one check, which every
 /// surface calls.
@@ -106,6 +117,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/schedules"),
     ("GET", "/schedules/{name}"),
     ("POST", "/schedules/{name}/trigger"),
+    ("POST", "/agent/reload"),
 ];
 
 /// A host route that cannot be mounted.
@@ -164,7 +176,16 @@ impl HttpChannel {
             placement: None,
             node_secret: None,
             guard: Arc::default(),
+            reload: None,
         }
+    }
+
+    /// Answers `POST /agent/reload` for administrators with `reload`;
+    /// without it the route does not exist.
+    #[must_use]
+    pub fn with_reload(mut self, reload: Reload) -> Self {
+        self.reload = Some(reload);
+        self
     }
 
     /// Forwards each command (a message, an answer, a cancel, reset,
@@ -420,6 +441,7 @@ enum Route {
     Run(String),
     RunAction(String, String),
     Schedules,
+    ReloadAgent,
     Schedule(String),
     Trigger(String),
 }

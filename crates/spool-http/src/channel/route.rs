@@ -89,6 +89,7 @@ impl HttpChannel {
                 )
             }
             ["schedules"] => (&[Method::GET], Route::Schedules),
+            ["agent", "reload"] if self.reload.is_some() => (&[Method::POST], Route::ReloadAgent),
             ["schedules", name] if !name.is_empty() => {
                 (&[Method::GET], Route::Schedule((*name).to_owned()))
             }
@@ -183,6 +184,7 @@ impl HttpChannel {
                 )
                 .await;
             }
+            (Route::ReloadAgent, _) => return self.reload_agent(caller.proven()).await,
             (Route::Schedule(name), _) => {
                 return crate::schedules::get(self.schedules.as_ref(), &name).await;
             }
@@ -383,6 +385,26 @@ impl HttpChannel {
                 tracing::error!(target: "spool::http", error = %failed, "the authenticator failed");
                 Err(Box::new(body::error(ErrorCode::Internal, "internal error")))
             }
+        }
+    }
+}
+
+impl HttpChannel {
+    /// `POST /agent/reload`: an administrator's, as it changes what every
+    /// new run runs on.
+    async fn reload_agent(&self, caller: Option<&spool_journal::Principal>) -> Response<Body> {
+        let Some(reload) = &self.reload else {
+            return body::error(ErrorCode::RunNotFound, "no route /agent/reload");
+        };
+        if !caller.is_some_and(spool_runtime::access::is_admin) {
+            return body::error(
+                ErrorCode::Forbidden,
+                "reloading the agent definition takes an administrator's token (`spool token new NAME --admin`); a server without tokens reloads on SIGHUP",
+            );
+        }
+        match reload().await {
+            Ok(reloaded) => body::json(StatusCode::OK, &reloaded),
+            Err(error) => body::error(ErrorCode::AgentInvalid, error),
         }
     }
 }

@@ -203,6 +203,7 @@ impl HttpChannel {
             kind: start.kind.clone(),
             context: start.context.clone().unwrap_or_default(),
             policy: turn_policy(start.turn_policy.as_ref())?,
+            upgrade: start.upgrade,
         };
         let accepted = self.runtime.start(request).await?;
         self.answer(accepted, respond_async).await

@@ -57,7 +57,14 @@ fn the_openapi_document_lists_every_stream_line_type_and_error_code_the_wire_kno
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_listed_route_is_served() {
-    let server = Server::start(echo_runtime()).await;
+    // With a host's reload, so `/agent/reload` is served (to an
+    // administrator; this caller is refused, which is routed).
+    let server = Server::start_with(echo_runtime(), |channel| {
+        channel.with_reload(std::sync::Arc::new(|| {
+            Box::pin(async { Ok(spool_wire::http::AgentReloaded::default()) })
+        }))
+    })
+    .await;
     let run = server.new_run(r#"{"text": "x"}"#).await;
     for (method, template) in ROUTES {
         // A deletion on a run of its own: the others' routes need theirs.

@@ -66,6 +66,7 @@ fn the_pinned_log_covers_every_event_kind() {
         "noted",
         "forked_from",
         "forked_into",
+        "agent_changed",
     ];
     for kind in all {
         assert!(kinds.contains(kind), "no pinned envelope for {kind}");

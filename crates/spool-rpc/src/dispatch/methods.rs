@@ -78,6 +78,7 @@ impl Connection {
                     kind: submit.kind,
                     context: submit.context.unwrap_or_default(),
                     policy,
+                    upgrade: None,
                 };
                 (before, runtime.start(request).await.map_err(runtime_error)?)
             }

@@ -152,6 +152,7 @@ impl Inner {
                 .await
             }
             Work::StartQueued => {
+                let current = self.current_agent().await?;
                 let mut locked = self.lock(run).await?;
                 let Some((seq, queued)) = locked.state().queued.front().cloned() else {
                     return Ok(());
@@ -165,7 +166,7 @@ impl Inner {
                     from_queue: Some(seq),
                     operation_id: None,
                 };
-                let events = self.starting_turn(locked.cached(), run, started);
+                let events = self.starting_turn(locked.cached(), run, started, &current);
                 locked.append(&*self.journal, events).await
             }
             Work::Nothing => Ok(()),

@@ -38,8 +38,10 @@ pub(super) struct TurnCtx {
     pub(super) cursor: ReplayCursor,
     /// Who created the run, for the tools' context.
     pub(super) principal: Option<spool_journal::Principal>,
-    /// The tools this turn runs with: the set current when it began, or
-    /// the earlier one its recorded requests were made with.
+    /// The agent the run's turns run on (its engine, budgets, tools).
+    pub(super) agent: Arc<crate::agents::Agent>,
+    /// The tools this turn runs with: the agent's set current when it
+    /// began, or the earlier one its recorded requests were made with.
     pub(super) tools: Arc<Catalog>,
     /// The conversation before this turn, shared with the run's cache.
     earlier: Arc<Vec<Message>>,
@@ -78,9 +80,9 @@ impl TurnCtx {
         locked: &Locked,
         turn: TurnId,
         token: CancellationToken,
-        tools: Arc<Catalog>,
     ) -> Result<Self, RuntimeError> {
         let cached = locked.cached();
+        let agent = Arc::clone(&cached.agent);
         let run = locked.run().clone();
         let turn_log = cached.turn_log();
         let start = match turn_log.first().map(|e| (e.seq, &e.event)) {
@@ -109,7 +111,8 @@ impl TurnCtx {
             steer_from: started_at.next(),
             head: cached.head(),
             usage: Usage::default(),
-            tools,
+            tools: agent.tools.catalog(),
+            agent,
             run,
             turn,
             token,
@@ -242,6 +245,29 @@ fn intent(request_hash: String, pending: &[Message]) -> Event {
     })
 }
 
+/// The move a run makes to `current` as its next turn starts: when it
+/// runs on another definition, and it (else `current`) says
+/// `upgrade = "next_turn"`.
+fn moving(
+    cached: &Cached,
+    current: &crate::agents::Agent,
+) -> Option<spool_journal::event::AgentChanged> {
+    let to = current.digest()?;
+    if cached.agent.digest() == Some(to) {
+        return None;
+    }
+    let upgrade = cached
+        .state
+        .created
+        .as_ref()
+        .and_then(|created| created.upgrade)
+        .unwrap_or(current.upgrade);
+    (upgrade == spool_wire::run::Upgrade::NextTurn).then(|| spool_journal::event::AgentChanged {
+        from: cached.agent.digest().map(str::to_owned),
+        to: to.to_owned(),
+    })
+}
+
 impl Inner {
     /// The events that start a turn: its `turn_started`, and with it the
     /// intent of its first model call. Nothing can come between the two
@@ -251,12 +277,22 @@ impl Inner {
     /// a dangling call after a restart, and a turn commits once less. The
     /// start alone when a budget stops the call before it is asked for:
     /// the driver then records that, as before.
+    ///
+    /// A run that follows upgrades (`upgrade = "next_turn"`, its own or
+    /// else `current`'s) and runs on another definition than `current`
+    /// moves to it first: an `agent_changed` comes before the start, and
+    /// the driver asks for the first call itself, on the new agent.
     pub(crate) fn starting_turn(
         &self,
         cached: &Cached,
         run: &RunId,
         start: TurnStarted,
+        current: &crate::agents::Agent,
     ) -> Vec<Event> {
+        if let Some(changed) = moving(cached, current) {
+            return vec![Event::AgentChanged(changed), Event::TurnStarted(start)];
+        }
+        let agent = &cached.agent;
         let context = context_message(&start);
         let pending = [input_message(&start)];
         let turn = start.turn_id.clone();
@@ -269,8 +305,8 @@ impl Inner {
         };
         let within = matches!(
             budget::verdict(
-                &self.budgets,
-                self.pricing.as_ref(),
+                &agent.budgets,
+                agent.pricing.as_ref(),
                 std::slice::from_ref(&started),
                 &turn
             ),
@@ -283,7 +319,7 @@ impl Inner {
                 cached.history.hasher(),
                 context.as_ref(),
                 &pending,
-                &self.tools.catalog().digest,
+                &agent.tools.catalog().digest,
             );
             events.push(intent(hash, &pending));
         }
@@ -309,7 +345,7 @@ impl Inner {
             drop(locked);
             return self.cancelled(run, &turn).instrument(span).await;
         }
-        let ctx = TurnCtx::begin(&locked, turn, token, self.tools.catalog())?;
+        let ctx = TurnCtx::begin(&locked, turn, token)?;
         drop(locked);
         self.walk(ctx).instrument(span).await
     }
@@ -423,7 +459,7 @@ impl Inner {
             Ok(step) => return Ok((request, hash, step)),
             Err(divergence) => divergence,
         };
-        for tools in self.tools.earlier() {
+        for tools in ctx.agent.tools.earlier() {
             if tools.digest == ctx.tools.digest {
                 continue;
             }
@@ -468,8 +504,8 @@ impl Inner {
             // intent: a replayed call, or a dangling one being made again,
             // passed them when it was recorded.
             match budget::verdict(
-                &self.budgets,
-                self.pricing.as_ref(),
+                &ctx.agent.budgets,
+                ctx.agent.pricing.as_ref(),
                 held.cached().turn_log(),
                 &ctx.turn,
             ) {
@@ -574,7 +610,8 @@ impl Inner {
             duration_ms = tracing::field::Empty,
         );
         let started = Instant::now();
-        let answer = caught(|| self.engine.call(&context, request, &publish, &ctx.token))
+        let engine = &ctx.agent.engine;
+        let answer = caught(|| engine.call(&context, request, &publish, &ctx.token))
             .instrument(span.clone())
             .await;
         let answer = match answer {

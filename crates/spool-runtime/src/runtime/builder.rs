@@ -25,7 +25,9 @@ pub struct RuntimeBuilder {
     cached_runs: usize,
     shared_journal: bool,
     limits: crate::agent::Limits,
+    upgrade: spool_wire::run::Upgrade,
     definition: Option<(String, serde_json::Value)>,
+    factory: Option<Arc<dyn crate::agents::AgentFactory>>,
 }
 
 impl std::fmt::Debug for RuntimeBuilder {
@@ -47,7 +49,9 @@ impl RuntimeBuilder {
             cached_runs: DEFAULT_CACHED_RUNS,
             shared_journal: false,
             limits: crate::agent::Limits::default(),
+            upgrade: spool_wire::run::Upgrade::Pinned,
             definition: None,
+            factory: None,
         }
     }
 
@@ -141,8 +145,35 @@ impl RuntimeBuilder {
         self.budgets = definition.budgets;
         self.pricing = definition.pricing;
         self.limits = definition.limits;
+        self.upgrade = definition.agent.upgrade;
         self.definition = Some((loaded.digest(), loaded.document.clone()));
         Ok(self)
+    }
+
+    /// The whole agent at once, built by the host (its engine and tools
+    /// included), in place of what [`RuntimeBuilder::agent`],
+    /// [`engine`](RuntimeBuilder::engine), [`tools`](RuntimeBuilder::tools)
+    /// and the rest set.
+    #[must_use]
+    pub fn agent_spec(mut self, spec: crate::AgentSpec) -> Self {
+        self.engine = spec.engine;
+        self.tools = spec.tools;
+        self.system_prompt = spec.system.map(|system| system.to_string());
+        self.budgets = spec.budgets;
+        self.pricing = spec.pricing;
+        self.limits = spec.limits;
+        self.upgrade = spec.upgrade;
+        self.definition = spec.definition;
+        self
+    }
+
+    /// Builds the agent of a definition runs started on when it is not
+    /// the current one (after a reload, or a restart with a changed
+    /// file): without a factory such runs run on the current agent.
+    #[must_use]
+    pub fn agent_factory(mut self, factory: Arc<dyn crate::AgentFactory>) -> Self {
+        self.factory = Some(factory);
+        self
     }
 
     /// Where run and turn ids come from (unique, time-ordered ids by
@@ -157,6 +188,17 @@ impl RuntimeBuilder {
     #[must_use]
     pub fn build(self) -> Runtime {
         let storage = Arc::new(Storage::default());
+        let agent = crate::agents::AgentSpec {
+            engine: self.engine,
+            tools: self.tools,
+            system: self.system_prompt.map(Arc::from),
+            budgets: self.budgets,
+            pricing: self.pricing,
+            limits: self.limits,
+            upgrade: self.upgrade,
+            definition: self.definition,
+        };
+        let agents = Arc::new(crate::agents::Agents::new(agent.into(), self.factory));
         Runtime {
             inner: Arc::new_cyclic(|runtime| {
                 storage.attach(runtime.clone());
@@ -166,23 +208,12 @@ impl RuntimeBuilder {
                         storage: Arc::clone(&storage),
                     }),
                     storage,
-                    engine: self.engine,
-                    tools: self.tools,
-                    budgets: self.budgets,
-                    pricing: self.pricing,
                     ids: self.ids,
                     hub: Hub::default(),
                     driving: Mutex::new(HashMap::new()),
-                    runs: Runs::new(self.cached_runs, self.system_prompt.map(Arc::from))
-                        .shared(self.shared_journal)
-                        .limits(self.limits),
+                    runs: Runs::new(self.cached_runs, agents).shared(self.shared_journal),
                     sleeping: Mutex::new(HashSet::new()),
                     tasks: crate::tasks::Tasks::default(),
-                    definition: self.definition.map(|(digest, document)| super::Definition {
-                        digest,
-                        document,
-                        kept: tokio::sync::OnceCell::new(),
-                    }),
                 }
             }),
         }

@@ -57,6 +57,7 @@ impl Runtime {
         {
             return self.send(&run, request.into_message()).await;
         }
+        let agent = self.inner.current_agent().await?;
         let run = self.inner.ids.run_id();
         let turn = self.inner.ids.turn_id(&run, 1);
         let created = Event::RunCreated(RunCreated {
@@ -66,7 +67,8 @@ impl Runtime {
             title: request.title.clone(),
             kind: request.kind.clone(),
             principal: request.principal.clone(),
-            agent: self.inner.agent_digest().await?,
+            agent: agent.digest().map(str::to_owned),
+            upgrade: request.upgrade,
         });
         let started = TurnStarted {
             turn_id: turn.clone(),
@@ -76,9 +78,12 @@ impl Runtime {
             from_queue: None,
             operation_id: None,
         };
-        let mut locked = Locked::fresh(&self.inner.runs, &run).await;
+        let mut locked = Locked::fresh(&self.inner.runs, &run, &agent).await;
         let events = std::iter::once(created)
-            .chain(self.inner.starting_turn(locked.cached(), &run, started))
+            .chain(
+                self.inner
+                    .starting_turn(locked.cached(), &run, started, &agent),
+            )
             .collect();
         match locked.append(&*self.inner.journal, events).await {
             Ok(()) => {}
@@ -180,13 +185,14 @@ impl Runtime {
         // Made without looking first: a new conversation is the common
         // case, and the journal refuses an address already taken
         // atomically (below), which is when the earlier run is used.
+        let agent = self.inner.current_agent().await?;
         let run = self.inner.ids.run_id();
         let turn = self.inner.ids.turn_id(&run, 1);
         let created = Event::RunCreated(RunCreated {
             address: Some(address.clone()),
             principal,
             kind,
-            agent: self.inner.agent_digest().await?,
+            agent: agent.digest().map(str::to_owned),
             ..RunCreated::default()
         });
         let started = TurnStarted {
@@ -197,9 +203,12 @@ impl Runtime {
             from_queue: None,
             operation_id: Some(operation_id.to_owned()),
         };
-        let mut locked = Locked::fresh(&self.inner.runs, &run).await;
+        let mut locked = Locked::fresh(&self.inner.runs, &run, &agent).await;
         let events = std::iter::once(created)
-            .chain(self.inner.starting_turn(locked.cached(), &run, started))
+            .chain(
+                self.inner
+                    .starting_turn(locked.cached(), &run, started, &agent),
+            )
             .collect();
         match locked.append(&*self.inner.journal, events).await {
             Ok(()) => {}
@@ -222,6 +231,7 @@ impl Runtime {
         operation_id: Option<String>,
     ) -> Result<Accepted, RuntimeError> {
         let policy = message.policy.unwrap_or(TurnPolicy::Steer);
+        let current = self.inner.current_agent().await?;
         let locked = self.inner.lock(run).await?;
         let state = locked.state();
         if let Some(operation) = &operation_id
@@ -279,7 +289,8 @@ impl Runtime {
                     operation_id,
                 };
                 (
-                    self.inner.starting_turn(locked.cached(), run, started),
+                    self.inner
+                        .starting_turn(locked.cached(), run, started, &current),
                     Accepted::Started {
                         run: run.clone(),
                         turn,
@@ -512,17 +523,13 @@ impl Runtime {
         let mut locked = self.idle(run).await?;
         // An idle run's whole history is in the cache's model view.
         let messages = std::sync::Arc::clone(locked.cached().history.messages());
-        let summary = self
-            .inner
-            .engine
-            .compact(&messages)
-            .await
-            .map_err(|e| match e {
-                crate::engine::EngineError::CompactionUnsupported => {
-                    RuntimeError::CompactionUnsupported
-                }
-                other => RuntimeError::Engine(other),
-            })?;
+        let engine = std::sync::Arc::clone(&locked.cached().agent.engine);
+        let summary = engine.compact(&messages).await.map_err(|e| match e {
+            crate::engine::EngineError::CompactionUnsupported => {
+                RuntimeError::CompactionUnsupported
+            }
+            other => RuntimeError::Engine(other),
+        })?;
         drop(messages);
         // The cache keeps no conversation entries (see `Cached::state`):
         // their positions come from the log, read while the run is locked.
@@ -731,6 +738,7 @@ impl Runtime {
             .iter()
             .map(|(seq, _)| *seq)
             .collect();
+        let agent = self.inner.current_agent().await?;
         let fork = self.inner.ids.run_id();
         let link = ForkLink {
             run: source.clone(),
@@ -743,7 +751,7 @@ impl Runtime {
                 title: request.title.clone().or(created.title),
                 kind: created.kind,
                 principal: request.principal.clone(),
-                agent: self.inner.agent_digest().await?,
+                agent: agent.digest().map(str::to_owned),
                 ..RunCreated::default()
             }),
             Event::ForkedFrom(link.clone()),
@@ -762,6 +770,8 @@ impl Runtime {
                 | Event::ScheduleDelivered(_)
                 | Event::ForkedFrom(_)
                 | Event::ForkedInto(_)
+                // The fork runs on the agent its `run_created` names.
+                | Event::AgentChanged(_)
                 | Event::RunCreated(_)
                 | Event::RunRetired(_) => None,
                 Event::InputQueued(_) if pending.contains(&envelope.seq) => None,
@@ -787,7 +797,7 @@ impl Runtime {
                 events.push(event);
             }
         }
-        let mut locked = crate::runs::Locked::fresh(&self.inner.runs, &fork).await;
+        let mut locked = crate::runs::Locked::fresh(&self.inner.runs, &fork, &agent).await;
         locked.append(&*self.inner.journal, events).await?;
         drop(locked);
         // The source's end of the link, written once the fork exists: a
@@ -809,6 +819,20 @@ impl Runtime {
 /// before it gives up with `run_active`: a tool that ignores its cancel
 /// signal keeps its turn going.
 const DELETE_WAITS: std::time::Duration = std::time::Duration::from_secs(30);
+
+impl Runtime {
+    /// Makes `agent` the one new runs start on (a reload of the agent's
+    /// definition); the digest it replaces. Runs in flight keep theirs,
+    /// or move to it when their next turn starts if they follow upgrades
+    /// (`upgrade = "next_turn"`, theirs or else `agent`'s). The journal
+    /// keeps the new definition before the first run names it.
+    pub fn load_agent(&self, agent: crate::AgentSpec) -> Option<String> {
+        let digest = agent.digest().map(str::to_owned);
+        let previous = self.inner.runs.agents.replace(agent.into());
+        tracing::info!(agent = ?digest, previous = ?previous, "the agent definition new runs start on was replaced");
+        previous
+    }
+}
 
 impl Runtime {
     /// Deletes `run`: its events and everything derived from them (its

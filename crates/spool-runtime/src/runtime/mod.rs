@@ -14,7 +14,7 @@ use spool_journal::store::RunSummary;
 use spool_journal::{Event, Journal, RunId};
 use tokio_util::sync::CancellationToken;
 
-use crate::engine::Engine;
+use crate::agents::Agent;
 use crate::error::RuntimeError;
 use crate::hub::Hub;
 use crate::runs::{Locked, Runs};
@@ -42,18 +42,13 @@ pub struct Runtime {
 impl std::fmt::Debug for Runtime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Runtime")
-            .field("tools", &self.inner.tools)
+            .field("agent", &self.inner.runs.agents.current())
             .finish_non_exhaustive()
     }
 }
 
 pub(crate) struct Inner {
     pub(crate) journal: Arc<dyn Journal>,
-    pub(crate) engine: Arc<dyn Engine>,
-    /// The tools, read afresh at each step.
-    pub(crate) tools: crate::tool::LiveTools,
-    pub(crate) budgets: crate::agent::Budgets,
-    pub(crate) pricing: Option<crate::agent::Pricing>,
     pub(crate) ids: Arc<dyn crate::ids::IdSource>,
     pub(crate) hub: Hub,
     /// Runs with a driver task.
@@ -66,16 +61,6 @@ pub(crate) struct Inner {
     pub(crate) storage: Arc<crate::storage::Storage>,
     /// Every task the runtime started.
     pub(crate) tasks: crate::tasks::Tasks,
-    /// The agent definition new runs start with, by digest.
-    pub(crate) definition: Option<Definition>,
-}
-
-/// An agent definition as runs name it: its digest, its document, and
-/// whether the journal keeps it yet (once per process).
-pub(crate) struct Definition {
-    pub(crate) digest: String,
-    pub(crate) document: serde_json::Value,
-    pub(crate) kept: tokio::sync::OnceCell<()>,
 }
 
 /// A run's driver task, as the runtime tracks it.
@@ -230,22 +215,12 @@ impl Runtime {
 }
 
 impl Inner {
-    /// The digest new runs record (`run_created.agent`), once the journal
-    /// keeps its definition: the first run a process creates keeps it
-    /// (a write the journal makes once per digest), the rest only name it.
-    pub(crate) async fn agent_digest(&self) -> Result<Option<String>, RuntimeError> {
-        let Some(definition) = &self.definition else {
-            return Ok(None);
-        };
-        definition
-            .kept
-            .get_or_try_init(|| async {
-                self.journal
-                    .keep_definition(&definition.digest, &definition.document)
-                    .await
-            })
-            .await?;
-        Ok(Some(definition.digest.clone()))
+    /// The agent new runs start on and runs that follow upgrades move to,
+    /// once the journal keeps its definition: the digest a run records
+    /// (`run_created.agent`, `agent_changed.to`) always names a definition
+    /// the journal holds.
+    pub(crate) async fn current_agent(&self) -> Result<Arc<Agent>, RuntimeError> {
+        Ok(self.runs.agents.current_kept(&*self.journal).await?)
     }
 
     /// After `run`'s deletion: nothing of it stays in memory.

@@ -33,7 +33,7 @@ impl Runtime {
     /// `RunNotFound`.
     pub async fn detail(&self, run: &RunId) -> Result<RunDetail, RuntimeError> {
         let locked = self.inner.lock(run).await?;
-        Ok(RunDetail::of(&locked, self.inner.pricing.as_ref()))
+        Ok(RunDetail::of(&locked))
     }
 
     /// A page of the run's journal: at most `limit` of its recorded
@@ -53,14 +53,15 @@ impl Runtime {
     ) -> Result<(Vec<crate::activity::timing::TimedEvent>, bool), RuntimeError> {
         // Through the lock, so a run the runtime hides (a schedule's
         // record) is as unknown here as everywhere else.
-        drop(self.inner.lock(run).await?);
+        // Priced by the run's own agent.
+        let pricing = self.inner.lock(run).await?.cached().agent.pricing;
         let log = self.inner.journal.read(run, Seq(0)).await?;
         let mut timing = crate::activity::timing::Timing::default();
         let mut page = Vec::with_capacity(limit.min(log.len()));
         let mut more = false;
         for envelope in log {
             let skipped = after.is_some_and(|after| envelope.seq <= after);
-            let timed = timing.time(envelope, self.inner.pricing.as_ref());
+            let timed = timing.time(envelope, pricing.as_ref());
             if skipped {
                 continue;
             }
@@ -146,14 +147,15 @@ impl Runtime {
         if let Some(run) = self.inner.journal.find_address(address).await? {
             return self.get(&run).await;
         }
+        let agent = self.inner.current_agent().await?;
         let run = self.inner.ids.run_id();
         let created = Event::RunCreated(RunCreated {
             address: Some(address.clone()),
             principal,
-            agent: self.inner.agent_digest().await?,
+            agent: agent.digest().map(str::to_owned),
             ..RunCreated::default()
         });
-        let mut locked = Locked::fresh(&self.inner.runs, &run).await;
+        let mut locked = Locked::fresh(&self.inner.runs, &run, &agent).await;
         match locked.append(&*self.inner.journal, vec![created]).await {
             Ok(()) => Ok(RunView::of(&locked)),
             Err(RuntimeError::Journal(JournalError::AddressTaken { run, .. })) => {
@@ -178,10 +180,19 @@ impl Runtime {
     }
 
     /// The digest of the definition new runs start with, when the runtime
-    /// was given one ([`RuntimeBuilder::agent`](crate::RuntimeBuilder::agent)).
+    /// was given one ([`RuntimeBuilder::agent`](crate::RuntimeBuilder::agent),
+    /// [`Runtime::load_agent`]).
     #[must_use]
-    pub fn agent_digest_now(&self) -> Option<&str> {
-        self.inner.definition.as_ref().map(|d| d.digest.as_str())
+    pub fn agent_digest_now(&self) -> Option<String> {
+        self.inner.runs.agents.current().digest().map(str::to_owned)
+    }
+
+    /// The digests of the agent definitions in memory, the current one
+    /// first: the others are held by runs in memory that run on them, and
+    /// dropped once none does.
+    #[must_use]
+    pub fn agents_in_memory(&self) -> Vec<String> {
+        self.inner.runs.agents.in_memory()
     }
 
     /// Who created `run`, when that was proven (a verified principal

@@ -35,6 +35,10 @@ pub struct StartRequest {
     /// What to do when the run is busy: `steer` (the default), `queue`,
     /// or `if_idle` (refused).
     pub policy: Option<TurnPolicy>,
+    /// Whether a new run follows newer agent definitions at its next turn
+    /// (`next_turn`) or keeps the one it starts with (`pinned`); absent,
+    /// the newest definition's `upgrade` decides.
+    pub upgrade: Option<spool_wire::run::Upgrade>,
 }
 
 /// A fork of a run's history: a new run holding the source's events
@@ -176,12 +180,18 @@ impl StartRequest {
     /// What an operation id is held to: the same key with another body is
     /// a conflict.
     pub(super) fn hash(&self) -> String {
-        spool_wire::canonical::content_hash(&json!({
+        let mut request = json!({
             "text": self.text,
             "title": self.title,
             "kind": self.kind,
             "context": self.context,
             "policy": self.policy.map(TurnPolicy::as_str),
-        }))
+        });
+        // Only when said: a request hashed before the field existed
+        // hashes the same.
+        if let (Some(upgrade), Some(fields)) = (self.upgrade, request.as_object_mut()) {
+            fields.insert("upgrade".into(), upgrade.as_str().into());
+        }
+        spool_wire::canonical::content_hash(&request)
     }
 }

@@ -27,3 +27,4 @@ mod storage;
 mod supervision;
 mod support;
 mod turns;
+mod upgrades;

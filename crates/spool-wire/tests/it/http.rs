@@ -25,6 +25,7 @@ fn each_error_code_has_its_string_and_status() {
         ("run_retired", ErrorCode::RunRetired, 409),
         ("run_deleted", ErrorCode::RunDeleted, 410),
         ("run_too_large", ErrorCode::RunTooLarge, 409),
+        ("agent_invalid", ErrorCode::AgentInvalid, 422),
         ("run_owned_elsewhere", ErrorCode::RunOwnedElsewhere, 409),
         ("conversation_corrupt", ErrorCode::ConversationCorrupt, 409),
         ("request_timeout", ErrorCode::RequestTimeout, 408),

@@ -307,6 +307,7 @@ fn start_run() -> impl Strategy<Value = http::StartRun> {
                 context,
                 turn_policy,
                 auth: None,
+                upgrade: None,
             },
         )
 }

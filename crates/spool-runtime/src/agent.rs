@@ -509,6 +509,7 @@ impl AgentDefinition {
 
     fn check(&self) -> Result<(), String> {
         crate::schedule::check(&self.schedules).map_err(|e| e.to_string())?;
+        self.retention.check()?;
         if let Some(cost) = self.budgets.cost_usd {
             if !(cost.is_finite() && cost > 0.0) {
                 return Err("`budgets.cost_usd` must be a positive number".into());

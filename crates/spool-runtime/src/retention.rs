@@ -3,11 +3,14 @@
 //! [`Runtime::sweep`] every [`Retention::period`] with the time now; the
 //! clock is the caller's, so a test moves it.
 
+use std::collections::HashMap;
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use serde::Deserialize;
 use spool_journal::fold::Status;
 use spool_journal::store::RunSummary;
+use spool_journal::{Address, Event, RunId, Seq};
 use time::OffsetDateTime;
 
 use crate::error::RuntimeError;
@@ -34,6 +37,12 @@ pub struct Retention {
     #[serde(default, deserialize_with = "age")]
     #[schemars(with = "Option<String>")]
     pub retired: Option<Duration>,
+    /// How many runs to keep per address, whatever their age: the run
+    /// that holds the address now and the newest it replaced (a reset
+    /// retires a run and frees its address for the next); older retired
+    /// runs of the address are deleted. At least 1.
+    #[serde(default)]
+    pub keep_latest: Option<usize>,
 }
 
 /// What one sweep did.
@@ -57,11 +66,30 @@ pub const SWEEP_PACE: Duration = Duration::from_millis(4);
 const PERIOD_MIN: Duration = Duration::from_secs(1);
 const PERIOD_MAX: Duration = Duration::from_secs(60);
 
+/// How often to sweep for `keep_latest` alone: a retired run past the
+/// count goes within this of the reset that pushed it out.
+const PERIOD_KEEP_LATEST: Duration = Duration::from_secs(10);
+
 impl Retention {
     /// Whether any run is ever deleted.
     #[must_use]
     pub fn is_empty(&self) -> bool {
-        self.rules().all(|(_, keep)| keep.is_none())
+        self.rules().all(|(_, keep)| keep.is_none()) && self.keep_latest.is_none()
+    }
+
+    /// Whether the settings hold together.
+    ///
+    /// # Errors
+    ///
+    /// A sentence naming the key.
+    pub fn check(&self) -> Result<(), String> {
+        if self.keep_latest == Some(0) {
+            return Err(
+                "`retention.keep_latest` must be at least 1: an address's current run is always kept"
+                    .into(),
+            );
+        }
+        Ok(())
     }
 
     fn rules(&self) -> impl Iterator<Item = (&'static str, Option<Duration>)> {
@@ -77,11 +105,17 @@ impl Retention {
     /// How often to sweep: a tenth of the shortest retention, between
     /// one second and a minute, so a run goes within seconds of its
     /// expiry when retentions are short and within a minute when they are
-    /// days; `None` when nothing is ever deleted.
+    /// days; every 10 s when `keep_latest` is the only rule; `None` when
+    /// nothing is ever deleted.
     #[must_use]
     pub fn period(&self) -> Option<Duration> {
-        let shortest = self.rules().filter_map(|(_, keep)| keep).min()?;
-        Some((shortest / 10).clamp(PERIOD_MIN, PERIOD_MAX))
+        let by_age = self
+            .rules()
+            .filter_map(|(_, keep)| keep)
+            .min()
+            .map(|shortest| (shortest / 10).clamp(PERIOD_MIN, PERIOD_MAX));
+        let by_count = self.keep_latest.map(|_| PERIOD_KEEP_LATEST);
+        by_age.into_iter().chain(by_count).min()
     }
 
     /// The rule `run` is past at `now`, in words (`completed 30d`), or
@@ -144,7 +178,13 @@ impl Runtime {
                     .filter_map(|run| retention.due(&run, now).map(|why| (run, why))),
             );
         }
+        if let Some(keep) = retention.keep_latest {
+            due.extend(self.past_latest(keep).await?);
+        }
         due.sort_by_key(|(run, _)| run.updated_at);
+        // A run due by two rules is deleted once.
+        let mut seen = std::collections::HashSet::new();
+        due.retain(|(run, _)| seen.insert(run.run_id.clone()));
         let mut pace = tokio::time::interval(SWEEP_PACE);
         pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         for (run, why) in due {
@@ -178,6 +218,78 @@ impl Runtime {
             }
         }
         Ok(swept)
+    }
+}
+
+impl Runtime {
+    /// The retired runs past the `keep` latest of an address they held:
+    /// an address's runs are the one holding it now (it counts, and is
+    /// never deleted here) and the retired runs that held it, newest
+    /// retired first. A retired run's addresses are read from its log
+    /// once per process (a retired run never changes).
+    async fn past_latest(&self, keep: usize) -> Result<Vec<(RunSummary, String)>, RuntimeError> {
+        let retired = self.inner.journal.runs_with_status(Status::Retired).await?;
+        let mut by_address: HashMap<Address, Vec<&RunSummary>> = HashMap::new();
+        for run in &retired {
+            for address in self.held(&run.run_id).await?.iter().cloned() {
+                by_address.entry(address).or_default().push(run);
+            }
+        }
+        let mut due = Vec::new();
+        for (address, mut runs) in by_address {
+            if runs.len() < keep {
+                continue;
+            }
+            // The run that holds the address now (live, or a retired run
+            // that kept it) counts among the latest and is never deleted
+            // here.
+            let holder = self.inner.journal.find_address(&address).await?;
+            runs.retain(|run| Some(&run.run_id) != holder.as_ref());
+            let kept = keep - usize::from(holder.is_some());
+            runs.sort_by_key(|run| std::cmp::Reverse(run.updated_at));
+            for run in runs.into_iter().skip(kept) {
+                let why = format!(
+                    "retention: keep_latest {keep} of {}:{}",
+                    address.namespace, address.name
+                );
+                due.push((run.clone(), why));
+            }
+        }
+        Ok(due)
+    }
+
+    /// Every address a retired run held: the one it was created through
+    /// and those bound to it since.
+    async fn held(&self, run: &RunId) -> Result<Arc<[Address]>, RuntimeError> {
+        if let Some(held) = self
+            .inner
+            .held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(run)
+        {
+            return Ok(Arc::clone(held));
+        }
+        let mut held: Vec<Address> = Vec::new();
+        for envelope in self.inner.journal.read(run, Seq(0)).await? {
+            let address = match envelope.event {
+                Event::RunCreated(created) => created.address,
+                Event::AddressBound(bound) => Some(bound.address),
+                _ => None,
+            };
+            if let Some(address) = address
+                && !held.contains(&address)
+            {
+                held.push(address);
+            }
+        }
+        let held: Arc<[Address]> = held.into();
+        self.inner
+            .held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(run.clone(), Arc::clone(&held));
+        Ok(held)
     }
 }
 
@@ -262,5 +374,30 @@ mod tests {
             Some(Duration::from_secs(10))
         );
         assert_eq!(retention(30 * 86_400, None).period(), Some(PERIOD_MAX));
+        let counted = Retention {
+            keep_latest: Some(3),
+            ..Retention::default()
+        };
+        assert_eq!(counted.period(), Some(PERIOD_KEEP_LATEST));
+        assert!(!counted.is_empty());
+        let both = Retention {
+            keep_latest: Some(3),
+            ..retention(20, None)
+        };
+        assert_eq!(both.period(), Some(Duration::from_secs(2)));
+    }
+
+    #[test]
+    fn keep_latest_of_zero_is_refused_by_name() {
+        let none = Retention {
+            keep_latest: Some(0),
+            ..Retention::default()
+        };
+        assert!(none.check().unwrap_err().contains("keep_latest"));
+        let one = Retention {
+            keep_latest: Some(1),
+            ..Retention::default()
+        };
+        assert_eq!(one.check(), Ok(()));
     }
 }

@@ -214,6 +214,7 @@ impl RuntimeBuilder {
                     runs: Runs::new(self.cached_runs, agents).shared(self.shared_journal),
                     sleeping: Mutex::new(HashSet::new()),
                     tasks: crate::tasks::Tasks::default(),
+                    held: Mutex::default(),
                 }
             }),
         }

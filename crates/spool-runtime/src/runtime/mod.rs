@@ -61,6 +61,9 @@ pub(crate) struct Inner {
     pub(crate) storage: Arc<crate::storage::Storage>,
     /// Every task the runtime started.
     pub(crate) tasks: crate::tasks::Tasks,
+    /// The addresses each retired run held, as retention's `keep_latest`
+    /// read them (a retired run never changes).
+    pub(crate) held: Mutex<HashMap<RunId, Arc<[spool_journal::Address]>>>,
 }
 
 /// A run's driver task, as the runtime tracks it.
@@ -226,6 +229,10 @@ impl Inner {
     /// After `run`'s deletion: nothing of it stays in memory.
     pub(crate) fn forget(&self, run: &RunId) {
         self.runs.remove(run);
+        self.held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(run);
         self.sleeping
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

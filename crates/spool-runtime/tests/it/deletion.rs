@@ -273,3 +273,65 @@ async fn retention_deletes_only_the_runs_past_their_time_by_the_callers_clock() 
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_latest_deletes_an_addresss_older_retired_runs_and_keeps_its_current_one() {
+    for (store, journal, _dir) in stores() {
+        let runtime = runtime_with(
+            Arc::clone(&journal),
+            r#"{"text": "done"}"#,
+            Tools::builtin(),
+        );
+        let through = |name: &str| spool_runtime::StartRequest {
+            text: "hi".into(),
+            address: Some(spool_journal::Address::new("http", name)),
+            ..spool_runtime::StartRequest::default()
+        };
+        // Four runs in turn at address `a` (each reset frees it for the
+        // next), one at `b` retired with no successor.
+        let mut at_a = Vec::new();
+        for n in 0..4 {
+            let spool_runtime::Accepted::Started { run, turn } =
+                runtime.start(through("a")).await.unwrap()
+            else {
+                panic!("a free address starts a run");
+            };
+            settle(&runtime, &run, &turn).await;
+            if n < 3 {
+                runtime.reset(&run, None).await.unwrap();
+            }
+            at_a.push(run);
+        }
+        let spool_runtime::Accepted::Started { run: at_b, turn } =
+            runtime.start(through("b")).await.unwrap()
+        else {
+            panic!("a free address starts a run");
+        };
+        settle(&runtime, &at_b, &turn).await;
+        runtime.reset(&at_b, None).await.unwrap();
+
+        let retention = Retention {
+            keep_latest: Some(2),
+            ..Retention::default()
+        };
+        let now = time::OffsetDateTime::now_utc();
+        let swept = runtime.sweep(&retention, now, 100).await.unwrap();
+        assert_eq!(swept.deleted, 2, "{store}: the two oldest runs of `a` go");
+        for run in &at_a[..2] {
+            let tombstone = journal.tombstone(run).await.unwrap().expect("deleted");
+            assert_eq!(
+                tombstone.reason.as_deref(),
+                Some("retention: keep_latest 2 of http:a"),
+                "{store}"
+            );
+        }
+        for run in [&at_a[2], &at_a[3], &at_b] {
+            assert!(
+                runtime.get(run).await.is_ok(),
+                "{store}: the current run of `a`, the newest it replaced, and `b`'s only run stay"
+            );
+        }
+        let again = runtime.sweep(&retention, now, 100).await.unwrap();
+        assert_eq!(again.deleted, 0, "{store}: nothing more is past the count");
+    }
+}

@@ -1,4 +1,5 @@
-//! `spool agent …`: check an agent definition before running it.
+//! `spool agent …`: check an agent definition before running it, compare
+//! two, and have a running server reload its own.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -35,11 +36,25 @@ pub(crate) enum AgentCommand {
         #[arg(long, env = "SPOOL_JOURNAL", default_value = ".spool")]
         journal: crate::journal::JournalAt,
     },
+    /// Have a running `spool serve` read its spool.toml again (as
+    /// `SIGHUP` does): new runs start on the new definition, runs in
+    /// flight keep theirs or move at their next turn. Needs an
+    /// administrator's token; exits 1 when the server refuses the
+    /// definition (it keeps the one it had).
+    Reload {
+        /// The server's URL.
+        #[arg(long, env = "SPOOL_URL")]
+        url: String,
+        /// An administrator's bearer token.
+        #[arg(long, env = "SPOOL_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+    },
 }
 
 pub(crate) fn run(command: AgentCommand) -> anyhow::Result<ExitCode> {
     let path = match command {
         AgentCommand::Check { path } => path,
+        AgentCommand::Reload { url, token } => return reload(&url, token),
         AgentCommand::Diff { from, to, journal } => return diff(&from, &to, &journal),
         AgentCommand::Schema => {
             let mut schema = spool_engines::agent_schema();
@@ -215,4 +230,39 @@ fn compare(
         (a, b) if a != b => changes.push(format!("~ {path}: {a} -> {b}")),
         _ => {}
     }
+}
+
+/// `spool agent reload`: the server's answer, a line a fact.
+fn reload(url: &str, token: Option<String>) -> anyhow::Result<ExitCode> {
+    let mut client = spool_http::Client::new(url)?;
+    if let Some(token) = token {
+        client = client.with_token(token);
+    }
+    let reloaded = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(client.reload_agent());
+    let mut out = std::io::stdout().lock();
+    let reloaded = match reloaded {
+        Ok(reloaded) => reloaded,
+        Err(error) => {
+            writeln!(std::io::stderr(), "spool agent reload: {error}")?;
+            return Ok(ExitCode::FAILURE);
+        }
+    };
+    writeln!(out, "agent     {}", reloaded.agent)?;
+    match &reloaded.previous {
+        Some(previous) => writeln!(out, "previous  {previous}")?,
+        None => writeln!(out, "previous  (unchanged)")?,
+    }
+    for section in &reloaded.restart_required {
+        writeln!(
+            out,
+            "restart   [{section}] changed: it takes effect at the next start"
+        )?;
+    }
+    for digest in reloaded.in_memory.iter().skip(1) {
+        writeln!(out, "held      {digest} (runs in memory still run on it)")?;
+    }
+    Ok(ExitCode::SUCCESS)
 }

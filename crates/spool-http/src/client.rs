@@ -254,6 +254,19 @@ impl Client {
         decode(response).await
     }
 
+    /// `POST /agent/reload`: the server reads its agent definition again
+    /// (an administrator's token only).
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::post`]: `forbidden` without an administrator's token,
+    /// `agent_invalid` (422) when the definition does not load (the
+    /// server keeps the one it had).
+    pub async fn reload_agent(&self) -> Result<wire::AgentReloaded, ClientError> {
+        let response = self.send(Method::POST, "/agent/reload", None).await?;
+        decode(response).await
+    }
+
     /// `POST /runs/{run}/reset`: retires the run.
     ///
     /// # Errors

@@ -145,9 +145,33 @@ fn a_reload_with_runs_in_flight_on_two_definitions_survives_a_kill_and_each_run_
         json!([two, one]),
         "the run parked on the first definition holds it"
     );
-    // The same file again changes nothing.
-    let (_, reply) = post(&addr, "/spool/v1/agent/reload", "", Some(&admin));
-    assert_eq!(body(&reply)["changed"], false);
+    // The same file again changes nothing; `spool agent reload` says so,
+    // and refuses a caller who is not an administrator.
+    let reload = |token: &str| {
+        Command::new(env!("CARGO_BIN_EXE_spool"))
+            .args([
+                "agent",
+                "reload",
+                "--url",
+                &format!("http://{addr}"),
+                "--token",
+                token,
+            ])
+            .output()
+            .unwrap()
+    };
+    let same = reload(&admin);
+    assert!(same.status.success(), "{same:?}");
+    let printed = String::from_utf8(same.stdout).unwrap();
+    assert!(printed.contains(&format!("agent     {two}")), "{printed}");
+    assert!(printed.contains("previous  (unchanged)"), "{printed}");
+    assert!(printed.contains(&format!("held      {one}")), "{printed}");
+    let refused = reload(&user);
+    assert_eq!(refused.status.code(), Some(1), "{refused:?}");
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("administrator"),
+        "{refused:?}"
+    );
 
     let on_two = parked_run(&addr, &user);
     let summary =

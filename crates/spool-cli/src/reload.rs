@@ -173,11 +173,21 @@ impl Reloader {
         )?;
         self.bus.apply(&mut agent.bus)?;
         let digest = agent.loaded.digest();
-        let restart_required = RESTART_SECTIONS
+        let mut restart_required: Vec<String> = RESTART_SECTIONS
             .iter()
             .filter(|section| current.get(**section) != agent.loaded.document.get(**section))
             .map(|section| (*section).to_owned())
             .collect();
+        // The name `/info` and the A2A card show is read at the start.
+        let name = |document: &Value| {
+            document
+                .get("agent")
+                .and_then(|agent| agent.get("name"))
+                .cloned()
+        };
+        if name(&current) != name(&agent.loaded.document) {
+            restart_required.push("agent.name".into());
+        }
         let changed = self.runtime.agent_digest_now().as_deref() != Some(digest.as_str());
         let previous = if changed {
             let spec = self.builder.spec(&agent).await?;

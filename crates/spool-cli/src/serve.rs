@@ -312,7 +312,17 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     }
     let _ = scheduler_slot.set(scheduler.clone());
     let (stop, closing) = tokio::sync::watch::channel(false);
-    let sweeper = sweep(&runtime, &agent.loaded.definition.retention, &closing);
+    // On a cluster one node sweeps: the live node with the lowest number.
+    let sweeps_here = match &owner {
+        Claim::Node(node) => Some(Arc::clone(node)),
+        _ => None,
+    };
+    let sweeper = sweep(
+        &runtime,
+        &agent.loaded.definition.retention,
+        sweeps_here,
+        &closing,
+    );
     let pods =
         crate::pod::serve_pods(&runtime, &args.pods, args.runtime_dir.as_deref(), &closing).await?;
     let bus = crate::bus::serve_bus(&agent, &runtime, &args.journal, &closing).await?;
@@ -472,12 +482,18 @@ const SWEEP_BATCH: usize = 256;
 fn sweep(
     runtime: &spool_runtime::Runtime,
     retention: &spool_runtime::retention::Retention,
+    node: Option<Arc<spool_journal_pg::cluster::Cluster>>,
     closing: &tokio::sync::watch::Receiver<bool>,
 ) -> Option<tokio::task::JoinHandle<()>> {
     let period = retention.period()?;
     say(&format!(
-        "spool: retention: runs that ended are deleted once past [retention] (checked every {} s)",
-        period.as_secs()
+        "spool: retention: runs that ended are deleted once past [retention] (checked every {} s{})",
+        period.as_secs(),
+        if node.is_some() {
+            ", by one node of the cluster at a time"
+        } else {
+            ""
+        }
     ));
     let (runtime, retention, mut closing) = (runtime.clone(), retention.clone(), closing.clone());
     Some(tokio::spawn(async move {
@@ -485,6 +501,16 @@ fn sweep(
             tokio::select! {
                 () = tokio::time::sleep(period) => {}
                 _ = closing.wait_for(|closing| *closing) => return,
+            }
+            if let Some(node) = &node {
+                match node.sweeps().await {
+                    Ok(true) => {}
+                    Ok(false) => continue,
+                    Err(error) => {
+                        tracing::warn!(target: "spool::retention", %error, "whether this node sweeps cannot be read; it asks again");
+                        continue;
+                    }
+                }
             }
             loop {
                 let now = time::OffsetDateTime::now_utc();

@@ -375,6 +375,28 @@ impl Cluster {
         Ok(())
     }
 
+    /// Whether this node is the one that sweeps retention: the live node
+    /// with the lowest number (the longest joined). When it dies, the
+    /// next lowest sweeps once its lease lapsed; a node whose own lease
+    /// lapsed is not live, so two nodes never both think they are it for
+    /// longer than a sweep.
+    ///
+    /// # Errors
+    ///
+    /// [`JournalError::Storage`] when the database cannot be reached.
+    pub async fn sweeps(&self) -> Result<bool, JournalError> {
+        let client = self.client().await?;
+        let lowest: Option<i64> = client
+            .query_one(
+                "SELECT min(id) FROM spool_nodes WHERE expires_at > clock_timestamp()",
+                &[],
+            )
+            .await
+            .map_err(storage)?
+            .get(0);
+        Ok(lowest == Some(self.node()))
+    }
+
     /// The node that holds `run`'s lease, with its address, while that
     /// node is alive.
     ///

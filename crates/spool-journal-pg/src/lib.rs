@@ -643,6 +643,24 @@ pub(crate) struct Readers {
 }
 
 impl Readers {
+    /// `run`'s tombstone, when it was deleted.
+    async fn tombstone(
+        &self,
+        run: &RunId,
+    ) -> Result<Option<spool_journal::store::Tombstone>, JournalError> {
+        let row = self
+            .query(|client, _| async move {
+                client
+                    .query_opt(
+                        "SELECT deleted_ns, deleted_by, reason, events FROM spool_tombstones WHERE run_id = $1",
+                        &[&run.as_str()],
+                    )
+                    .await
+            })
+            .await?;
+        Ok(row.map(|row| writer::tombstone_of(run, &row)))
+    }
+
     fn new(target: Target, store: Option<i64>) -> Self {
         Self {
             target,
@@ -820,8 +838,16 @@ impl Readers {
                             run: run.clone(),
                             seq,
                         })?,
-                    // Nothing before `from`: the run is shorter than that.
-                    _ => return Ok(Vec::new()),
+                    // Nothing before `from`: the run is shorter than that,
+                    // or was deleted since the caller read up to `from`
+                    // (another node's retention sweep): said, so a node
+                    // that cached the run learns it is gone.
+                    _ => {
+                        return match self.tombstone(run).await? {
+                            Some(_) => Err(JournalError::RunDeleted { run: run.clone() }),
+                            None => Ok(Vec::new()),
+                        };
+                    }
                 }
             };
         let mut verifier = Verifier::new(run.clone(), from, prev);
@@ -1031,20 +1057,7 @@ impl Journal for PgJournal {
         &'a self,
         run: &'a RunId,
     ) -> BoxFuture<'a, Result<Option<spool_journal::store::Tombstone>, JournalError>> {
-        Box::pin(async move {
-            let row = self
-                .readers
-                .query(|client, _| async move {
-                    client
-                        .query_opt(
-                            "SELECT deleted_ns, deleted_by, reason, events FROM spool_tombstones WHERE run_id = $1",
-                            &[&run.as_str()],
-                        )
-                        .await
-                })
-                .await?;
-            Ok(row.map(|row| writer::tombstone_of(run, &row)))
-        })
+        Box::pin(async move { self.readers.tombstone(run).await })
     }
 }
 

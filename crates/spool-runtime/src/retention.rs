@@ -141,9 +141,11 @@ impl Runtime {
     /// until `batch` are deleted (the oldest first), one at a time and at
     /// most one every [`SWEEP_PACE`]: the journal's writer takes appends
     /// between any two, so a sweep never holds appends up for more than
-    /// one run's deletion. A
-    /// run that moved since the listing (a new message) is left, as is one
-    /// another node of a cluster drives (its own node sweeps it).
+    /// one run's deletion. Each deletion is held to the run's head as
+    /// listed: a run that moved since the listing (a new message) is
+    /// left. On a shared journal the deletion goes ahead whichever node
+    /// drives the run (the head check makes it safe), so one node may
+    /// sweep for all (`spool serve --cluster` sweeps on one).
     ///
     /// # Errors
     ///

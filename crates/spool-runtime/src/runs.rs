@@ -435,8 +435,14 @@ impl Locked {
         recheck: bool,
     ) -> Result<Self, RuntimeError> {
         let mut guard = runs.entry(run).lock_owned().await;
-        if guard.loaded && recheck && !journal.read(run, guard.next).await?.is_empty() {
-            guard.loaded = false;
+        if guard.loaded && recheck {
+            match journal.read(run, guard.next).await {
+                Ok(newer) if newer.is_empty() => {}
+                // Moved on, or deleted (by another node's sweep): read
+                // again, which finds the tombstone of a deleted run.
+                Ok(_) | Err(JournalError::RunDeleted { .. }) => guard.loaded = false,
+                Err(error) => return Err(error.into()),
+            }
         }
         if !guard.loaded {
             guard.load(journal, run, &runs.agents).await?;

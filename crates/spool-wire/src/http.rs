@@ -481,7 +481,7 @@ pub struct AgentReloaded {
     /// Whether the definition changed.
     pub changed: bool,
     /// Sections that differ but configure the server itself (`server`,
-    /// `schedule`, `retention`, `telemetry`, `bus`, `a2a`): they take
+    /// `schedule`, `retention`, `telemetry`, `bus`, `a2a`, `agent.name`): they take
     /// effect at the next start.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub restart_required: Vec<String>,

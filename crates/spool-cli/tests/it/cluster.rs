@@ -933,3 +933,63 @@ fn a_run_deleted_through_any_node_is_gone_from_every_node_and_the_others_stay() 
         assert!(terminate(running).success());
     }
 }
+
+#[test]
+fn one_node_sweeps_retention_for_the_cluster_and_deletes_runs_another_node_drives() {
+    let Some(url) = crate::postgres::database() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("spool.toml"),
+        "[agent]\nengine = \"echo\"\n\n[retention]\ncompleted = \"1s\"\n",
+    )
+    .unwrap();
+    // A joins first: the live node with the lowest number sweeps.
+    let a = node(dir.path(), &url, "a");
+    let b = node(dir.path(), &url, "b");
+    let runs: Vec<String> = (0..3)
+        .map(|i| {
+            let body = serde_json::json!({ "text": format!("run {i}") }).to_string();
+            let (status, reply) = post(&b.addr, "/spool/v1/runs", &body, None);
+            assert_eq!(status, 200, "{reply}");
+            let run: serde_json::Value = serde_json::from_str(body_of(&reply)).unwrap();
+            assert_eq!(run["state"], "completed", "{run}");
+            run["run_id"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    // Waited on A's own report of the deletion: B made and drives the
+    // runs, A deletes them.
+    let mut deleted = 0;
+    while deleted < runs.len() {
+        let line = a
+            .said
+            .recv_timeout(Duration::from_secs(30))
+            .expect("node A reports its sweep within 30 s");
+        if line.contains("runs past their retention deleted") {
+            let count = line
+                .split("deleted=")
+                .nth(1)
+                .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+                .and_then(|n| n.parse::<usize>().ok())
+                .unwrap_or_else(|| panic!("a count in {line}"));
+            deleted += count;
+        }
+    }
+    assert_eq!(deleted, runs.len());
+    for node in [&a.addr, &b.addr] {
+        for run in &runs {
+            let view = crate::bus::get_json(node, &format!("/spool/v1/runs/{run}"));
+            assert_eq!(view["code"], "run_deleted", "{node}: {view}");
+        }
+    }
+    let swept_on_b: Vec<String> = b
+        .said
+        .try_iter()
+        .filter(|line| line.contains("runs past their retention deleted"))
+        .collect();
+    assert!(swept_on_b.is_empty(), "only A sweeps: {swept_on_b:?}");
+    for node in [a, b] {
+        assert!(terminate(node).success());
+    }
+}

@@ -194,7 +194,11 @@ fn a_reload_with_runs_in_flight_on_two_definitions_survives_a_kill_and_each_run_
     assert_eq!(done["response"], "two answered", "{done}");
 
     // SIGHUP loads a third, which moves runs at their next turn.
-    write_version(dir.path(), "three", "upgrade = \"next_turn\"\n");
+    write_version(
+        dir.path(),
+        "three",
+        "upgrade = \"next_turn\"\n\n[retention]\ncompleted = \"30d\"\n",
+    );
     let pid = running.child.id().to_string();
     assert!(
         Command::new("kill")
@@ -204,6 +208,11 @@ fn a_reload_with_runs_in_flight_on_two_definitions_survives_a_kill_and_each_run_
             .success()
     );
     said(&running, "SIGHUP: new runs start on agent");
+    // A section the server reads at its start only is named, not applied.
+    said(
+        &running,
+        "SIGHUP: [retention] changed and takes effect at the next start",
+    );
     let (status, reply) = post(
         &addr,
         &format!("/spool/v1/runs/{on_one}"),

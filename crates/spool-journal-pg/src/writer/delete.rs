@@ -1,6 +1,7 @@
 //! A deletion: one transaction of its own that takes the run's lock as
-//! every append does, checks the lease (in a cluster) and the head it was
-//! asked to find, removes the run's rows and writes its tombstone.
+//! every append does, checks the lease (in a cluster, unless the deletion
+//! is held to a head) and the head it was asked to find, removes the run's
+//! rows and writes its tombstone.
 
 use spool_journal::store::{Deletion, Tombstone};
 
@@ -54,7 +55,12 @@ async fn delete_in(
     {
         return Ok(tombstone_of(run, &row));
     }
-    if let Some(node) = fence {
+    // A conditional deletion (`expected`: retention's, of a run listed as
+    // ended) goes ahead whichever node holds the lease: the lock above
+    // and the head checked below hold it to the run as listed, and the
+    // holder's next append finds the tombstone. One without is a command
+    // for the node that drives the run.
+    if let Some(node) = fence.filter(|_| deletion.expected.is_none()) {
         // Leases before heads, in the order appends lock them.
         let lease = client
             .query_opt(

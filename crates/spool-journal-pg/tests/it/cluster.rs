@@ -178,3 +178,49 @@ async fn a_node_whose_run_moved_cannot_append_from_the_head_it_wrote_last() {
     assert_eq!(journal_a.commits_from_known_heads(), 2);
     assert_eq!(journal_a.read(&r, Seq(0)).await.unwrap().len(), 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deletion_held_to_the_head_goes_ahead_on_any_node_and_the_holder_then_finds_the_tombstone()
+ {
+    let Some(url) = crate::server() else { return };
+    let schema = crate::fresh_schema();
+    let (a, journal_a) = node(&url, &schema, "a").await;
+    let (b, journal_b) = node(&url, &schema, "b").await;
+    let r = run("ended");
+    journal_b
+        .append(&r, Seq(0), vec![created(), started("t1", "hi")])
+        .await
+        .unwrap();
+    // The lowest live node sweeps: A joined first.
+    assert!(a.sweeps().await.unwrap());
+    assert!(!b.sweeps().await.unwrap());
+    let deletion = |expected| spool_journal::store::Deletion {
+        by: "retention".into(),
+        reason: None,
+        expected,
+    };
+    // A command without a head is for the node that drives the run.
+    match journal_a.delete(&r, deletion(None)).await {
+        Err(JournalError::LeaseLost { .. }) => {}
+        other => panic!("expected the lease to be B's, got {other:?}"),
+    }
+    // Held to a head the run has moved past: left.
+    assert!(matches!(
+        journal_a.delete(&r, deletion(Some(Seq(1)))).await,
+        Err(JournalError::Conflict { .. })
+    ));
+    let tombstone = journal_a.delete(&r, deletion(Some(Seq(2)))).await.unwrap();
+    assert_eq!(tombstone.events, 2);
+    // B, which cached it to its head, learns it is gone when it reads on.
+    assert!(matches!(
+        journal_b.read(&r, Seq(2)).await,
+        Err(JournalError::RunDeleted { .. })
+    ));
+    assert!(journal_b.read(&r, Seq(0)).await.unwrap().is_empty());
+    // And finds it gone at its next append.
+    match journal_b.append(&r, Seq(2), vec![started("t2", "x")]).await {
+        Err(JournalError::RunDeleted { .. }) => {}
+        other => panic!("expected the run to be deleted, got {other:?}"),
+    }
+    drop(b);
+}

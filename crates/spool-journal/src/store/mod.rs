@@ -56,7 +56,10 @@ pub trait Journal: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Vec<Envelope>, JournalError>>;
 
     /// The run's events from position `from` on, verified against the hash
-    /// chain. An unknown run reads as empty.
+    /// chain. An unknown run reads as empty. A store other processes
+    /// delete from (PostgreSQL) answers [`JournalError::RunDeleted`] for a
+    /// read from past position 0 of a run deleted since, so a process that
+    /// cached the run learns it is gone.
     fn read<'a>(
         &'a self,
         run: &'a RunId,

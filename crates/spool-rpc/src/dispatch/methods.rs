@@ -78,7 +78,7 @@ impl Connection {
                     kind: submit.kind,
                     context: submit.context.unwrap_or_default(),
                     policy,
-                    upgrade: None,
+                    upgrade: submit.upgrade,
                 };
                 (before, runtime.start(request).await.map_err(runtime_error)?)
             }

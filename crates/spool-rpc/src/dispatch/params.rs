@@ -24,6 +24,9 @@ pub(super) struct SubmitRun {
     pub(super) context: Option<Vec<String>>,
     #[serde(default)]
     pub(super) turn_policy: Option<wire::TurnPolicy>,
+    /// For a new run: whether it follows newer agent definitions.
+    #[serde(default)]
+    pub(super) upgrade: Option<spool_wire::run::Upgrade>,
 }
 
 #[derive(Debug, Deserialize)]

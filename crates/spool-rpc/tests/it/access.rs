@@ -14,7 +14,7 @@ use spool_runtime::{RunAccess, Runtime};
 
 use crate::PATIENCE;
 
-fn token(id: &str, admin: bool) -> Principal {
+pub(crate) fn token(id: &str, admin: bool) -> Principal {
     let mut principal = Principal {
         authenticator: "token".into(),
         kind: "token".into(),
@@ -28,7 +28,7 @@ fn token(id: &str, admin: bool) -> Principal {
 }
 
 /// One request from a connection of `who`; its result or error object.
-async fn call(
+pub(crate) async fn call(
     dispatcher: &Dispatcher,
     who: &Principal,
     method: &str,

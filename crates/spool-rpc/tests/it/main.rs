@@ -22,6 +22,7 @@ mod spans;
 #[path = "../../../spool-http/tests/support/spans.rs"]
 mod spans_support;
 mod state;
+mod upgrade;
 
 const PATIENCE: Duration = Duration::from_secs(20);
 

@@ -19,7 +19,7 @@ use spool_runtime::agent::Loaded;
 use spool_runtime::{AgentFactory, AgentSpec, BoxFuture, LiveTools, Runtime};
 
 use crate::bus::BusArgs;
-use crate::serve::{Agent, load_agent_as, tools_of};
+use crate::serve::{Agent, built, load_agent_as, tools_of};
 
 /// The sections a reload does not apply: the server's listeners and
 /// guard, its schedules and sweeper, its telemetry, its bus listener and
@@ -87,24 +87,11 @@ impl Builder {
         let spec: spool_engines::Spec = engine
             .parse()
             .with_context(|| format!("engine `{engine}`"))?;
-        let engine =
-            spool_engines::build_spec(&spec, &loaded.definition.provider, &loaded.base, &|name| {
-                std::env::var(name).ok()
-            })
-            .with_context(|| format!("engine `{spec}`"))?;
-        let mut bus = spool_bus::config::BusSection::from_definition_as(
-            &loaded.definition,
-            self.instance.as_deref(),
-        )
-        .map_err(anyhow::Error::msg)?;
+        let mut agent = built(loaded, &spec, self.instance.as_deref())?;
         if let Some(flags) = &self.bus {
-            flags.apply(&mut bus)?;
+            flags.apply(&mut agent.bus)?;
         }
-        Ok(Agent {
-            loaded,
-            engine,
-            bus,
-        })
+        Ok(agent)
     }
 }
 

@@ -643,8 +643,19 @@ pub(crate) fn load_agent_as(
             None => say(&format!("spool: {note}")),
         }
     }
+    built(loaded, &spec, instance)
+}
+
+/// The agent `loaded` defines, with its engine (`spec`) built and its
+/// `[bus]` read (`instance` naming the bus instance a table leaves to the
+/// flag): what a start, a reload and a run's older definition all make.
+pub(crate) fn built(
+    loaded: Loaded,
+    spec: &spool_engines::Spec,
+    instance: Option<&str>,
+) -> anyhow::Result<Agent> {
     let engine =
-        spool_engines::build_spec(&spec, &loaded.definition.provider, &loaded.base, &|name| {
+        spool_engines::build_spec(spec, &loaded.definition.provider, &loaded.base, &|name| {
             std::env::var(name).ok()
         })
         .with_context(|| format!("engine `{spec}`"))?;

@@ -10,13 +10,16 @@ use std::io::Write;
 use std::process::ExitCode;
 
 mod a2a;
+mod first_token;
 mod http;
 mod journal;
 mod long;
 mod mcp;
+mod model;
 mod oneshot;
 mod otel;
 mod pg;
+mod recovery;
 mod report;
 mod rpc;
 mod serve;
@@ -59,6 +62,8 @@ const BENCHES: &[(&str, Bench)] = &[
     ("wire-decode", wire::decode),
     ("http-runs", http::runs),
     ("serve-runs", serve::run),
+    ("recovery", recovery::run),
+    ("first-token", first_token::run),
     ("a2a-tasks", a2a::run),
     ("soak", http::soak),
     ("parked-runs", http::parked),

@@ -119,11 +119,22 @@ impl Conn {
         head: &str,
         body: &[u8],
     ) -> anyhow::Result<(u16, Vec<u8>)> {
+        self.request_with(head, "", body).await
+    }
+
+    /// [`request`](Self::request) with more header lines (each ending in
+    /// `\r\n`).
+    pub(crate) async fn request_with(
+        &mut self,
+        head: &str,
+        headers: &str,
+        body: &[u8],
+    ) -> anyhow::Result<(u16, Vec<u8>)> {
         // One write: with TCP_NODELAY, a head and a body written apart go
         // out as two segments, and the server would be woken twice per
         // request, which is the client's cost, not the server's.
         let mut request = format!(
-            "{head} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            "{head} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n{headers}Content-Length: {}\r\n\r\n",
             body.len()
         )
         .into_bytes();

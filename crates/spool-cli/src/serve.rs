@@ -260,6 +260,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     // this node takes over; it starts after the first takeover.
     let scheduler_slot = Arc::new(std::sync::OnceLock::new());
     let mut taken = Vec::new();
+    // A single server lists its journal before it listens and recovers
+    // its runs once it accepts requests (see `Runtime::recovery`).
+    let mut recovery = None;
     let (runtime, owner, resumed) = if args.cluster.cluster {
         // A node drives only the runs it holds leases on: recovery is a
         // takeover of the runs of nodes that died, repeated as long as it
@@ -283,11 +286,14 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             Arc::clone(&agents),
         )
         .await?;
-        let resumed = recover(&runtime).await?;
-        (runtime, owner, resumed)
+        let plan = runtime.recovery().await?;
+        let interrupted = plan.interrupted();
+        recovery = Some(plan);
+        (runtime, owner, interrupted)
     };
-    // After recovery: a firing in doubt is settled against runs as the
-    // crash left them.
+    // A firing in doubt is settled against each run's log as the crash
+    // left it: its input recorded (queued or started) is delivered, and
+    // recovery starts a queued one whichever reads the run first.
     let schedules = &agent.loaded.definition.schedules;
     let scheduler = spool_runtime::Scheduler::start(
         &runtime,
@@ -453,6 +459,28 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         }
         stop.send_replace(true);
     };
+    if let Some(plan) = recovery {
+        // Started here, just before the channel accepts: the accept loop
+        // is armed before the drivers queue up. A stop ends the reading
+        // where it is; the next start reads again.
+        let mut closing = closing.clone();
+        tokio::spawn(async move {
+            let interrupted = plan.interrupted();
+            tokio::select! {
+                recovery = plan.run() => {
+                    if let Ok(resumed) = report(recovery)
+                        && resumed > interrupted
+                    {
+                        say(&format!(
+                            "spool: recovery read the journal: {} more runs resumed (sleeps re-armed, cancels applied, queued input started)",
+                            resumed - interrupted
+                        ));
+                    }
+                }
+                _ = closing.wait_for(|closing| *closing) => {}
+            }
+        });
+    }
     channel.serve(listener, shutdown).await?;
     pods.close();
     pods.wait().await;
@@ -734,6 +762,7 @@ pub(crate) async fn recover_interrupted(runtime: &Runtime) -> anyhow::Result<usi
     report(runtime.recover_interrupted().await?)
 }
 
+/// Says which runs could not be read; the number resumed.
 fn report(recovery: spool_runtime::Recovery) -> anyhow::Result<usize> {
     for (run, error) in &recovery.unreadable {
         say(&format!(

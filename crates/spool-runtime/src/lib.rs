@@ -49,7 +49,7 @@ pub use ids::{IdSource, SequentialIds, UniqueIds};
 pub use runs::DEFAULT_CACHED_RUNS;
 pub use runtime::{
     Accepted, CancelOutcome, DeleteRequest, ForkRequest, MAX_ANSWERS, MessageRequest, Recovery,
-    Runtime, RuntimeBuilder, StartRequest,
+    RecoveryPlan, Runtime, RuntimeBuilder, StartRequest,
 };
 pub use schedule::{ScheduleDefinition, Scheduler};
 pub use spool_journal::store::BoxFuture;

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 
 use crate::bus::get_json;
 use crate::python::{material, python};
-use crate::serve::post;
+use crate::serve::{kill, post};
 use crate::server::{Running, serve, terminate};
 
 /// How long any wait may take before the test fails.
@@ -102,13 +102,6 @@ fn send(running: &Running, run: &str) {
 /// The run as `GET /runs/{id}` shows it.
 fn run(running: &Running, run: &str) -> Value {
     get_json(&running.addr, &format!("/spool/v1/runs/{run}"))
-}
-
-/// SIGKILLs the server.
-fn kill(running: Running) {
-    let Running { mut child, .. } = running;
-    child.kill().unwrap();
-    child.wait().unwrap();
 }
 
 #[test]

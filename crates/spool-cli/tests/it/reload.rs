@@ -82,7 +82,7 @@ fn token(dir: &std::path::Path, name: &str, admin: bool) -> String {
 }
 
 /// Waits for the server to say a line containing `needle`.
-fn said(running: &Running, needle: &str) -> String {
+pub(crate) fn said(running: &Running, needle: &str) -> String {
     loop {
         let line = running
             .said

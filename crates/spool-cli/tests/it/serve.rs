@@ -258,28 +258,25 @@ fn a_server_killed_mid_run_resumes_it_on_restart_with_nothing_repeated() {
     });
     // Kill it while the second answer streams: the write is done and
     // recorded, the model call after it is under way.
-    loop {
-        let line = lines
-            .recv_timeout(Duration::from_secs(20))
-            .expect("the run streams");
-        if line["type"] == "text_delta" {
-            break;
-        }
-    }
-    let Running { mut child, .. } = first;
-    child.kill().unwrap(); // SIGKILL
-    child.wait().unwrap();
+    next_of(
+        &lines,
+        "text_delta",
+        Duration::from_secs(20),
+        "the run streams",
+    );
+    kill(first);
     let second = serve(dir.path(), &[]);
     let lines = stream_lines(&second.addr, &format!("/spool/v1/runs/{run}/stream"));
-    let response = loop {
-        let line = lines
-            .recv_timeout(Duration::from_secs(30))
-            .expect("the resumed run streams to its end");
-        if line["type"] == "run_response" {
-            break line["text"].clone();
-        }
-    };
-    assert_eq!(response, "one two three four five six seven eight nine ten");
+    let response = next_of(
+        &lines,
+        "run_response",
+        Duration::from_secs(30),
+        "the resumed run streams to its end",
+    );
+    assert_eq!(
+        response["text"],
+        "one two three four five six seven eight nine ten"
+    );
     let written = std::fs::read_to_string(&writes).unwrap();
     assert_eq!(
         written.lines().filter(|l| !l.is_empty()).count(),
@@ -287,6 +284,104 @@ fn a_server_killed_mid_run_resumes_it_on_restart_with_nothing_repeated() {
         "the write ran once: {written:?}"
     );
     assert!(terminate(second).success());
+}
+
+/// The next line of `type` on a stream, within `patience`; `what` says
+/// what the test waited for when it does not come.
+fn next_of(
+    lines: &std::sync::mpsc::Receiver<serde_json::Value>,
+    kind: &str,
+    patience: Duration,
+    what: &str,
+) -> serde_json::Value {
+    loop {
+        let line = lines.recv_timeout(patience).expect(what);
+        if line["type"] == kind {
+            return line;
+        }
+    }
+}
+
+/// SIGKILLs the server.
+pub(crate) fn kill(running: Running) {
+    let Running { mut child, .. } = running;
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+/// The `run_id` in a whole HTTP reply.
+fn run_id_in(reply: &str) -> String {
+    reply
+        .split("\"run_id\":\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap_or_else(|| panic!("no run_id in {reply}"))
+        .to_owned()
+}
+
+#[test]
+fn a_server_killed_with_runs_asleep_and_mid_turn_resumes_both_after_a_restart_and_says_what_its_reading_resumed()
+ {
+    let dir = tempfile::tempdir().unwrap();
+    // The first call of a run sleeps, the second answers; "slow" runs
+    // stream their one answer slowly instead. The sleep outlasts the
+    // second server, which re-arms it and is killed before it ends.
+    std::fs::write(
+        dir.path().join("script.jsonl"),
+        "{\"tool_calls\": [{\"id\": \"c1\", \"name\": \"sleep\", \"arguments\": {\"seconds\": 3}}]}\n{\"text\": \"rested\"}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("slow.jsonl"),
+        "{\"text\": \"one two three four five six\", \"delay_ms\": 200}\n",
+    )
+    .unwrap();
+    let on_script = |script: &str| {
+        std::fs::write(
+            dir.path().join("spool.toml"),
+            format!("[agent]\nengine = \"scripted:{script}\"\n"),
+        )
+        .unwrap();
+    };
+    on_script("script.jsonl");
+    let first = serve(dir.path(), &[]);
+    let (status, asleep) = post(&first.addr, "/spool/v1/runs", r#"{"text": "nap"}"#, None);
+    assert_eq!(status, 200, "{asleep}");
+    assert!(asleep.contains("\"state\":\"waiting\""), "{asleep}");
+    let asleep = run_id_in(&asleep);
+    kill(first);
+
+    // A second server, on the slow script, leaves a run mid-turn.
+    on_script("slow.jsonl");
+    let second = serve(dir.path(), &[]);
+    let (_, ensured) = post(&second.addr, "/spool/v1/addresses/slow", "", None);
+    let slow = run_id_in(&ensured);
+    let (addr, path) = (second.addr.clone(), format!("/spool/v1/runs/{slow}"));
+    // The request waits for the turn's end, which this server will not see.
+    std::thread::spawn(move || post(&addr, &path, r#"{"text": "talk slowly"}"#, None));
+    let lines = stream_lines(&second.addr, &format!("/spool/v1/runs/{slow}/stream"));
+    next_of(
+        &lines,
+        "text_delta",
+        Duration::from_secs(20),
+        "the slow run streams",
+    );
+    kill(second);
+
+    on_script("script.jsonl");
+    let third = serve(dir.path(), &[]);
+    crate::reload::said(&third, "recovery read the journal: 1 more runs resumed");
+    for (run, answer) in [(&asleep, "rested"), (&slow, "one two three four five six")] {
+        let lines = stream_lines(&third.addr, &format!("/spool/v1/runs/{run}/stream"));
+        let response = next_of(
+            &lines,
+            "run_response",
+            Duration::from_secs(30),
+            "the resumed run streams to its end",
+        );
+        assert_eq!(response["text"], answer, "run {run}");
+    }
+    assert!(terminate(third).success());
 }
 
 #[test]

@@ -10,7 +10,6 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use spool_journal::fold::Status;
-use spool_journal::store::RunSummary;
 use spool_journal::{Event, Journal, RunId};
 use tokio_util::sync::CancellationToken;
 
@@ -30,8 +29,41 @@ pub use requests::{
     Accepted, CancelOutcome, DeleteRequest, ForkRequest, MessageRequest, Recovery, StartRequest,
 };
 
-/// How many runs taken over [`Runtime::recover_runs`] reads at once.
+/// How many runs recovery reads at once: a node may take over tens of
+/// thousands, each a round trip to a shared database, and a server's
+/// start reads every run that is not mid-turn.
 const RECOVERY_READS: usize = 16;
+
+/// What recovery will do, listed by [`Runtime::recovery`].
+#[derive(Debug)]
+#[must_use = "nothing is recovered until the plan runs"]
+pub struct RecoveryPlan {
+    runtime: Runtime,
+    interrupted: Vec<RunId>,
+    to_read: Vec<RunId>,
+}
+
+impl RecoveryPlan {
+    /// The runs that were mid-turn: each is driven again, first thing.
+    #[must_use]
+    pub fn interrupted(&self) -> usize {
+        self.interrupted.len()
+    }
+
+    /// The runs whose log is read to learn whether anything was left to
+    /// do (a sleep, a cancel, queued input).
+    #[must_use]
+    pub fn to_read(&self) -> usize {
+        self.to_read.len()
+    }
+
+    /// Drives the interrupted runs again (each in a task of its own, at
+    /// once), then reads the others 16 at a time, parked and sleeping
+    /// runs first, acting on what each log says was left; what it did.
+    pub async fn run(self) -> Recovery {
+        self.runtime.run_plan(self.interrupted, self.to_read).await
+    }
+}
 
 /// A cheap-to-clone handle on the runtime.
 #[derive(Clone)]
@@ -102,7 +134,8 @@ impl Runtime {
     /// Resumes what the journal says was in progress: runs that were
     /// running (their recorded steps are replayed, never re-run), cancels
     /// recorded before a stop, queued input, and sleeps (re-armed). Waiting
-    /// runs stay waiting.
+    /// runs stay waiting. [`recovery`](Self::recovery), then
+    /// [`RecoveryPlan::run`].
     ///
     /// A run whose log cannot be read (its hash chain does not verify, say)
     /// is left alone and reported in [`Recovery::unreadable`]: one bad run
@@ -113,7 +146,43 @@ impl Runtime {
     ///
     /// When the journal cannot be listed.
     pub async fn recover(&self) -> Result<Recovery, RuntimeError> {
-        self.recover_listed(self.inner.journal.runs().await?).await
+        Ok(self.recovery().await?.run().await)
+    }
+
+    /// What [`recover`](Self::recover) will do, from one listing of the
+    /// journal and no read of any run's log: which runs were mid-turn,
+    /// and which must be read to learn whether anything was left to do.
+    /// Nothing starts until [`RecoveryPlan::run`].
+    ///
+    /// A server lists before it listens (a journal that cannot be listed
+    /// stops it there) and runs the plan once it accepts requests: tens of
+    /// thousands of drivers started first would queue ahead of its first
+    /// accept. A request for a run not recovered yet reads the run, as any
+    /// request does.
+    ///
+    /// # Errors
+    ///
+    /// When the journal cannot be listed.
+    pub async fn recovery(&self) -> Result<RecoveryPlan, RuntimeError> {
+        let (mut interrupted, mut parked, mut ended) = (Vec::new(), Vec::new(), Vec::new());
+        for summary in self.inner.journal.runs().await? {
+            match summary.status {
+                Status::Running => interrupted.push(summary.run_id),
+                Status::Retired | Status::Pending => {}
+                Status::Waiting(_) => parked.push(summary.run_id),
+                Status::Completed | Status::Failed | Status::Cancelled => {
+                    ended.push(summary.run_id);
+                }
+            }
+        }
+        // Parked runs before ended ones: a sleep due now is re-armed
+        // before input queued behind an ended turn is looked for.
+        parked.append(&mut ended);
+        Ok(RecoveryPlan {
+            runtime: self.clone(),
+            interrupted,
+            to_read: parked,
+        })
     }
 
     /// Resumes only the runs the journal lists as running: turns cut off
@@ -127,14 +196,8 @@ impl Runtime {
     ///
     /// When the journal cannot be listed.
     pub async fn recover_interrupted(&self) -> Result<Recovery, RuntimeError> {
-        let running = self.inner.journal.runs_with_status(Status::Running).await?;
-        self.recover_listed(running).await
-    }
-
-    /// Recovers the listed runs.
-    async fn recover_listed(&self, runs: Vec<RunSummary>) -> Result<Recovery, RuntimeError> {
         let mut recovery = Recovery::default();
-        for summary in runs {
+        for summary in self.inner.journal.runs_with_status(Status::Running).await? {
             self.recover_one(summary.run_id, &summary.status, &mut recovery)
                 .await;
         }
@@ -155,14 +218,31 @@ impl Runtime {
     /// [`Recovery::unreadable`]. The `Result` leaves room for a store
     /// error that stops the whole recovery.
     pub async fn recover_runs(&self, runs: &[RunId]) -> Result<Recovery, RuntimeError> {
+        Ok(self.recover_each(runs.to_vec(), true).await)
+    }
+
+    /// Drives `plan`'s interrupted runs, then reads the rest.
+    async fn run_plan(&self, interrupted: Vec<RunId>, to_read: Vec<RunId>) -> Recovery {
+        // Mid-turn: the driver reads the log itself, nothing to read first.
+        for run in &interrupted {
+            self.inner.clone().ensure_driver(run);
+        }
+        let mut recovery = self.recover_each(to_read, false).await;
+        recovery.resumed += interrupted.len();
+        recovery
+    }
+
+    /// Recovers `runs` in order, [`RECOVERY_READS`] at a time; `taken`:
+    /// runs another process drove, whose cached copies are dropped first.
+    async fn recover_each(&self, runs: Vec<RunId>, taken: bool) -> Recovery {
         let mut recovery = Recovery::default();
-        let mut left = runs.iter().cloned();
+        let mut left = runs.into_iter();
         let mut reading = tokio::task::JoinSet::new();
         loop {
             while reading.len() < RECOVERY_READS {
                 let Some(run) = left.next() else { break };
                 let runtime = self.clone();
-                reading.spawn(async move { runtime.recover_taken(run).await });
+                reading.spawn(async move { runtime.recover_read(run, taken).await });
             }
             let Some(done) = reading.join_next().await else {
                 break;
@@ -177,12 +257,19 @@ impl Runtime {
                 Err(_) => {}
             }
         }
-        Ok(recovery)
+        recovery
     }
 
-    /// Recovers one run taken over: its cached copy dropped, its log read.
-    async fn recover_taken(&self, run: RunId) -> Recovery {
+    /// Recovers one run from its log; `taken`: its cached copy is dropped
+    /// first.
+    async fn recover_read(&self, run: RunId, taken: bool) -> Recovery {
         let mut recovery = Recovery::default();
+        if !taken {
+            // Not running, as listed: its log says whether anything is
+            // left to do.
+            self.resume_from_log(run, &mut recovery).await;
+            return recovery;
+        }
         self.inner.runs.invalidate(&run).await;
         let status = match self.inner.lock(&run).await {
             Ok(locked) => locked.state().status,
@@ -206,13 +293,19 @@ impl Runtime {
                 recovery.resumed += 1;
             }
             Status::Retired | Status::Pending => {}
-            _ => match self.inner.resume(&run).await {
-                Ok(resumed) => recovery.resumed += usize::from(resumed),
-                Err(error) => {
-                    tracing::error!(run_id = %run, %error, "a run's log cannot be read; it is left as it is");
-                    recovery.unreadable.push((run, error));
-                }
-            },
+            _ => self.resume_from_log(run, recovery).await,
+        }
+    }
+
+    /// Acts on what `run`'s log says was left to do (a sleep, a cancel,
+    /// queued input).
+    async fn resume_from_log(&self, run: RunId, recovery: &mut Recovery) {
+        match self.inner.resume(&run).await {
+            Ok(resumed) => recovery.resumed += usize::from(resumed),
+            Err(error) => {
+                tracing::error!(run_id = %run, %error, "a run's log cannot be read; it is left as it is");
+                recovery.unreadable.push((run, error));
+            }
         }
     }
 }

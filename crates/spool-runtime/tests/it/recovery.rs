@@ -471,6 +471,117 @@ async fn a_tool_is_told_its_run_turn_call_and_creator_and_told_the_same_after_a_
     assert_eq!(seen[1], *first, "the recovered call is told the same");
 }
 
+/// Three runs a crash left in three states: one mid-turn, one asleep, one
+/// whose last turn ended with input queued (a crash between the turn's
+/// end and the queued turn's start).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recovery_drives_interrupted_runs_before_it_reads_the_rest_and_the_reading_resumes_sleeps_and_queued_input()
+ {
+    let journal = Arc::new(Instrumented::default());
+    let shared: Arc<dyn Journal> = journal.clone();
+    let (mid_turn, asleep, ended) = tokio::task::block_in_place(|| {
+        let tokio = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let runs = tokio.block_on(async {
+            let sleeper = runtime_with(
+                Arc::clone(&shared),
+                r#"{"tool_calls": [{"id": "c1", "name": "sleep", "arguments": {"seconds": 0.2}}]}"#,
+                Tools::builtin(),
+            );
+            let (asleep, turn) = begin(&sleeper, "nap").await;
+            assert_eq!(
+                settle(&sleeper, &asleep, &turn).await.status,
+                Status::Waiting(SuspendKind::Sleep)
+            );
+            let talker = runtime_with(Arc::clone(&shared), r#"{"text": "hi"}"#, Tools::builtin());
+            let (ended, turn) = begin(&talker, "hello").await;
+            assert_eq!(
+                settle(&talker, &ended, &turn).await.status,
+                Status::Completed
+            );
+            // The model answers slowly, word by word: the crash finds the
+            // turn mid-call.
+            let slow = runtime_with(
+                Arc::clone(&shared),
+                r#"{"text": "a b c d e f", "delay_ms": 60000}"#,
+                Tools::builtin(),
+            );
+            let (mid_turn, _) = begin(&slow, "slow").await;
+            (mid_turn, asleep, ended)
+        });
+        tokio.shutdown_background();
+        runs
+    });
+    let next = Seq(shared.read(&ended, Seq(0)).await.unwrap().len() as u64);
+    shared
+        .append(
+            &ended,
+            next,
+            vec![Event::InputQueued(spool_journal::event::InputQueued {
+                input: "and then?".into(),
+                context: Vec::new(),
+                operation_id: None,
+            })],
+        )
+        .await
+        .unwrap();
+    // Every read of the asleep and the ended run waits from here on.
+    *journal.only.lock().unwrap() = vec![asleep.clone(), ended.clone()];
+    journal.holding.store(true, Ordering::SeqCst);
+    let runtime = runtime_with(
+        Arc::clone(&shared),
+        r#"{"text": "resumed"}
+{"text": "after"}"#,
+        Tools::builtin(),
+    );
+    let plan = tokio::time::timeout(PATIENCE, runtime.recovery())
+        .await
+        .expect("planning reads no run's log")
+        .unwrap();
+    assert_eq!(
+        plan.interrupted(),
+        1,
+        "only the run mid-turn is driven at once"
+    );
+    assert_eq!(plan.to_read(), 2);
+    let recovering = tokio::spawn(plan.run());
+    let view = until(&runtime, &mid_turn, |view| view.status == Status::Completed).await;
+    assert_eq!(
+        view.response.as_deref(),
+        Some("resumed"),
+        "the interrupted turn finished while the other runs were still unread"
+    );
+    assert!(
+        !recovering.is_finished(),
+        "the held reads hold the rest of recovery"
+    );
+    journal.go.send_replace(true);
+    let recovery = tokio::time::timeout(PATIENCE, recovering)
+        .await
+        .expect("recovery finishes once the reads are let go")
+        .unwrap();
+    assert!(recovery.unreadable.is_empty(), "{:?}", recovery.unreadable);
+    assert_eq!(
+        recovery.resumed, 3,
+        "the sleep re-armed and the queued input started"
+    );
+    let woke = until(&runtime, &asleep, |view| view.status == Status::Completed).await;
+    assert_eq!(woke.response.as_deref(), Some("after"));
+    until(&runtime, &ended, |view| {
+        view.status == Status::Completed && view.response.as_deref() == Some("after")
+    })
+    .await;
+    let started = kinds(&shared, &ended)
+        .await
+        .into_iter()
+        .filter(|kind| *kind == "turn_started")
+        .count();
+    assert_eq!(started, 2, "the queued input ran as the run's second turn");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_taken_over_in_a_batch_larger_than_is_read_at_once_resume_only_the_interrupted_one() {
     let crash = Crashable::new(

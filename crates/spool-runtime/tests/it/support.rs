@@ -252,6 +252,8 @@ pub(crate) struct Instrumented {
     pub(crate) reads_from_start: AtomicUsize,
     pub(crate) reads_from_later: AtomicUsize,
     pub(crate) holding: std::sync::atomic::AtomicBool,
+    /// When not empty, only these runs' reads are held.
+    pub(crate) only: std::sync::Mutex<Vec<RunId>>,
     pub(crate) entered: tokio::sync::Notify,
     pub(crate) go: tokio::sync::watch::Sender<bool>,
 }
@@ -277,7 +279,11 @@ impl Journal for Instrumented {
             self.reads_from_later.fetch_add(1, Ordering::SeqCst);
         }
         Box::pin(async move {
-            if self.holding.load(Ordering::SeqCst) {
+            let held = {
+                let only = self.only.lock().unwrap();
+                only.is_empty() || only.contains(run)
+            };
+            if held && self.holding.load(Ordering::SeqCst) {
                 self.entered.notify_one();
                 let mut go = self.go.subscribe();
                 if go.wait_for(|go| *go).await.is_err() {

@@ -1,0 +1,350 @@
+//! `first-token`: what Spool adds between a model's tokens and a reader.
+//! The benchmark's stand-in model ([`crate::model`]) streams an answer
+//! word by word at a fixed pace; a reader of a run's NDJSON stream on
+//! `spool serve` (the binary, measured from outside) times the first
+//! `text_delta` from the moment it sent the message, and the gaps between
+//! the deltas after it. The baseline is a client asking the stand-in
+//! directly for the same answer, timing its first chunk and the gaps, in
+//! the same process, alternating with the runs through Spool: one run at a
+//! time on an idle server, then one at a time while 1 000 other runs
+//! stream their answers (10 words a second each) to readers of their own.
+//! A burst of 1 000 messages sent at once is measured too, without a
+//! target: there the machine's two cores are the bound.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use serde_json::{Value, json};
+use spool_http::Client;
+use spool_http::client::Lines;
+use spool_wire::http::StreamEventType;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+use crate::Scale;
+use crate::http::percentile;
+use crate::model::{self, Asked, Reply};
+use crate::report::Row;
+use crate::serve::{Conn, Server};
+
+/// Words in the streamed answer, and the model's pace between them.
+const WORDS: usize = 12;
+const GAP: Duration = Duration::from_millis(10);
+
+/// The other runs' answers: long enough to outlast the measured ones.
+const LONG_WORDS: usize = 400;
+const LONG_GAP: Duration = Duration::from_millis(100);
+
+/// First-token times and the gaps between tokens, in milliseconds.
+#[derive(Default)]
+struct Timings {
+    first: Vec<f64>,
+    gaps: Vec<f64>,
+}
+
+impl Timings {
+    fn add(&mut self, other: Self) {
+        self.first.extend(other.first);
+        self.gaps.extend(other.gaps);
+    }
+
+    fn sorted(mut self) -> Self {
+        self.first.sort_by(f64::total_cmp);
+        self.gaps.sort_by(f64::total_cmp);
+        self
+    }
+}
+
+/// The time since `since` in milliseconds.
+fn ms(since: Instant) -> f64 {
+    since.elapsed().as_secs_f64() * 1e3
+}
+
+pub(crate) fn run(scale: Scale) -> anyhow::Result<Vec<Row>> {
+    let Some(spool) = crate::oneshot::spool_bin("first-token")? else {
+        return Ok(Vec::new());
+    };
+    let tokio = crate::http::tokio()?;
+    tokio.block_on(async {
+        let url = model::start(Arc::new(|asked: &Asked| match asked.text.as_str() {
+            "stream" => Reply::Text {
+                words: (0..WORDS).map(|i| format!(" w{i}")).collect(),
+                gap: GAP,
+            },
+            "long" => Reply::Text {
+                words: (0..LONG_WORDS).map(|i| format!(" l{i}")).collect(),
+                gap: LONG_GAP,
+            },
+            _ => Reply::text("ready"),
+        }))
+        .await?;
+        let server = Server::start_with(&spool, &[("spool.toml", &model::definition(&url))])?;
+        let probes = scale.pick(60, 5);
+        let mut rows = Vec::new();
+
+        let (direct, spooled) = one_at_a_time(&url, &server.addr, probes).await?;
+        rows.extend(first_token_rows("1 run", &direct, &spooled, true));
+
+        let streaming = scale.pick(1_000, 20);
+        let background = Background::start(&server.addr, streaming).await?;
+        let (direct, spooled) = one_at_a_time(&url, &server.addr, probes).await?;
+        background.still_streaming()?;
+        drop(background);
+        let at = format!("1 run while {streaming} stream");
+        rows.extend(first_token_rows(&at, &direct, &spooled, true));
+
+        let burst = scale.pick(1_000, 20);
+        let direct = directly(&url, burst).await?.sorted();
+        let spooled = through_spool(&server.addr, prepare(&server.addr, burst).await?)
+            .await?
+            .sorted();
+        let at = format!("{burst} sent at once");
+        rows.extend(first_token_rows(&at, &direct, &spooled, false));
+        Ok(rows)
+    })
+}
+
+/// `probes` turns, one at a time, each beside a request read directly:
+/// the direct timings and Spool's.
+async fn one_at_a_time(url: &str, addr: &str, probes: usize) -> anyhow::Result<(Timings, Timings)> {
+    let (mut direct, mut spooled) = (Timings::default(), Timings::default());
+    for _ in 0..probes {
+        direct.add(directly(url, 1).await?);
+        spooled.add(through_spool(addr, prepare(addr, 1).await?).await?);
+    }
+    Ok((direct.sorted(), spooled.sorted()))
+}
+
+/// The rows for one load: the first token's p50 and p99 added, and the
+/// p99 gap between tokens; with the targets when `targets`.
+fn first_token_rows(at: &str, direct: &Timings, spooled: &Timings, targets: bool) -> Vec<Row> {
+    let mut rows = Vec::new();
+    for (p, name, most) in [(0.5, "p50", 1.0), (0.99, "p99", 5.0)] {
+        let (through, floor) = (percentile(&spooled.first, p), percentile(&direct.first, p));
+        let row = Row::new(
+            format!("first-token/HTTP stream, {at}: {name} added"),
+            through - floor,
+            "ms",
+            format!("{name} first token, read directly"),
+            floor,
+        );
+        rows.push(if targets {
+            row.figure_at_most(most)
+        } else {
+            row
+        });
+    }
+    let (through, floor) = (
+        percentile(&spooled.gaps, 0.99),
+        percentile(&direct.gaps, 0.99),
+    );
+    let row = Row::new(
+        format!("first-token/HTTP stream, {at}: p99 gap between tokens"),
+        through,
+        "ms",
+        "p99 gap, read directly",
+        floor,
+    )
+    .lower_is_better();
+    rows.push(if targets {
+        row.figure_at_most(floor + 2.0)
+    } else {
+        row
+    });
+    rows
+}
+
+/// Runs streaming long answers to readers of their own, for as long as
+/// the measured turns take.
+struct Background {
+    readers: Vec<tokio::task::JoinHandle<anyhow::Result<()>>>,
+}
+
+impl Background {
+    /// Starts `runs` long answers and returns once each has streamed a
+    /// word.
+    async fn start(addr: &str, runs: usize) -> anyhow::Result<Self> {
+        let (started, mut starts) = tokio::sync::mpsc::channel(runs.max(1));
+        let mut readers = Vec::with_capacity(runs);
+        for (run, mut lines) in prepare(addr, runs).await? {
+            let addr = addr.to_owned();
+            let started = started.clone();
+            readers.push(tokio::spawn(async move {
+                send(&addr, &run, b"{\"text\":\"long\"}").await?;
+                let mut first = true;
+                loop {
+                    let Some(line) = lines.next().await? else {
+                        bail!("the stream of {run} ended mid-answer");
+                    };
+                    match line.kind {
+                        StreamEventType::TextDelta if first => {
+                            first = false;
+                            let _ = started.send(()).await;
+                        }
+                        StreamEventType::RunResponse => {
+                            bail!("a background answer ended before the measured turns")
+                        }
+                        _ => {}
+                    }
+                }
+            }));
+        }
+        for _ in 0..runs {
+            tokio::time::timeout(Duration::from_secs(120), starts.recv())
+                .await
+                .context("the background runs did not all start streaming within 120 s")?
+                .context("a background run failed before it streamed")?;
+        }
+        Ok(Self { readers })
+    }
+
+    /// Fails when a background run stopped streaming before now.
+    fn still_streaming(&self) -> anyhow::Result<()> {
+        let ended = self.readers.iter().filter(|r| r.is_finished()).count();
+        anyhow::ensure!(
+            ended == 0,
+            "{ended} background runs stopped streaming before the measured turns ended"
+        );
+        Ok(())
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        for reader in &self.readers {
+            reader.abort();
+        }
+    }
+}
+
+/// `runs` clients at once, each asking the stand-in for the answer on a
+/// connection of its own.
+async fn directly(url: &str, runs: usize) -> anyhow::Result<Timings> {
+    let addr = url
+        .strip_prefix("http://")
+        .and_then(|rest| rest.split('/').next())
+        .context("the stand-in's URL")?
+        .to_owned();
+    let body = json!({"model": "stand-in", "stream": true,
+        "messages": [{"role": "user", "content": "stream"}]})
+    .to_string();
+    let mut clients = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let (addr, body) = (addr.clone(), body.clone());
+        clients.push(tokio::spawn(async move {
+            let sent = Instant::now();
+            let mut stream = TcpStream::connect(&addr).await?;
+            stream.set_nodelay(true)?;
+            stream
+                .write_all(
+                    format!(
+                        "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                        body.len()
+                    )
+                    .as_bytes(),
+                )
+                .await?;
+            let mut lines = BufReader::new(stream).lines();
+            let mut timings = Timings::default();
+            let mut last: Option<Instant> = None;
+            while let Some(line) = lines.next_line().await? {
+                if !line.contains("\"content\"") {
+                    continue;
+                }
+                match last {
+                    None => timings.first.push(ms(sent)),
+                    Some(previous) => timings.gaps.push(ms(previous)),
+                }
+                last = Some(Instant::now());
+            }
+            anyhow::ensure!(timings.gaps.len() == WORDS - 1, "the stand-in streamed every word");
+            anyhow::Ok(timings)
+        }));
+    }
+    let mut all = Timings::default();
+    for client in clients {
+        all.add(client.await??);
+    }
+    Ok(all)
+}
+
+/// `runs` runs made, each with its stream opened after its first turn.
+async fn prepare(addr: &str, runs: usize) -> anyhow::Result<Vec<(String, Lines)>> {
+    let client = Client::new(&format!("http://{addr}"))?;
+    let mut conn = Conn::open(addr).await?;
+    let mut streams = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let (status, reply) = conn
+            .request("POST /spool/v1/runs", b"{\"text\":\"hello\"}")
+            .await?;
+        anyhow::ensure!(status == 200, "a run answered {status}");
+        let reply: Value = serde_json::from_slice(&reply)?;
+        let run = reply["run_id"].as_str().context("a run_id")?.to_owned();
+        let cursor = reply["cursor"].as_u64().context("a cursor")?;
+        let lines = client.stream(&run, Some(cursor)).await?;
+        streams.push((run, lines));
+    }
+    Ok(streams)
+}
+
+/// Sends `body` to `run`, answered at once (`Prefer: respond-async`).
+async fn send(addr: &str, run: &str, body: &[u8]) -> anyhow::Result<()> {
+    let mut conn = Conn::open(addr).await?;
+    let (status, reply) = conn
+        .request_with(
+            &format!("POST /spool/v1/runs/{run}"),
+            "Prefer: respond-async\r\n",
+            body,
+        )
+        .await?;
+    if status != 202 {
+        bail!(
+            "the message answered {status}: {}",
+            String::from_utf8_lossy(&reply)
+        );
+    }
+    Ok(())
+}
+
+/// Sends each prepared run, all at once, the message whose answer
+/// streams: the time from sending it to the first `text_delta`, and the
+/// gaps between deltas.
+async fn through_spool(addr: &str, prepared: Vec<(String, Lines)>) -> anyhow::Result<Timings> {
+    let mut readers = Vec::with_capacity(prepared.len());
+    for (run, mut lines) in prepared {
+        let addr = addr.to_owned();
+        readers.push(tokio::spawn(async move {
+            let sent = Instant::now();
+            send(&addr, &run, b"{\"text\":\"stream\"}").await?;
+            let mut timings = Timings::default();
+            let mut last: Option<Instant> = None;
+            loop {
+                let Some(line) = lines.next().await? else {
+                    bail!("the stream of {run} ended before the answer");
+                };
+                match line.kind {
+                    StreamEventType::TextDelta => {
+                        match last {
+                            None => timings.first.push(ms(sent)),
+                            Some(previous) => timings.gaps.push(ms(previous)),
+                        }
+                        last = Some(Instant::now());
+                    }
+                    StreamEventType::RunResponse => break,
+                    _ => {}
+                }
+            }
+            anyhow::ensure!(
+                timings.gaps.len() == WORDS - 1,
+                "every word streamed as a delta"
+            );
+            anyhow::Ok(timings)
+        }));
+    }
+    let mut all = Timings::default();
+    for reader in readers {
+        all.add(reader.await??);
+    }
+    Ok(all)
+}

@@ -1,0 +1,309 @@
+//! `recovery`: `spool serve` killed (`SIGKILL`) with 10 000 runs in flight
+//! (mid model call, parked on a question, asleep) beside 20 000 ended
+//! ones, then started again on the same journal, measured from outside:
+//! the time until it answers a request, and until every interrupted run
+//! drives again (its model call asked again, its sleep, due while the
+//! server was down, ended and its turn going on). The model is the
+//! benchmark's stand-in ([`crate::model`]), which hangs the first calls
+//! and sees the ones asked again. The baseline is the same server started
+//! on an empty journal.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use serde_json::{Value, json};
+
+use crate::Scale;
+use crate::model::{self, Asked, Reply};
+use crate::report::Row;
+use crate::serve::Conn;
+
+/// How long a `spool serve` may take to do anything measured here before
+/// the benchmark gives up, saying what it waited for.
+const PATIENCE: Duration = Duration::from_secs(120);
+
+/// What the stand-in saw.
+#[derive(Default)]
+struct Seen {
+    /// Set once the server is killed: calls from then on are the
+    /// restarted server's.
+    restarted: AtomicBool,
+    /// First calls held open (model calls in flight at the kill).
+    hung: AtomicUsize,
+    /// Sleeps that ended before the kill: the benchmark's sleeps were too
+    /// short for this machine.
+    early: AtomicUsize,
+    /// Calls made by the restarted server for interrupted runs.
+    resumed: AtomicUsize,
+    /// How many of those make every interrupted run driven again, and
+    /// when the last came.
+    target: AtomicUsize,
+    all_at: Mutex<Option<Instant>>,
+    all: tokio::sync::Notify,
+}
+
+impl Seen {
+    fn resumed_one(&self) {
+        let seen = self.resumed.fetch_add(1, Ordering::SeqCst) + 1;
+        if seen == self.target.load(Ordering::SeqCst) {
+            *self
+                .all_at
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Instant::now());
+            self.all.notify_one();
+        }
+    }
+}
+
+/// A `spool serve` on a directory that outlives it.
+struct Serving {
+    child: Child,
+    started: Instant,
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Serving {
+    fn start(spool: &str, dir: &Path, addr: &str, log: &str) -> anyhow::Result<Self> {
+        let log = std::fs::File::create(dir.join(log))?;
+        let started = Instant::now();
+        let child = Command::new(spool)
+            .arg("serve")
+            .args(["--addr", addr, "--journal"])
+            .arg(dir.join("journal"))
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting {spool} serve"))?;
+        Ok(Self { child, started })
+    }
+
+    /// Time from the start until `GET /health` is answered 200.
+    async fn until_answering(&self, addr: &str) -> anyhow::Result<Duration> {
+        loop {
+            if let Ok(mut conn) = Conn::open(addr).await
+                && let Ok((200, _)) = conn.request("GET /spool/v1/health", b"").await
+            {
+                return Ok(self.started.elapsed());
+            }
+            if self.started.elapsed() > PATIENCE {
+                bail!("spool serve did not answer on {addr} within {PATIENCE:?}");
+            }
+            // The poll's own pace: a millisecond of resolution.
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+}
+
+fn free_addr() -> anyhow::Result<String> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .to_string())
+}
+
+pub(crate) fn run(scale: Scale) -> anyhow::Result<Vec<Row>> {
+    let Some(spool) = crate::oneshot::spool_bin("recovery")? else {
+        return Ok(Vec::new());
+    };
+    let (hanging, parked, sleeping, ended) =
+        scale.pick((2_500, 5_000, 2_500, 20_000), (20, 20, 20, 40));
+    let sleep = scale.pick(6.0, 2.0);
+    let tokio = crate::http::tokio()?;
+    tokio.block_on(async {
+        let seen = Arc::new(Seen::default());
+        let answer = {
+            let seen = Arc::clone(&seen);
+            Arc::new(move |asked: &Asked| {
+                let restarted = seen.restarted.load(Ordering::SeqCst);
+                if asked.role == "tool" {
+                    // A sleep's end: the turn goes on.
+                    if restarted {
+                        seen.resumed_one();
+                    } else {
+                        seen.early.fetch_add(1, Ordering::SeqCst);
+                    }
+                    return Reply::text("done");
+                }
+                match asked.text.as_str() {
+                    "hang" if restarted => {
+                        seen.resumed_one();
+                        Reply::text("done")
+                    }
+                    "hang" => {
+                        seen.hung.fetch_add(1, Ordering::SeqCst);
+                        Reply::Hang
+                    }
+                    "park" => Reply::Call {
+                        name: "ask_human",
+                        arguments: json!({"prompt": "Go on?"}),
+                    },
+                    "sleep" => Reply::Call {
+                        name: "sleep",
+                        arguments: json!({ "seconds": sleep }),
+                    },
+                    _ => Reply::text("done"),
+                }
+            })
+        };
+        let url = model::start(answer).await?;
+        let definition = model::definition(&url);
+
+        // The floor: the same server on an empty journal.
+        let mut empty = Vec::new();
+        for i in 0..3 {
+            let dir = tempfile::tempdir()?;
+            std::fs::write(dir.path().join("spool.toml"), &definition)?;
+            let addr = free_addr()?;
+            let server = Serving::start(&spool, dir.path(), &addr, &format!("empty-{i}.log"))?;
+            empty.push(server.until_answering(&addr).await?);
+        }
+        empty.sort();
+        let empty = empty[1];
+
+        let dir = tempfile::tempdir()?;
+        std::fs::write(dir.path().join("spool.toml"), &definition)?;
+        let addr = free_addr()?;
+        let first = Serving::start(&spool, dir.path(), &addr, "first.log")?;
+        first.until_answering(&addr).await?;
+        // Ended runs first, the sleeps last: the first sleep must still be
+        // running when the last is parked and the server killed.
+        let mut texts = Vec::new();
+        texts.extend(std::iter::repeat_n("done", ended));
+        texts.extend(std::iter::repeat_n("hang", hanging));
+        texts.extend(std::iter::repeat_n("park", parked));
+        texts.extend(std::iter::repeat_n("sleep", sleeping));
+        create(&addr, texts).await?;
+        let waiting = parked + sleeping;
+        let parked_at = Instant::now();
+        loop {
+            let waiting_now = count(&addr, "waiting").await?;
+            if waiting_now == waiting && seen.hung.load(Ordering::SeqCst) == hanging {
+                break;
+            }
+            if parked_at.elapsed() > PATIENCE {
+                bail!(
+                    "after {PATIENCE:?}, {waiting_now} of {waiting} runs wait and {} of {hanging} model calls are in flight",
+                    seen.hung.load(Ordering::SeqCst)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let all_parked = Instant::now();
+        drop(first);
+        let early = seen.early.load(Ordering::SeqCst);
+        if early > 0 {
+            bail!("{early} sleeps of {sleep} s ended before the kill: this machine created the runs too slowly for the benchmark's sleeps");
+        }
+        // Every sleep is due before the restart: each ends as soon as the
+        // restarted server arms it.
+        let due = all_parked + Duration::from_secs_f64(sleep);
+        tokio::time::sleep_until(due.into()).await;
+
+        seen.target.store(hanging + sleeping, Ordering::SeqCst);
+        seen.restarted.store(true, Ordering::SeqCst);
+        let again = Serving::start(&spool, dir.path(), &addr, "again.log")?;
+        let answering = again.until_answering(&addr).await?;
+        tokio::time::timeout(PATIENCE, seen.all.notified())
+            .await
+            .with_context(|| {
+                format!(
+                    "after {PATIENCE:?} the restarted server had asked {} of the {} calls of its interrupted runs",
+                    seen.resumed.load(Ordering::SeqCst),
+                    hanging + sleeping
+                )
+            })?;
+        let all_at = seen
+            .all_at
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .context("the last call's instant")?;
+        let driving = all_at.duration_since(again.started);
+        let in_flight = hanging + parked + sleeping;
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        Ok(vec![
+            Row::new(
+                format!("recovery/until the server answers, {in_flight} runs in flight and {ended} ended"),
+                ms(answering),
+                "ms",
+                "empty journal",
+                ms(empty),
+            )
+            .lower_is_better()
+            .figure_at_most(300.0),
+            Row::new(
+                format!("recovery/until all {} interrupted runs drive again", hanging + sleeping),
+                ms(driving),
+                "ms",
+                "empty journal, answering",
+                ms(empty),
+            )
+            .lower_is_better()
+            .figure_at_most(2_000.0),
+        ])
+    })
+}
+
+/// Creates a run per text from 32 connections; every run but an ended
+/// one is answered at once (`Prefer: respond-async`).
+async fn create(addr: &str, texts: Vec<&'static str>) -> anyhow::Result<()> {
+    let texts = Arc::new(Mutex::new(texts.into_iter()));
+    let mut clients = Vec::new();
+    for _ in 0..32 {
+        let mut conn = Conn::open(addr).await?;
+        let texts = Arc::clone(&texts);
+        clients.push(tokio::spawn(async move {
+            loop {
+                let next = texts
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .next();
+                let Some(text) = next else { break };
+                let body = json!({ "text": text }).to_string();
+                let headers = if text == "done" {
+                    ""
+                } else {
+                    "Prefer: respond-async\r\n"
+                };
+                let (status, reply) = conn
+                    .request_with("POST /spool/v1/runs", headers, body.as_bytes())
+                    .await?;
+                if status != 200 && status != 202 {
+                    bail!(
+                        "POST /runs {text} answered {status}: {}",
+                        String::from_utf8_lossy(&reply)
+                    );
+                }
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for client in clients {
+        client.await??;
+    }
+    Ok(())
+}
+
+/// How many runs are in `state` (`GET /runs`' `total`).
+async fn count(addr: &str, state: &str) -> anyhow::Result<usize> {
+    let mut conn = Conn::open(addr).await?;
+    let (status, body) = conn
+        .request(&format!("GET /spool/v1/runs?state={state}&limit=1"), b"")
+        .await?;
+    anyhow::ensure!(status == 200, "GET /runs answered {status}");
+    let listing: Value = serde_json::from_slice(&body)?;
+    listing["total"]
+        .as_u64()
+        .and_then(|total| usize::try_from(total).ok())
+        .context("a listing without total")
+}

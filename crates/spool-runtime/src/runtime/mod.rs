@@ -58,8 +58,9 @@ impl RecoveryPlan {
     }
 
     /// Drives the interrupted runs again (each in a task of its own, at
-    /// once), then reads the others 16 at a time, parked and sleeping
-    /// runs first, acting on what each log says was left; what it did.
+    /// once), then reads the others 16 at a time, sleeping runs first,
+    /// then runs parked for a person, then ended ones, acting on what each
+    /// log says was left; what it did.
     pub async fn run(self) -> Recovery {
         self.runtime.run_plan(self.interrupted, self.to_read).await
     }
@@ -164,24 +165,29 @@ impl Runtime {
     ///
     /// When the journal cannot be listed.
     pub async fn recovery(&self) -> Result<RecoveryPlan, RuntimeError> {
-        let (mut interrupted, mut parked, mut ended) = (Vec::new(), Vec::new(), Vec::new());
+        let mut interrupted = Vec::new();
+        // Read in this order: sleeps (a turn goes on when each is due,
+        // maybe at once), runs parked for a person (a cancel recorded
+        // before the stop ends the turn), runs whose turn ended (input
+        // queued behind it, left by a crash between the two).
+        let (mut asleep, mut parked, mut ended) = (Vec::new(), Vec::new(), Vec::new());
         for summary in self.inner.journal.runs().await? {
             match summary.status {
                 Status::Running => interrupted.push(summary.run_id),
                 Status::Retired | Status::Pending => {}
+                Status::Waiting(spool_wire::run::SuspendKind::Sleep) => asleep.push(summary.run_id),
                 Status::Waiting(_) => parked.push(summary.run_id),
                 Status::Completed | Status::Failed | Status::Cancelled => {
                     ended.push(summary.run_id);
                 }
             }
         }
-        // Parked runs before ended ones: a sleep due now is re-armed
-        // before input queued behind an ended turn is looked for.
-        parked.append(&mut ended);
+        asleep.append(&mut parked);
+        asleep.append(&mut ended);
         Ok(RecoveryPlan {
             runtime: self.clone(),
             interrupted,
-            to_read: parked,
+            to_read: asleep,
         })
     }
 

@@ -75,6 +75,10 @@ pub(crate) async fn start(answer: Answer) -> anyhow::Result<String> {
     Ok(url)
 }
 
+/// An answer's head: a stream, its end the connection's.
+const SSE_HEAD: &[u8] =
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n";
+
 async fn serve(stream: TcpStream, answer: &Answer) -> anyhow::Result<()> {
     stream.set_nodelay(true)?;
     let mut stream = BufReader::new(stream);
@@ -98,20 +102,15 @@ async fn serve(stream: TcpStream, answer: &Answer) -> anyhow::Result<()> {
     let request: Value = serde_json::from_slice(&body).context("a request that is not JSON")?;
     let reply = answer(&asked(&request));
     let mut stream = stream.into_inner();
-    if let Reply::Hang = reply {
-        // Held until the client goes: a read returns 0 then.
-        let mut rest = [0u8; 64];
-        while stream.read(&mut rest).await? > 0 {}
-        return Ok(());
-    }
-    stream
-        .write_all(
-            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n",
-        )
-        .await?;
     match reply {
-        Reply::Hang => {}
+        Reply::Hang => {
+            // Held until the client goes: a read returns 0 then.
+            let mut rest = [0u8; 64];
+            while stream.read(&mut rest).await? > 0 {}
+            return Ok(());
+        }
         Reply::Text { words, gap } => {
+            stream.write_all(SSE_HEAD).await?;
             for (i, word) in words.iter().enumerate() {
                 if i > 0 && !gap.is_zero() {
                     tokio::time::sleep(gap).await;
@@ -121,6 +120,7 @@ async fn serve(stream: TcpStream, answer: &Answer) -> anyhow::Result<()> {
             chunk(&mut stream, &json!({}), Some("stop")).await?;
         }
         Reply::Call { name, arguments } => {
+            stream.write_all(SSE_HEAD).await?;
             let call = json!({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
                 "function": {"name": name, "arguments": arguments.to_string()}}]});
             chunk(&mut stream, &call, None).await?;

@@ -9,7 +9,9 @@
 //! time on an idle server, then one at a time while 1 000 other runs
 //! stream their answers (10 words a second each) to readers of their own.
 //! A burst of 1 000 messages sent at once is measured too, without a
-//! target: there the machine's two cores are the bound.
+//! target: there the machine's two cores are the bound. The one-at-a-time
+//! cases are measured for a JSON-RPC client too: `submit.run` on a
+//! WebSocket, timing the first `events.append` delta (`task:stdout`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -83,16 +85,18 @@ pub(crate) fn run(scale: Scale) -> anyhow::Result<Vec<Row>> {
         let probes = scale.pick(60, 5);
         let mut rows = Vec::new();
 
-        let (direct, spooled) = one_at_a_time(&url, &server.addr, probes).await?;
-        rows.extend(first_token_rows("1 run", &direct, &spooled, true));
+        let (direct, spooled, rpc) = one_at_a_time(&url, &server.addr, probes).await?;
+        rows.extend(first_token_rows(HTTP, "1 run", &direct, &spooled, true));
+        rows.extend(first_token_rows(RPC, "1 run", &direct, &rpc, true));
 
         let streaming = scale.pick(1_000, 20);
         let background = Background::start(&server.addr, streaming).await?;
-        let (direct, spooled) = one_at_a_time(&url, &server.addr, probes).await?;
+        let (direct, spooled, rpc) = one_at_a_time(&url, &server.addr, probes).await?;
         background.still_streaming()?;
         drop(background);
         let at = format!("1 run while {streaming} stream");
-        rows.extend(first_token_rows(&at, &direct, &spooled, true));
+        rows.extend(first_token_rows(HTTP, &at, &direct, &spooled, true));
+        rows.extend(first_token_rows(RPC, &at, &direct, &rpc, true));
 
         let burst = scale.pick(1_000, 20);
         let direct = directly(&url, burst).await?.sorted();
@@ -100,30 +104,48 @@ pub(crate) fn run(scale: Scale) -> anyhow::Result<Vec<Row>> {
             .await?
             .sorted();
         let at = format!("{burst} sent at once");
-        rows.extend(first_token_rows(&at, &direct, &spooled, false));
+        rows.extend(first_token_rows(HTTP, &at, &direct, &spooled, false));
         Ok(rows)
     })
 }
 
-/// `probes` turns, one at a time, each beside a request read directly:
-/// the direct timings and Spool's.
-async fn one_at_a_time(url: &str, addr: &str, probes: usize) -> anyhow::Result<(Timings, Timings)> {
-    let (mut direct, mut spooled) = (Timings::default(), Timings::default());
+/// The surfaces a reader follows a turn on, as the rows name them.
+const HTTP: &str = "HTTP stream";
+const RPC: &str = "JSON-RPC WebSocket";
+
+/// `probes` turns, one at a time, each read directly, then through the
+/// HTTP stream, then through a JSON-RPC WebSocket: the direct timings and
+/// Spool's on each surface.
+async fn one_at_a_time(
+    url: &str,
+    addr: &str,
+    probes: usize,
+) -> anyhow::Result<(Timings, Timings, Timings)> {
+    let (mut direct, mut spooled, mut rpc) =
+        (Timings::default(), Timings::default(), Timings::default());
     for _ in 0..probes {
         direct.add(directly(url, 1).await?);
         spooled.add(through_spool(addr, prepare(addr, 1).await?).await?);
+        rpc.add(through_rpc(addr).await?);
     }
-    Ok((direct.sorted(), spooled.sorted()))
+    Ok((direct.sorted(), spooled.sorted(), rpc.sorted()))
 }
 
-/// The rows for one load: the first token's p50 and p99 added, and the
-/// p99 gap between tokens; with the targets when `targets`.
-fn first_token_rows(at: &str, direct: &Timings, spooled: &Timings, targets: bool) -> Vec<Row> {
+/// The rows for one load on one surface: the first token's p50 and p99
+/// added, and the p99 gap between tokens; with the targets when
+/// `targets`.
+fn first_token_rows(
+    surface: &str,
+    at: &str,
+    direct: &Timings,
+    spooled: &Timings,
+    targets: bool,
+) -> Vec<Row> {
     let mut rows = Vec::new();
     for (p, name, most) in [(0.5, "p50", 1.0), (0.99, "p99", 5.0)] {
         let (through, floor) = (percentile(&spooled.first, p), percentile(&direct.first, p));
         let row = Row::new(
-            format!("first-token/HTTP stream, {at}: {name} added"),
+            format!("first-token/{surface}, {at}: {name} added"),
             through - floor,
             "ms",
             format!("{name} first token, read directly"),
@@ -140,7 +162,7 @@ fn first_token_rows(at: &str, direct: &Timings, spooled: &Timings, targets: bool
         percentile(&direct.gaps, 0.99),
     );
     let row = Row::new(
-        format!("first-token/HTTP stream, {at}: p99 gap between tokens"),
+        format!("first-token/{surface}, {at}: p99 gap between tokens"),
         through,
         "ms",
         "p99 gap, read directly",
@@ -275,17 +297,23 @@ async fn prepare(addr: &str, runs: usize) -> anyhow::Result<Vec<(String, Lines)>
     let mut conn = Conn::open(addr).await?;
     let mut streams = Vec::with_capacity(runs);
     for _ in 0..runs {
-        let (status, reply) = conn
-            .request("POST /spool/v1/runs", b"{\"text\":\"hello\"}")
-            .await?;
-        anyhow::ensure!(status == 200, "a run answered {status}");
-        let reply: Value = serde_json::from_slice(&reply)?;
-        let run = reply["run_id"].as_str().context("a run_id")?.to_owned();
-        let cursor = reply["cursor"].as_u64().context("a cursor")?;
+        let (run, cursor) = new_run(&mut conn).await?;
         let lines = client.stream(&run, Some(cursor)).await?;
         streams.push((run, lines));
     }
     Ok(streams)
+}
+
+/// A new run, its first turn taken: its id and its cursor.
+async fn new_run(conn: &mut Conn) -> anyhow::Result<(String, u64)> {
+    let (status, reply) = conn
+        .request("POST /spool/v1/runs", b"{\"text\":\"hello\"}")
+        .await?;
+    anyhow::ensure!(status == 200, "a run answered {status}");
+    let reply: Value = serde_json::from_slice(&reply)?;
+    let run = reply["run_id"].as_str().context("a run_id")?.to_owned();
+    let cursor = reply["cursor"].as_u64().context("a cursor")?;
+    Ok((run, cursor))
 }
 
 /// Sends `body` to `run`, answered at once (`Prefer: respond-async`).
@@ -347,4 +375,57 @@ async fn through_spool(addr: &str, prepared: Vec<(String, Lines)>) -> anyhow::Re
         all.add(reader.await??);
     }
     Ok(all)
+}
+
+/// One turn through a JSON-RPC client: a run made over HTTP, then, on a
+/// WebSocket opened to `/ws` beforehand, `submit.run` with its `run_id`,
+/// which streams the turn's `events.append` notifications before its
+/// answer: the time from sending it to the first delta (`task:stdout`),
+/// and the gaps between deltas.
+async fn through_rpc(addr: &str) -> anyhow::Result<Timings> {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let (run, _) = new_run(&mut Conn::open(addr).await?).await?;
+    let stream = TcpStream::connect(addr).await?;
+    stream.set_nodelay(true)?;
+    let (mut socket, _) =
+        tokio_tungstenite::client_async(format!("ws://{addr}/ws"), stream).await?;
+    let submit = json!({"jsonrpc": "2.0", "id": 1, "method": "submit.run",
+        "params": {"text": "stream", "run_id": run}})
+    .to_string();
+    let sent = Instant::now();
+    socket.send(Message::text(submit)).await?;
+    let mut timings = Timings::default();
+    let mut last: Option<Instant> = None;
+    loop {
+        let message = socket
+            .next()
+            .await
+            .context("the WebSocket closed before the answer")??;
+        let Message::Text(text) = message else {
+            continue;
+        };
+        let envelope: Value = serde_json::from_str(text.as_str())?;
+        if envelope["id"] == 1 {
+            anyhow::ensure!(
+                envelope.get("error").is_none(),
+                "submit.run failed: {envelope}"
+            );
+            break;
+        }
+        if envelope["method"] == "events.append"
+            && envelope["params"]["spool.kind"] == "task:stdout"
+        {
+            match last {
+                None => timings.first.push(ms(sent)),
+                Some(previous) => timings.gaps.push(ms(previous)),
+            }
+            last = Some(Instant::now());
+        }
+    }
+    anyhow::ensure!(
+        timings.gaps.len() == WORDS - 1,
+        "every word streamed as a delta over JSON-RPC"
+    );
+    Ok(timings)
 }

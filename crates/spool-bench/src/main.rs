@@ -22,6 +22,7 @@ mod pg;
 mod recovery;
 mod report;
 mod rpc;
+mod salvor;
 mod serve;
 mod sweep;
 mod wire;
@@ -72,6 +73,7 @@ const BENCHES: &[(&str, Bench)] = &[
     ("long-run", long::run),
     ("mcp-tool-call", mcp::run),
     ("otel-dead-collector", otel::dead_collector),
+    ("salvor", salvor::run),
     ("journal-append-pg", pg::append),
     ("http-runs-pg", pg::cluster_runs),
 ];

@@ -2,7 +2,10 @@
 //! process: `POST /v1/chat/completions` answered as a chat-completion SSE
 //! stream, by a function of the request, with no model behind it. What
 //! `spool serve` calls through its `openai` engine in the rows that need a
-//! model that can hang, ask for a tool or pace its tokens.
+//! model that can hang, ask for a tool or pace its tokens. It answers
+//! Anthropic's `POST /v1/messages` too (text answers only, streamed when
+//! the request says `stream`), for the runtimes measured beside Spool that
+//! speak only that.
 //!
 //! One connection per request, closed after the answer, as Spool's engine
 //! makes them: the answer needs no length or chunked framing.
@@ -84,6 +87,14 @@ async fn serve(stream: TcpStream, answer: &Answer) -> anyhow::Result<()> {
     let mut stream = BufReader::new(stream);
     let mut length = 0;
     let mut line = String::new();
+    anyhow::ensure!(
+        stream.read_line(&mut line).await? > 0,
+        "closed before a request"
+    );
+    let messages_api = line
+        .split_whitespace()
+        .nth(1)
+        .is_some_and(|path| path.ends_with("/messages"));
     loop {
         line.clear();
         anyhow::ensure!(stream.read_line(&mut line).await? > 0, "closed in the head");
@@ -102,6 +113,9 @@ async fn serve(stream: TcpStream, answer: &Answer) -> anyhow::Result<()> {
     let request: Value = serde_json::from_slice(&body).context("a request that is not JSON")?;
     let reply = answer(&asked(&request));
     let mut stream = stream.into_inner();
+    if messages_api {
+        return anthropic(&mut stream, reply, request["stream"] == true).await;
+    }
     match reply {
         Reply::Hang => {
             // Held until the client goes: a read returns 0 then.
@@ -128,6 +142,68 @@ async fn serve(stream: TcpStream, answer: &Answer) -> anyhow::Result<()> {
         }
     }
     stream.write_all(b"data: [DONE]\n\n").await?;
+    stream.shutdown().await?;
+    Ok(())
+}
+
+/// Answers an Anthropic Messages request with a text reply: one JSON
+/// message, or, when `streamed`, the events that make it up.
+async fn anthropic(stream: &mut TcpStream, reply: Reply, streamed: bool) -> anyhow::Result<()> {
+    let Reply::Text { words, gap } = reply else {
+        anyhow::bail!("the stand-in answers the Messages API with text only");
+    };
+    let usage = json!({"input_tokens": 1, "output_tokens": words.len()});
+    if !streamed {
+        let body = json!({"id": "msg_1", "type": "message", "role": "assistant",
+            "model": "stand-in", "content": [{"type": "text", "text": words.concat()}],
+            "stop_reason": "end_turn", "stop_sequence": null, "usage": usage})
+        .to_string();
+        stream
+            .write_all(
+                format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\
+                     Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                )
+                .as_bytes(),
+            )
+            .await?;
+        stream.shutdown().await?;
+        return Ok(());
+    }
+    stream.write_all(SSE_HEAD).await?;
+    let event = |kind: &str, data: Value| format!("event: {kind}\ndata: {data}\n\n");
+    let start = event(
+        "message_start",
+        json!({"type": "message_start", "message": {"id": "msg_1", "type": "message",
+            "role": "assistant", "model": "stand-in", "content": [], "stop_reason": null,
+            "stop_sequence": null, "usage": {"input_tokens": 1, "output_tokens": 0}}}),
+    ) + &event(
+        "content_block_start",
+        json!({"type": "content_block_start", "index": 0,
+            "content_block": {"type": "text", "text": ""}}),
+    );
+    stream.write_all(start.as_bytes()).await?;
+    for (i, word) in words.iter().enumerate() {
+        if i > 0 && !gap.is_zero() {
+            tokio::time::sleep(gap).await;
+        }
+        let delta = event(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 0,
+                "delta": {"type": "text_delta", "text": word}}),
+        );
+        stream.write_all(delta.as_bytes()).await?;
+    }
+    let end = event(
+        "content_block_stop",
+        json!({"type": "content_block_stop", "index": 0}),
+    ) + &event(
+        "message_delta",
+        json!({"type": "message_delta", "delta": {"stop_reason": "end_turn",
+            "stop_sequence": null}, "usage": {"output_tokens": words.len()}}),
+    ) + &event("message_stop", json!({"type": "message_stop"}));
+    stream.write_all(end.as_bytes()).await?;
     stream.shutdown().await?;
     Ok(())
 }

@@ -52,10 +52,16 @@ pub(crate) fn append(scale: Scale) -> anyhow::Result<Vec<Row>> {
             let batched = plain(&url, duration, batch, bytes, writers, Statements::Rows).await?;
             let journal_sql =
                 plain(&url, duration, batch, bytes, writers, Statements::Journal).await?;
-            let one_pass = if runs == 64 {
-                Some(plain(&url, duration, batch, bytes, writers, Statements::JournalOnePass).await?)
+            let (one_pass, copied) = if runs == 64 {
+                (
+                    Some(
+                        plain(&url, duration, batch, bytes, writers, Statements::JournalOnePass)
+                            .await?,
+                    ),
+                    Some(plain(&url, duration, batch, bytes, writers, Statements::Copy).await?),
+                )
             } else {
-                None
+                (None, None)
             };
             let name = format!("journal-append-pg/{runs} runs");
             let vs_batched = Row::new(
@@ -79,6 +85,17 @@ pub(crate) fn append(scale: Scale) -> anyhow::Result<Vec<Row>> {
                 ),
                 journal_sql,
             ));
+            if let Some(copied) = copied {
+                rows.push(Row::new(
+                    &name,
+                    spool,
+                    "events/s",
+                    format!(
+                        "plain binary COPY, a transaction per COPY, batch {group:.1} x {writers} connections"
+                    ),
+                    copied,
+                ));
+            }
             if let Some(one_pass) = one_pass {
                 rows.push(Row::new(
                     &name,
@@ -141,6 +158,11 @@ enum Statements {
     /// store does this, plus the runs' locks and its fence, for appends
     /// continuing the heads it wrote last.
     JournalOnePass,
+    /// The rows alone, as [`Statements::Rows`], sent by `COPY … FROM STDIN
+    /// (FORMAT binary)`, each `COPY` its own transaction: whether the
+    /// binary path's cheaper rows pay for the round trip more it takes
+    /// (the server answers `COPY` before it takes its rows).
+    Copy,
 }
 
 /// Plain PostgreSQL inserting rows of `bytes` bytes for 64 runs, `batch`
@@ -201,6 +223,11 @@ async fn plain(
                      FROM {table}_heads WHERE run_id = ANY($1::text[])"
                 ))
                 .await?;
+            let copy = client
+                .prepare(&format!(
+                    "COPY {table} (run_id, seq, body, hash) FROM STDIN (FORMAT binary)"
+                ))
+                .await?;
             let heads_put = client
                 .prepare(&format!(
                     "INSERT INTO {table}_heads (run_id, next_seq, last_hash, status, title, created_ns, updated_ns)
@@ -238,7 +265,23 @@ async fn plain(
                 }
                 let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
                     [&ids, &at, &bodies, &hashes];
-                if batch == 1 && statements == Statements::Rows {
+                if statements == Statements::Copy {
+                    use tokio_postgres::binary_copy::BinaryCopyInWriter;
+                    use tokio_postgres::types::Type;
+                    let sink = client.copy_in(&copy).await?;
+                    let writer = BinaryCopyInWriter::new(
+                        sink,
+                        &[Type::TEXT, Type::INT8, Type::BYTEA, Type::BYTEA],
+                    );
+                    let mut writer = std::pin::pin!(writer);
+                    for i in 0..batch {
+                        writer
+                            .as_mut()
+                            .write(&[&ids[i], &at[i], &bodies[i], &hashes[i]])
+                            .await?;
+                    }
+                    writer.finish().await?;
+                } else if batch == 1 && statements == Statements::Rows {
                     // Autocommit: the statement is its own transaction.
                     client.execute(&insert, &params).await?;
                 } else if statements == Statements::Rows {

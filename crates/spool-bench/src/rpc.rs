@@ -5,8 +5,11 @@
 //! the latency of each `events.append` is its arrival time minus its
 //! `timeUnixNano` (the time the journal recorded the event, or a live
 //! delta's sending time), at every subscriber, one turn at a time; the
-//! baseline is the machine's floor, the same number of lines written to
-//! plain loopback sockets. Then the server's resident memory per
+//! baseline is the machine's floor: a turn's eight notifications, all
+//! ready at once, as WebSocket frames in one write to each of as many
+//! plain loopback sockets, read by the same client code in a second
+//! process (`Floor::ATurnOverWebSocket`), with one bare line a round
+//! measured beside it. Then the server's resident memory per
 //! subscribed WebSocket, idle (beside a bare loopback TCP connection's),
 //! and after the turns (beside the idle figure): what would show a buffer
 //! that grows without bound.
@@ -25,7 +28,7 @@ use tokio_tungstenite::tungstenite::Message;
 use crate::Scale;
 use crate::http::{
     FanoutTarget, Floor, Peer, bare_connection_bytes, bare_fanout, collect, drive_turns,
-    latency_rows, resident_bytes, say, start, tokio,
+    latency_rows, own_cpu_ms, resident_bytes, say, start, tokio,
 };
 use crate::report::Row;
 
@@ -64,19 +67,40 @@ pub(crate) fn fanout(scale: Scale) -> anyhow::Result<Vec<Row>> {
         // Subscribed and idle, as `stream-fanout`'s open streams are
         // measured; then again after the turns, with what they left behind.
         let idle = resident_bytes()?.saturating_sub(before) as f64 / subscribers as f64;
+        let cpu_before = own_cpu_ms()?;
         drive_turns(&client, &ensured.run_id, turns, &mut peer).await?;
+        let cpu = (own_cpu_ms()? - cpu_before) * 1e3 / (subscribers * turns) as f64;
         let per_client = resident_bytes()?.saturating_sub(before) as f64 / subscribers as f64;
         let mut many: Vec<f64> = serde_json::from_str(&peer.line().await?)?;
         peer.finish().await?;
         many.sort_by(f64::total_cmp);
-        let (bare, _) = bare_fanout(subscribers, turns, Floor::OneLine).await?;
+        let (bare, bare_cpu) = bare_fanout(subscribers, turns, Floor::ATurnOverWebSocket).await?;
+        let (bare_line, _) = bare_fanout(subscribers, turns, Floor::OneLine).await?;
 
+        let prefix = format!("rpc-fanout/{subscribers} WebSocket subscribers");
         let mut rows = latency_rows(
-            &format!("rpc-fanout/{subscribers} WebSocket subscribers"),
+            &prefix,
             &many,
             &bare,
-            "bare sockets",
-            FanoutTarget::P99Within2Ms,
+            "bare sockets, a turn's frames in one write",
+            FanoutTarget::P99NearTheFloor,
+        );
+        rows.extend(latency_rows(
+            &format!("{prefix}, against one line a round,"),
+            &many,
+            &bare_line,
+            "bare sockets, one line",
+            FanoutTarget::Beside,
+        ));
+        rows.push(
+            Row::new(
+                format!("{prefix}, server CPU per subscriber per turn"),
+                cpu,
+                "us",
+                "bare sockets per socket per round",
+                bare_cpu,
+            )
+            .lower_is_better(),
         );
         rows.push(
             Row::new(

@@ -20,18 +20,28 @@ use tokio::net::TcpStream;
 use crate::Scale;
 use crate::report::Row;
 
-/// A `spool serve` child, killed when dropped.
-pub(crate) struct Server {
-    child: Child,
-    pub(crate) addr: String,
-    _dir: tempfile::TempDir,
+/// A child process, killed (and waited for) when dropped.
+pub(crate) struct Killed(pub(crate) Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// A free loopback address, given back for a server to take.
+pub(crate) fn free_addr() -> anyhow::Result<String> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .to_string())
+}
+
+/// A `spool serve` child, killed when dropped.
+pub(crate) struct Server {
+    child: Killed,
+    pub(crate) addr: String,
+    _dir: tempfile::TempDir,
 }
 
 impl Server {
@@ -46,10 +56,7 @@ impl Server {
         for (name, contents) in files {
             std::fs::write(dir.path().join(name), contents)?;
         }
-        // A free port, given back for the server to take.
-        let addr = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .to_string();
+        let addr = free_addr()?;
         let child = Command::new(spool)
             .arg("serve")
             .args(["--addr", &addr, "--journal"])
@@ -61,7 +68,7 @@ impl Server {
             .spawn()
             .with_context(|| format!("starting {spool} serve"))?;
         let server = Self {
-            child,
+            child: Killed(child),
             addr,
             _dir: dir,
         };
@@ -76,7 +83,7 @@ impl Server {
     }
 
     pub(crate) fn pid(&self) -> u32 {
-        self.child.id()
+        self.child.0.id()
     }
 }
 

@@ -9,7 +9,7 @@
 //! on an empty journal.
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 use crate::Scale;
 use crate::model::{self, Asked, Reply};
 use crate::report::Row;
-use crate::serve::Conn;
+use crate::serve::{Conn, Killed};
 
 /// How long a `spool serve` may take to do anything measured here before
 /// the benchmark gives up, saying what it waited for.
@@ -61,15 +61,8 @@ impl Seen {
 
 /// A `spool serve` on a directory that outlives it.
 struct Serving {
-    child: Child,
+    _child: Killed,
     started: Instant,
-}
-
-impl Drop for Serving {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 impl Serving {
@@ -86,7 +79,10 @@ impl Serving {
             .stderr(log)
             .spawn()
             .with_context(|| format!("starting {spool} serve"))?;
-        Ok(Self { child, started })
+        Ok(Self {
+            _child: Killed(child),
+            started,
+        })
     }
 
     /// Time from the start until `GET /health` is answered 200.

@@ -309,8 +309,9 @@ pub(crate) enum Floor {
 }
 
 impl Floor {
-    /// The round's lines, each stamped now.
-    fn lines(self, round: usize) -> Vec<spool_wire::http::StreamEvent> {
+    /// The round's NDJSON lines, each stamped now: a whole echo turn's,
+    /// or its answer line alone.
+    fn lines(round: usize, whole_turn: bool) -> Vec<spool_wire::http::StreamEvent> {
         use spool_wire::http::{RunState, StreamEvent, StreamEventType as Kind};
         let now = time::OffsetDateTime::now_utc();
         let turn_id = Some(format!("turn_01a23764fee8000001{round:010}"));
@@ -338,36 +339,36 @@ impl Floor {
                 "usage": {"input_tokens": 2, "output_tokens": 3},
             })),
         );
-        match self {
-            Self::OneLine | Self::ATurnOverWebSocket => vec![response],
-            Self::ATurn => vec![
-                line(
-                    seq + 1,
-                    Kind::RunTurn,
-                    Some(&text),
-                    Some(RunState::Running),
-                    Some(json!({"policy": "steer"})),
-                ),
-                line(seq + 1, Kind::RunState, None, Some(RunState::Running), None),
-                line(seq + 2, Kind::TextDelta, Some("echo: "), None, None),
-                line(seq + 2, Kind::TextDelta, Some("turn "), None, None),
-                line(
-                    seq + 2,
-                    Kind::TextDelta,
-                    Some(&round.to_string()),
-                    None,
-                    None,
-                ),
-                response,
-                line(
-                    seq + 4,
-                    Kind::RunState,
-                    None,
-                    Some(RunState::Completed),
-                    None,
-                ),
-            ],
+        if !whole_turn {
+            return vec![response];
         }
+        vec![
+            line(
+                seq + 1,
+                Kind::RunTurn,
+                Some(&text),
+                Some(RunState::Running),
+                Some(json!({"policy": "steer"})),
+            ),
+            line(seq + 1, Kind::RunState, None, Some(RunState::Running), None),
+            line(seq + 2, Kind::TextDelta, Some("echo: "), None, None),
+            line(seq + 2, Kind::TextDelta, Some("turn "), None, None),
+            line(
+                seq + 2,
+                Kind::TextDelta,
+                Some(&round.to_string()),
+                None,
+                None,
+            ),
+            response,
+            line(
+                seq + 4,
+                Kind::RunState,
+                None,
+                Some(RunState::Completed),
+                None,
+            ),
+        ]
     }
 
     /// The round's notifications over a WebSocket, as the server sends an
@@ -470,32 +471,36 @@ impl Floor {
     fn bytes(self, round: usize) -> anyhow::Result<Vec<u8>> {
         use tokio_tungstenite::tungstenite::protocol::frame::Frame;
         use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
-        if let Self::ATurnOverWebSocket = self {
-            // A server's frames are not masked: the same bytes for every
-            // socket.
-            let mut frames = Vec::new();
-            for notification in Self::notifications(round) {
-                Frame::message(
-                    serde_json::to_vec(&notification)?,
-                    OpCode::Data(Data::Text),
-                    true,
-                )
-                .format(&mut frames)?;
+        let ndjson = |whole_turn| -> anyhow::Result<Vec<u8>> {
+            let mut lines = Vec::new();
+            for line in Self::lines(round, whole_turn) {
+                serde_json::to_writer(&mut lines, &line)?;
+                lines.push(b'\n');
             }
-            return Ok(frames);
-        }
-        let mut lines = Vec::new();
-        for line in self.lines(round) {
-            serde_json::to_writer(&mut lines, &line)?;
-            lines.push(b'\n');
-        }
+            Ok(lines)
+        };
         Ok(match self {
-            Self::OneLine | Self::ATurnOverWebSocket => lines,
+            Self::OneLine => ndjson(false)?,
             Self::ATurn => {
+                let lines = ndjson(true)?;
                 let mut chunk = format!("{:X}\r\n", lines.len()).into_bytes();
                 chunk.extend_from_slice(&lines);
                 chunk.extend_from_slice(b"\r\n");
                 chunk
+            }
+            Self::ATurnOverWebSocket => {
+                // A server's frames are not masked: the same bytes for
+                // every socket.
+                let mut frames = Vec::new();
+                for notification in Self::notifications(round) {
+                    Frame::message(
+                        serde_json::to_vec(&notification)?,
+                        OpCode::Data(Data::Text),
+                        true,
+                    )
+                    .format(&mut frames)?;
+                }
+                frames
             }
         })
     }

@@ -517,7 +517,7 @@ pub(crate) async fn bare_fanout(
     rounds: usize,
     floor: Floor,
 ) -> anyhow::Result<(Vec<f64>, f64)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?.to_string();
     let accepting = tokio::spawn(async move {
@@ -532,14 +532,7 @@ pub(crate) async fn bare_fanout(
                 // The client's `GET`, answered as the server answers a
                 // stream: a chunked NDJSON response, whose chunks follow.
                 // (A `GET` has no body: the head is all it sends.)
-                let mut head = Vec::with_capacity(512);
-                while !head.ends_with(b"\r\n\r\n") {
-                    anyhow::ensure!(head.len() < 8192, "a request head without its end");
-                    anyhow::ensure!(
-                        socket.read_buf(&mut head).await? > 0,
-                        "a client closed before its request's end"
-                    );
-                }
+                request_head(&mut socket).await?;
                 socket
                     .write_all(
                         b"HTTP/1.1 200 OK\r\ncontent-type: application/x-ndjson\r\n\
@@ -583,25 +576,32 @@ pub(crate) async fn bare_fanout(
     Ok((all, cpu))
 }
 
+/// A client's request head, read to its blank line: all a `GET` sends
+/// before its answer.
+async fn request_head(socket: &mut tokio::net::TcpStream) -> anyhow::Result<Vec<u8>> {
+    use tokio::io::AsyncReadExt;
+    let mut head = Vec::with_capacity(512);
+    while !head.ends_with(b"\r\n\r\n") {
+        anyhow::ensure!(head.len() < 8192, "a request head without its end");
+        anyhow::ensure!(
+            socket.read_buf(&mut head).await? > 0,
+            "a client closed before its request's end"
+        );
+    }
+    Ok(head)
+}
+
 /// Takes a `ws-subscribe` client's WebSocket handshake and its
 /// `subscribe`, as the server does, and leaves the socket bare for the
 /// floor's frames.
 async fn accept_subscriber(socket: &mut tokio::net::TcpStream) -> anyhow::Result<()> {
     use futures_util::{SinkExt, StreamExt};
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
     use tokio_tungstenite::tungstenite::protocol::Role;
     // The client sends nothing more until it has the handshake's answer,
-    // so a read cannot take its first frame along.
-    let mut head = Vec::with_capacity(512);
-    while !head.ends_with(b"\r\n\r\n") {
-        anyhow::ensure!(head.len() < 8192, "a handshake without its end");
-        anyhow::ensure!(
-            socket.read_buf(&mut head).await? > 0,
-            "a client closed in its handshake"
-        );
-    }
-    let head = String::from_utf8(head)?;
+    // so the head's read cannot take its first frame along.
+    let head = String::from_utf8(request_head(socket).await?)?;
     let key = head
         .lines()
         .find_map(|line| {

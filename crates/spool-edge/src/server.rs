@@ -376,11 +376,21 @@ async fn handshake(
 async fn refuse_plain(stream: &mut TcpStream) {
     use spool_wire::http::{ErrorBody, ErrorCode};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    // The request is read before the reply (its head comes in one
-    // segment): closing with it unread would reset the connection, and
-    // the client would see the reset instead of the reply.
-    let mut request = [0_u8; 4096];
-    let _ = stream.read(&mut request).await;
+    // The request's head is read before the reply, to its blank line (a
+    // client may send it in several writes), within a bound and a wait.
+    // A client still writing when the connection closed would get a reset
+    // instead of the reply.
+    let mut head = Vec::with_capacity(1024);
+    let _ = tokio::time::timeout(PLAIN_LINGER, async {
+        let mut chunk = [0_u8; 1024];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < PLAIN_HEAD_MAX {
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => head.extend_from_slice(&chunk[..n]),
+            }
+        }
+    })
+    .await;
     let body = ErrorBody::new(
         ErrorCode::BadRequest,
         "this port speaks TLS: use https:// (wss:// for a WebSocket)",
@@ -395,7 +405,31 @@ async fn refuse_plain(stream: &mut TcpStream) {
     let _ = stream.write_all(head.as_bytes()).await;
     let _ = stream.write_all(&body).await;
     let _ = stream.shutdown().await;
+    // What the client still sends (a body) is read and dropped until it
+    // closes its side, within a bound and a wait: closing with it unread
+    // would reset the connection, and the reply with it.
+    let _ = tokio::time::timeout(PLAIN_LINGER, async {
+        let mut chunk = [0_u8; 4096];
+        let mut drained = 0;
+        while drained < PLAIN_DRAIN_MAX {
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => drained += n,
+            }
+        }
+    })
+    .await;
 }
+
+/// How long a plain-text request on a TLS port is waited on, for its head
+/// and then for its client to close.
+const PLAIN_LINGER: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The most of a plain-text request's head read before the refusal.
+const PLAIN_HEAD_MAX: usize = 8 * 1024;
+
+/// The most read and dropped after the refusal.
+const PLAIN_DRAIN_MAX: usize = 64 * 1024;
 
 /// Serves one connection until it closes, or finishes its request in
 /// progress and closes once the server is stopping. Each request carries

@@ -17,7 +17,13 @@ pub(crate) fn post(addr: &str, path: &str, body: &str, token: Option<&str>) -> (
     let auth = token
         .map(|t| format!("Authorization: Bearer {t}\r\n"))
         .unwrap_or_default();
-    write!(stream, "POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nConnection: close\r\n{auth}Content-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    // One write: a server may answer (and close) on the request's first
+    // segment, as a TLS port refusing plain HTTP does.
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nConnection: close\r\n{auth}Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).unwrap();
     let mut reply = String::new();
     stream.read_to_string(&mut reply).unwrap();
     let status = reply.split(' ').nth(1).unwrap().parse().unwrap();

@@ -10,8 +10,10 @@
 //! stream their answers (10 words a second each) to readers of their own.
 //! A burst of 1 000 messages sent at once is measured too, without a
 //! target: there the machine's two cores are the bound. The one-at-a-time
-//! cases are measured for a JSON-RPC client too: `submit.run` on a
-//! WebSocket, timing the first `events.append` delta (`task:stdout`).
+//! cases are measured for a JSON-RPC client too (`submit.run` on a
+//! WebSocket, timing the first `events.append` delta, `task:stdout`) and
+//! for an A2A client (`SendStreamingMessage`, timing the first
+//! `artifactUpdate`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -85,18 +87,18 @@ pub(crate) fn run(scale: Scale) -> anyhow::Result<Vec<Row>> {
         let probes = scale.pick(60, 5);
         let mut rows = Vec::new();
 
-        let (direct, spooled, rpc) = one_at_a_time(&url, &server.addr, probes).await?;
-        rows.extend(first_token_rows(HTTP, "1 run", &direct, &spooled, true));
-        rows.extend(first_token_rows(RPC, "1 run", &direct, &rpc, true));
+        rows.extend(
+            one_at_a_time(&url, &server.addr, probes)
+                .await?
+                .rows("1 run"),
+        );
 
         let streaming = scale.pick(1_000, 20);
         let background = Background::start(&server.addr, streaming).await?;
-        let (direct, spooled, rpc) = one_at_a_time(&url, &server.addr, probes).await?;
+        let surfaces = one_at_a_time(&url, &server.addr, probes).await?;
         background.still_streaming()?;
         drop(background);
-        let at = format!("1 run while {streaming} stream");
-        rows.extend(first_token_rows(HTTP, &at, &direct, &spooled, true));
-        rows.extend(first_token_rows(RPC, &at, &direct, &rpc, true));
+        rows.extend(surfaces.rows(&format!("1 run while {streaming} stream")));
 
         let burst = scale.pick(1_000, 20);
         let direct = directly(&url, burst).await?.sorted();
@@ -112,23 +114,48 @@ pub(crate) fn run(scale: Scale) -> anyhow::Result<Vec<Row>> {
 /// The surfaces a reader follows a turn on, as the rows name them.
 const HTTP: &str = "HTTP stream";
 const RPC: &str = "JSON-RPC WebSocket";
+const A2A: &str = "A2A stream";
 
 /// `probes` turns, one at a time, each read directly, then through the
-/// HTTP stream, then through a JSON-RPC WebSocket: the direct timings and
-/// Spool's on each surface.
-async fn one_at_a_time(
-    url: &str,
-    addr: &str,
-    probes: usize,
-) -> anyhow::Result<(Timings, Timings, Timings)> {
-    let (mut direct, mut spooled, mut rpc) =
-        (Timings::default(), Timings::default(), Timings::default());
+/// HTTP stream, a JSON-RPC WebSocket and an A2A stream: the direct timings
+/// and Spool's on each surface.
+async fn one_at_a_time(url: &str, addr: &str, probes: usize) -> anyhow::Result<Surfaces> {
+    let mut taken = Surfaces::default();
     for _ in 0..probes {
-        direct.add(directly(url, 1).await?);
-        spooled.add(through_spool(addr, prepare(addr, 1).await?).await?);
-        rpc.add(through_rpc(addr).await?);
+        taken.direct.add(directly(url, 1).await?);
+        taken
+            .http
+            .add(through_spool(addr, prepare(addr, 1).await?).await?);
+        taken.rpc.add(through_rpc(addr).await?);
+        taken.a2a.add(through_a2a(addr).await?);
     }
-    Ok((direct.sorted(), spooled.sorted(), rpc.sorted()))
+    Ok(Surfaces {
+        direct: taken.direct.sorted(),
+        http: taken.http.sorted(),
+        rpc: taken.rpc.sorted(),
+        a2a: taken.a2a.sorted(),
+    })
+}
+
+/// The same turns read directly and on each of Spool's surfaces.
+#[derive(Default)]
+struct Surfaces {
+    direct: Timings,
+    http: Timings,
+    rpc: Timings,
+    a2a: Timings,
+}
+
+impl Surfaces {
+    /// The rows of every surface at `at`, with the targets.
+    fn rows(&self, at: &str) -> Vec<Row> {
+        [(HTTP, &self.http), (RPC, &self.rpc), (A2A, &self.a2a)]
+            .into_iter()
+            .flat_map(|(surface, spooled)| {
+                first_token_rows(surface, at, &self.direct, spooled, true)
+            })
+            .collect()
+    }
 }
 
 /// The rows for one load on one surface: the first token's p50 and p99
@@ -375,6 +402,66 @@ async fn through_spool(addr: &str, prepared: Vec<(String, Lines)>) -> anyhow::Re
         all.add(reader.await??);
     }
     Ok(all)
+}
+
+/// One turn through an A2A client: a run made over HTTP (every run is an
+/// A2A context), then `SendStreamingMessage` on the HTTP+JSON binding
+/// (`POST /a2a/message:stream`) with its `contextId`, answered as Server-Sent
+/// Events: the time from sending it to the first `artifactUpdate` (a piece
+/// of the answer as the model writes it), and the gaps between pieces. The
+/// last update, the whole answer again with `lastChunk`, is not a token.
+async fn through_a2a(addr: &str) -> anyhow::Result<Timings> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let (run, _) = new_run(&mut Conn::open(addr).await?).await?;
+    let body = json!({"message": {
+        "messageId": format!("first-token-{}", NEXT.fetch_add(1, Ordering::Relaxed)),
+        "role": "ROLE_USER", "contextId": run, "parts": [{"text": "stream"}]}})
+    .to_string();
+    let mut stream = TcpStream::connect(addr).await?;
+    stream.set_nodelay(true)?;
+    let request = format!(
+        "POST /a2a/message:stream HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nAccept: text/event-stream\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let sent = Instant::now();
+    stream.write_all(request.as_bytes()).await?;
+    // Each event is one chunk of the chunked body, so an event's `data:`
+    // line arrives whole between the chunks' size lines; a line that did
+    // not would fail to parse and stop the benchmark, not skew it.
+    let mut lines = BufReader::new(stream).lines();
+    let mut timings = Timings::default();
+    let mut last: Option<Instant> = None;
+    loop {
+        let line = lines
+            .next_line()
+            .await?
+            .context("the A2A stream ended before the answer")?;
+        let Some(data) = line.strip_prefix("data:") else {
+            anyhow::ensure!(
+                !line.starts_with("HTTP/1.1 ") || line.starts_with("HTTP/1.1 200"),
+                "message:stream answered {line}"
+            );
+            continue;
+        };
+        let event: Value = serde_json::from_str(data.trim())?;
+        let Some(update) = event.get("artifactUpdate") else {
+            continue;
+        };
+        if update["lastChunk"] == true {
+            break;
+        }
+        match last {
+            None => timings.first.push(ms(sent)),
+            Some(previous) => timings.gaps.push(ms(previous)),
+        }
+        last = Some(Instant::now());
+    }
+    anyhow::ensure!(
+        timings.gaps.len() == WORDS - 1,
+        "every word streamed as a piece of the A2A artifact"
+    );
+    Ok(timings)
 }
 
 /// One turn through a JSON-RPC client: a run made over HTTP, then, on a

@@ -76,6 +76,7 @@ const BENCHES: &[(&str, Bench)] = &[
     ("salvor", salvor::run),
     ("journal-append-pg", pg::append),
     ("http-runs-pg", pg::cluster_runs),
+    ("recovery-pg", recovery::cluster),
 ];
 
 /// Benchmarks that measure this process's own memory, run in a process of their

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use spool_journal_pg::{Options, PgJournal};
 
 use crate::Scale;
@@ -18,7 +19,7 @@ use crate::journal::{runtime, timed_appends, typical_bytes};
 use crate::report::Row;
 
 /// The bench server's URL, or `None` after saying that `bench` is skipped.
-fn server(bench: &str) -> anyhow::Result<Option<String>> {
+pub(crate) fn server(bench: &str) -> anyhow::Result<Option<String>> {
     match std::env::var("JOURNAL_PG_URL") {
         Ok(url) => Ok(Some(url)),
         Err(_) => {
@@ -28,6 +29,43 @@ fn server(bench: &str) -> anyhow::Result<Option<String>> {
             Ok(None)
         }
     }
+}
+
+/// Creates the empty database `name` on the server at `server`; its URL.
+/// For a whole `spool serve`, which opens its journal in the database's
+/// default schema: a database of its own is what keeps a trial's journal
+/// apart from every other.
+pub(crate) async fn create_database(server: &str, name: &str) -> anyhow::Result<String> {
+    let (client, connection) = tokio_postgres::connect(server, tokio_postgres::NoTls).await?;
+    let connection = tokio::spawn(connection);
+    client
+        .batch_execute(&format!("CREATE DATABASE {name}"))
+        .await?;
+    drop(client);
+    connection.await??;
+    // The server's URL names its database last, before any parameters.
+    let (base, params) = match server.split_once('?') {
+        Some((base, params)) => (base, format!("?{params}")),
+        None => (server, String::new()),
+    };
+    let (host, _) = base
+        .rsplit_once('/')
+        .filter(|(host, _)| host.contains("://"))
+        .with_context(|| format!("JOURNAL_PG_URL `{server}` names no database to replace"))?;
+    Ok(format!("{host}/{name}{params}"))
+}
+
+/// Drops the database `create_database` made, with any session still on
+/// it.
+pub(crate) async fn drop_database(server: &str, name: &str) -> anyhow::Result<()> {
+    let (client, connection) = tokio_postgres::connect(server, tokio_postgres::NoTls).await?;
+    let connection = tokio::spawn(connection);
+    client
+        .batch_execute(&format!("DROP DATABASE {name} WITH (FORCE)"))
+        .await?;
+    drop(client);
+    connection.await??;
+    Ok(())
 }
 
 pub(crate) fn append(scale: Scale) -> anyhow::Result<Vec<Row>> {

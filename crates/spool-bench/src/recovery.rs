@@ -42,8 +42,9 @@ struct Seen {
     /// Calls made by the restarted server for interrupted runs.
     resumed: AtomicUsize,
     /// How many of those make every interrupted run driven again, and
-    /// when the last came.
+    /// when the first and the last came.
     target: AtomicUsize,
+    first_at: Mutex<Option<Instant>>,
     all_at: Mutex<Option<Instant>>,
     all: tokio::sync::Notify,
 }
@@ -51,6 +52,12 @@ struct Seen {
 impl Seen {
     fn resumed_one(&self) {
         let seen = self.resumed.fetch_add(1, Ordering::SeqCst) + 1;
+        if seen == 1 {
+            *self
+                .first_at
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Instant::now());
+        }
         if seen == self.target.load(Ordering::SeqCst) {
             *self
                 .all_at
@@ -167,7 +174,7 @@ pub(crate) fn run(scale: Scale) -> anyhow::Result<Vec<Row>> {
         seen.restarted.store(true, Ordering::SeqCst);
         let again = Serving::start(&spool, dir.path(), &addr, "again.log")?;
         let answering = again.until_answering(&addr).await?;
-        let all_at = until_all_resumed(&seen).await?;
+        let (_, all_at) = until_all_resumed(&seen).await?;
         let driving = all_at.duration_since(again.started);
         let in_flight = hanging + parked + sleeping;
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
@@ -259,8 +266,8 @@ async fn until_in_flight(
 }
 
 /// Waits until the stand-in has seen every call `seen.target` counts; the
-/// instant the last came.
-async fn until_all_resumed(seen: &Seen) -> anyhow::Result<Instant> {
+/// instants the first and the last came.
+async fn until_all_resumed(seen: &Seen) -> anyhow::Result<(Instant, Instant)> {
     tokio::time::timeout(PATIENCE, seen.all.notified())
         .await
         .with_context(|| {
@@ -270,10 +277,13 @@ async fn until_all_resumed(seen: &Seen) -> anyhow::Result<Instant> {
                 seen.target.load(Ordering::SeqCst)
             )
         })?;
-    seen.all_at
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .context("the last call's instant")
+    let at = |instant: &Mutex<Option<Instant>>, which: &str| {
+        instant
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .with_context(|| format!("the {which} call's instant"))
+    };
+    Ok((at(&seen.first_at, "first")?, at(&seen.all_at, "last")?))
 }
 
 /// `recovery-pg`: two `spool serve --cluster` nodes on one PostgreSQL
@@ -315,31 +325,50 @@ pub(crate) fn cluster(scale: Scale) -> anyhow::Result<Vec<Row>> {
             lease_seconds,
             phase,
         ));
-        // Both nodes are gone by now; the database goes whatever happened.
-        tokio.block_on(crate::pg::drop_database(&server, &database))?;
+        // Both nodes are gone by now; the database goes whatever happened,
+        // and a failed trial's own error is the one told.
+        let dropped = tokio.block_on(crate::pg::drop_database(&server, &database));
         moved.push(outcome?);
+        dropped?;
     }
-    moved.sort();
     let lease_ms = lease.as_secs_f64() * 1e3;
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let mut all: Vec<Duration> = moved.iter().map(|m| m.all).collect();
+    let mut spans: Vec<Duration> = moved.iter().map(|m| m.span).collect();
+    all.sort();
+    spans.sort();
     // The ratio is in leases, with no target: issue 56 asks for the time
     // stated against the lease, which is what an operator sets.
-    let row = |which: &str, took: Duration| {
+    let row = |which: String, took: Duration| {
         Row::new(
-            format!(
-                "recovery-pg/a killed node's {hanging} runs mid model call asked again on another, {parked} parked beside them, {which} of {trials}"
-            ),
+            format!("recovery-pg/{which} of {trials}"),
             ms(took),
             "ms",
             format!("the lease, {lease_seconds} s"),
             lease_ms,
         )
     };
+    let killed = format!(
+        "a killed node's {hanging} runs mid model call asked again on another, {parked} parked beside them,"
+    );
     Ok(vec![
-        row("fastest", moved[0]),
-        row("median", moved[moved.len() / 2]),
-        row("slowest", moved[moved.len() - 1]),
+        row(format!("{killed} fastest"), all[0]),
+        row(format!("{killed} median"), all[all.len() / 2]),
+        row(format!("{killed} slowest"), all[all.len() - 1]),
+        row(
+            "the other node's first call asked again to its last, median".to_owned(),
+            spans[spans.len() / 2],
+        ),
     ])
+}
+
+/// What one trial of `cluster` took.
+struct Moved {
+    /// From node A's kill until node B had asked again every call A held.
+    all: Duration,
+    /// From B's first call asked again to its last: B's reading and
+    /// driving of the runs, apart from the wait for A's leases.
+    span: Duration,
 }
 
 /// One trial of `cluster` on the empty database at `url`: the time from
@@ -352,7 +381,7 @@ async fn node_dies(
     parked: usize,
     lease_seconds: u64,
     phase: Duration,
-) -> anyhow::Result<Duration> {
+) -> anyhow::Result<Moved> {
     let seen = Arc::new(Seen::default());
     let model = model::start(stand_in(&seen, 0.0)).await?;
     let dir = tempfile::tempdir()?;
@@ -389,9 +418,12 @@ async fn node_dies(
     seen.restarted.store(true, Ordering::SeqCst);
     let killed = Instant::now();
     drop(a);
-    let all_at = until_all_resumed(&seen).await?;
+    let (first_at, all_at) = until_all_resumed(&seen).await?;
     drop(b);
-    Ok(all_at.duration_since(killed))
+    Ok(Moved {
+        all: all_at.duration_since(killed),
+        span: all_at.duration_since(first_at),
+    })
 }
 
 /// Creates a run per text from 32 connections; every run but an ended

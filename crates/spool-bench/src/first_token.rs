@@ -60,6 +60,45 @@ impl Timings {
     }
 }
 
+/// One reader's clock over one answer: the first token's time from the
+/// moment its request was sent, then the gaps between tokens.
+struct Tokens {
+    sent: Instant,
+    last: Option<Instant>,
+    timings: Timings,
+}
+
+impl Tokens {
+    /// A clock started now, as the request goes out.
+    fn start() -> Self {
+        Self {
+            sent: Instant::now(),
+            last: None,
+            timings: Timings::default(),
+        }
+    }
+
+    /// A token arrived now.
+    fn token(&mut self) {
+        match self.last {
+            None => self.timings.first.push(ms(self.sent)),
+            Some(previous) => self.timings.gaps.push(ms(previous)),
+        }
+        self.last = Some(Instant::now());
+    }
+
+    /// The timings, once every word of the answer arrived as a token of
+    /// its own (`how` says as what, for the error).
+    fn every_word(self, how: &str) -> anyhow::Result<Timings> {
+        anyhow::ensure!(
+            self.timings.gaps.len() == WORDS - 1,
+            "{} of {WORDS} words arrived {how}",
+            self.timings.gaps.len() + self.timings.first.len().min(1)
+        );
+        Ok(self.timings)
+    }
+}
+
 /// The time since `since` in milliseconds.
 fn ms(since: Instant) -> f64 {
     since.elapsed().as_secs_f64() * 1e3
@@ -282,7 +321,7 @@ async fn directly(url: &str, runs: usize) -> anyhow::Result<Timings> {
     for _ in 0..runs {
         let (addr, body) = (addr.clone(), body.clone());
         clients.push(tokio::spawn(async move {
-            let sent = Instant::now();
+            let mut tokens = Tokens::start();
             let mut stream = TcpStream::connect(&addr).await?;
             stream.set_nodelay(true)?;
             stream
@@ -295,20 +334,12 @@ async fn directly(url: &str, runs: usize) -> anyhow::Result<Timings> {
                 )
                 .await?;
             let mut lines = BufReader::new(stream).lines();
-            let mut timings = Timings::default();
-            let mut last: Option<Instant> = None;
             while let Some(line) = lines.next_line().await? {
-                if !line.contains("\"content\"") {
-                    continue;
+                if line.contains("\"content\"") {
+                    tokens.token();
                 }
-                match last {
-                    None => timings.first.push(ms(sent)),
-                    Some(previous) => timings.gaps.push(ms(previous)),
-                }
-                last = Some(Instant::now());
             }
-            anyhow::ensure!(timings.gaps.len() == WORDS - 1, "the stand-in streamed every word");
-            anyhow::Ok(timings)
+            tokens.every_word("as chunks from the stand-in")
         }));
     }
     let mut all = Timings::default();
@@ -370,31 +401,19 @@ async fn through_spool(addr: &str, prepared: Vec<(String, Lines)>) -> anyhow::Re
     for (run, mut lines) in prepared {
         let addr = addr.to_owned();
         readers.push(tokio::spawn(async move {
-            let sent = Instant::now();
+            let mut tokens = Tokens::start();
             send(&addr, &run, b"{\"text\":\"stream\"}").await?;
-            let mut timings = Timings::default();
-            let mut last: Option<Instant> = None;
             loop {
                 let Some(line) = lines.next().await? else {
                     bail!("the stream of {run} ended before the answer");
                 };
                 match line.kind {
-                    StreamEventType::TextDelta => {
-                        match last {
-                            None => timings.first.push(ms(sent)),
-                            Some(previous) => timings.gaps.push(ms(previous)),
-                        }
-                        last = Some(Instant::now());
-                    }
+                    StreamEventType::TextDelta => tokens.token(),
                     StreamEventType::RunResponse => break,
                     _ => {}
                 }
             }
-            anyhow::ensure!(
-                timings.gaps.len() == WORDS - 1,
-                "every word streamed as a delta"
-            );
-            anyhow::Ok(timings)
+            tokens.every_word("as deltas on the HTTP stream")
         }));
     }
     let mut all = Timings::default();
@@ -424,14 +443,12 @@ async fn through_a2a(addr: &str) -> anyhow::Result<Timings> {
         "POST /a2a/message:stream HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nAccept: text/event-stream\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
-    let sent = Instant::now();
+    let mut tokens = Tokens::start();
     stream.write_all(request.as_bytes()).await?;
     // Each event is one chunk of the chunked body, so an event's `data:`
     // line arrives whole between the chunks' size lines; a line that did
     // not would fail to parse and stop the benchmark, not skew it.
     let mut lines = BufReader::new(stream).lines();
-    let mut timings = Timings::default();
-    let mut last: Option<Instant> = None;
     loop {
         let line = lines
             .next_line()
@@ -451,17 +468,9 @@ async fn through_a2a(addr: &str) -> anyhow::Result<Timings> {
         if update["lastChunk"] == true {
             break;
         }
-        match last {
-            None => timings.first.push(ms(sent)),
-            Some(previous) => timings.gaps.push(ms(previous)),
-        }
-        last = Some(Instant::now());
+        tokens.token();
     }
-    anyhow::ensure!(
-        timings.gaps.len() == WORDS - 1,
-        "every word streamed as a piece of the A2A artifact"
-    );
-    Ok(timings)
+    tokens.every_word("as pieces of the A2A artifact")
 }
 
 /// One turn through a JSON-RPC client: a run made over HTTP, then, on a
@@ -480,10 +489,8 @@ async fn through_rpc(addr: &str) -> anyhow::Result<Timings> {
     let submit = json!({"jsonrpc": "2.0", "id": 1, "method": "submit.run",
         "params": {"text": "stream", "run_id": run}})
     .to_string();
-    let sent = Instant::now();
+    let mut tokens = Tokens::start();
     socket.send(Message::text(submit)).await?;
-    let mut timings = Timings::default();
-    let mut last: Option<Instant> = None;
     loop {
         let message = socket
             .next()
@@ -503,16 +510,8 @@ async fn through_rpc(addr: &str) -> anyhow::Result<Timings> {
         if envelope["method"] == "events.append"
             && envelope["params"]["spool.kind"] == "task:stdout"
         {
-            match last {
-                None => timings.first.push(ms(sent)),
-                Some(previous) => timings.gaps.push(ms(previous)),
-            }
-            last = Some(Instant::now());
+            tokens.token();
         }
     }
-    anyhow::ensure!(
-        timings.gaps.len() == WORDS - 1,
-        "every word streamed as a delta over JSON-RPC"
-    );
-    Ok(timings)
+    tokens.every_word("as deltas over JSON-RPC")
 }

@@ -36,13 +36,7 @@ pub(crate) fn server(bench: &str) -> anyhow::Result<Option<String>> {
 /// default schema: a database of its own is what keeps a trial's journal
 /// apart from every other.
 pub(crate) async fn create_database(server: &str, name: &str) -> anyhow::Result<String> {
-    let (client, connection) = tokio_postgres::connect(server, tokio_postgres::NoTls).await?;
-    let connection = tokio::spawn(connection);
-    client
-        .batch_execute(&format!("CREATE DATABASE {name}"))
-        .await?;
-    drop(client);
-    connection.await??;
+    on_server(server, &format!("CREATE DATABASE {name}")).await?;
     // The server's URL names its database last, before any parameters.
     let (base, params) = match server.split_once('?') {
         Some((base, params)) => (base, format!("?{params}")),
@@ -58,11 +52,15 @@ pub(crate) async fn create_database(server: &str, name: &str) -> anyhow::Result<
 /// Drops the database `create_database` made, with any session still on
 /// it.
 pub(crate) async fn drop_database(server: &str, name: &str) -> anyhow::Result<()> {
+    on_server(server, &format!("DROP DATABASE {name} WITH (FORCE)")).await
+}
+
+/// Runs `sql` (a statement that cannot run in a transaction) on a
+/// connection of its own, closed after it.
+async fn on_server(server: &str, sql: &str) -> anyhow::Result<()> {
     let (client, connection) = tokio_postgres::connect(server, tokio_postgres::NoTls).await?;
     let connection = tokio::spawn(connection);
-    client
-        .batch_execute(&format!("DROP DATABASE {name} WITH (FORCE)"))
-        .await?;
+    client.batch_execute(sql).await?;
     drop(client);
     connection.await??;
     Ok(())

@@ -440,14 +440,16 @@ async fn through_a2a(addr: &str) -> anyhow::Result<Timings> {
     let mut stream = TcpStream::connect(addr).await?;
     stream.set_nodelay(true)?;
     let request = format!(
-        "POST /a2a/message:stream HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nAccept: text/event-stream\r\nContent-Length: {}\r\n\r\n{body}",
+        "POST /a2a/message:stream HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nAccept: text/event-stream\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
     let mut tokens = Tokens::start();
     stream.write_all(request.as_bytes()).await?;
     // Each event is one chunk of the chunked body, so an event's `data:`
     // line arrives whole between the chunks' size lines; a line that did
-    // not would fail to parse and stop the benchmark, not skew it.
+    // not would fail to parse and stop the benchmark, not skew it. The
+    // connection closes with the response (`Connection: close`), so a
+    // stream that ends without the answer ends the read too.
     let mut lines = BufReader::new(stream).lines();
     loop {
         let line = lines

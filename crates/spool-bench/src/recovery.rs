@@ -10,8 +10,8 @@
 //! on a PostgreSQL journal, the time until another node drives its runs,
 //! against the lease.
 
+use std::ffi::OsStr;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 use crate::Scale;
 use crate::model::{self, Asked, Reply};
 use crate::report::Row;
-use crate::serve::{Conn, Killed, free_addr};
+use crate::serve::{Conn, Killed, free_addr, serving};
 
 /// How long a `spool serve` may take to do anything measured here before
 /// the benchmark gives up, saying what it waited for.
@@ -88,17 +88,9 @@ impl Serving {
     fn start_on(spool: &str, dir: &Path, args: &[&str], log: &str) -> anyhow::Result<Self> {
         let log = std::fs::File::create(dir.join(log))?;
         let started = Instant::now();
-        let child = Command::new(spool)
-            .arg("serve")
-            .args(args)
-            .current_dir(dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .with_context(|| format!("starting {spool} serve"))?;
+        let args: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
         Ok(Self {
-            _child: Killed(child),
+            _child: serving(spool, dir, &args, log.into())?,
             started,
         })
     }

@@ -18,7 +18,7 @@
 //! checkout); without either the rows are skipped, said. `cargo xtask
 //! bench` does not build salvor: it is a third party's whole workspace.
 
-use std::process::{Command, Stdio};
+use std::ffi::OsStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -31,7 +31,9 @@ use tokio::net::TcpStream;
 use crate::Scale;
 use crate::model::{self, Reply};
 use crate::report::Row;
-use crate::serve::{Conn, Killed, RUN, Server, closed_loop_with, cpu_ms, free_addr, status_field};
+use crate::serve::{
+    Conn, Killed, RUN, Server, closed_loop, cpu_ms, free_addr, serving, status_field,
+};
 
 /// A `salvor serve` child on a store of its own, killed when dropped.
 struct Salvor {
@@ -50,18 +52,15 @@ impl Salvor {
         let addr = free_addr()?;
         // Its log to a file: a pipe nobody reads would block it.
         let log = std::fs::File::create(dir.path().join("salvor.log"))?;
-        let child = Command::new(salvor)
-            .arg("serve")
-            .args(["--bind", &addr, "--store"])
-            .arg(dir.path().join("salvor.db"))
-            .current_dir(dir.path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .with_context(|| format!("starting {salvor} serve"))?;
+        let store = dir.path().join("salvor.db");
+        let args = [
+            OsStr::new("--bind"),
+            OsStr::new(&addr),
+            OsStr::new("--store"),
+            store.as_os_str(),
+        ];
         let mut server = Self {
-            child: Killed(child),
+            child: serving(salvor, dir.path(), &args, log.into())?,
             addr,
             agent: String::new(),
             _dir: dir,
@@ -160,20 +159,6 @@ async fn salvor_loop(server: &Salvor, clients: usize, duration: Duration) -> any
     Ok(done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64())
 }
 
-/// Spool runs per second, the same way.
-async fn spool_loop(server: &Server, clients: usize, duration: Duration) -> anyhow::Result<f64> {
-    let (head, body, expect) = RUN;
-    closed_loop_with(
-        &server.addr,
-        head,
-        Arc::new(|_| body.to_vec()),
-        expect,
-        clients,
-        duration,
-    )
-    .await
-}
-
 /// A rate and the process's CPU per run over it (milliseconds).
 async fn with_cpu(
     pid: u32,
@@ -209,11 +194,17 @@ pub(crate) fn run(scale: Scale) -> anyhow::Result<Vec<Row>> {
             let spooled = Server::start_with(&spool, &[("spool.toml", &definition)])?;
             let salvored = Salvor::start(&salvor, &base).await?;
             // Warm: connections, caches, the stores' first pages.
-            spool_loop(&spooled, clients, duration / 5).await?;
+            closed_loop(&spooled.addr, RUN.0, RUN.1, RUN.2, clients, duration / 5).await?;
             salvor_loop(&salvored, clients, duration / 5).await?;
             let (mut ours, mut theirs) = (Vec::new(), Vec::new());
             for _ in 0..trials {
-                ours.push(with_cpu(spooled.pid(), spool_loop(&spooled, clients, duration)).await?);
+                ours.push(
+                    with_cpu(
+                        spooled.pid(),
+                        closed_loop(&spooled.addr, RUN.0, RUN.1, RUN.2, clients, duration),
+                    )
+                    .await?,
+                );
                 theirs.push(
                     with_cpu(salvored.pid(), salvor_loop(&salvored, clients, duration)).await?,
                 );

@@ -8,6 +8,8 @@
 //! `SPOOL_BIN` (`cargo xtask bench` builds it); without it the rows are
 //! skipped, said.
 
+use std::ffi::OsStr;
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,6 +30,27 @@ impl Drop for Killed {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// `PROGRAM serve ARGS` started in `dir`, its standard error to `stderr`
+/// (a file or nothing: a pipe nobody reads would block it), killed when
+/// dropped. How every server a benchmark measures from outside is started.
+pub(crate) fn serving(
+    program: &str,
+    dir: &Path,
+    args: &[&OsStr],
+    stderr: Stdio,
+) -> anyhow::Result<Killed> {
+    let child = Command::new(program)
+        .arg("serve")
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .with_context(|| format!("starting {program} serve"))?;
+    Ok(Killed(child))
 }
 
 /// A free loopback address, given back for a server to take.
@@ -57,18 +80,15 @@ impl Server {
             std::fs::write(dir.path().join(name), contents)?;
         }
         let addr = free_addr()?;
-        let child = Command::new(spool)
-            .arg("serve")
-            .args(["--addr", &addr, "--journal"])
-            .arg(dir.path().join("journal"))
-            .current_dir(dir.path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .with_context(|| format!("starting {spool} serve"))?;
+        let journal = dir.path().join("journal");
+        let args = [
+            OsStr::new("--addr"),
+            OsStr::new(&addr),
+            OsStr::new("--journal"),
+            journal.as_os_str(),
+        ];
         let server = Self {
-            child: Killed(child),
+            child: serving(spool, dir.path(), &args, Stdio::null())?,
             addr,
             _dir: dir,
         };
@@ -179,7 +199,7 @@ impl Conn {
 /// Requests answered per second by `clients` keep-alive connections, each
 /// sending `head` with `body` until `duration` has passed; every reply
 /// must be a 200 holding `expect`.
-async fn closed_loop(
+pub(crate) async fn closed_loop(
     addr: &str,
     head: &'static str,
     body: &'static [u8],

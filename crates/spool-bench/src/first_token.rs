@@ -154,6 +154,7 @@ pub(crate) fn run(scale: Scale) -> anyhow::Result<Vec<Row>> {
 const HTTP: &str = "HTTP stream";
 const RPC: &str = "JSON-RPC WebSocket";
 const A2A: &str = "A2A stream";
+const RPC_SUBSCRIBED: &str = "JSON-RPC subscriber";
 
 /// `probes` turns, one at a time, each read directly, then through the
 /// HTTP stream, a JSON-RPC WebSocket and an A2A stream: the direct timings
@@ -166,12 +167,16 @@ async fn one_at_a_time(url: &str, addr: &str, probes: usize) -> anyhow::Result<S
             .http
             .add(through_spool(addr, prepare(addr, 1).await?).await?);
         taken.rpc.add(through_rpc(addr).await?);
+        taken
+            .rpc_subscribed
+            .add(through_rpc_subscribed(addr).await?);
         taken.a2a.add(through_a2a(addr).await?);
     }
     Ok(Surfaces {
         direct: taken.direct.sorted(),
         http: taken.http.sorted(),
         rpc: taken.rpc.sorted(),
+        rpc_subscribed: taken.rpc_subscribed.sorted(),
         a2a: taken.a2a.sorted(),
     })
 }
@@ -182,18 +187,25 @@ struct Surfaces {
     direct: Timings,
     http: Timings,
     rpc: Timings,
+    /// A JSON-RPC client subscribed before the message, sent over HTTP:
+    /// told apart from `submit.run`, which subscribes once the message is
+    /// recorded.
+    rpc_subscribed: Timings,
     a2a: Timings,
 }
 
 impl Surfaces {
     /// The rows of every surface at `at`, with the targets.
     fn rows(&self, at: &str) -> Vec<Row> {
-        [(HTTP, &self.http), (RPC, &self.rpc), (A2A, &self.a2a)]
-            .into_iter()
-            .flat_map(|(surface, spooled)| {
-                first_token_rows(surface, at, &self.direct, spooled, true)
-            })
-            .collect()
+        [
+            (HTTP, &self.http),
+            (RPC, &self.rpc),
+            (RPC_SUBSCRIBED, &self.rpc_subscribed),
+            (A2A, &self.a2a),
+        ]
+        .into_iter()
+        .flat_map(|(surface, spooled)| first_token_rows(surface, at, &self.direct, spooled, true))
+        .collect()
     }
 }
 
@@ -475,33 +487,93 @@ async fn through_a2a(addr: &str) -> anyhow::Result<Timings> {
     tokens.every_word("as pieces of the A2A artifact")
 }
 
+/// A WebSocket to `addr`'s `/ws`, its writes not held back.
+async fn websocket(addr: &str) -> anyhow::Result<tokio_tungstenite::WebSocketStream<TcpStream>> {
+    let stream = TcpStream::connect(addr).await?;
+    stream.set_nodelay(true)?;
+    let (socket, _) = tokio_tungstenite::client_async(format!("ws://{addr}/ws"), stream).await?;
+    Ok(socket)
+}
+
+/// The next JSON-RPC envelope the server sends on `socket`.
+async fn envelope(
+    socket: &mut tokio_tungstenite::WebSocketStream<TcpStream>,
+) -> anyhow::Result<Value> {
+    use futures_util::StreamExt;
+    use tokio_tungstenite::tungstenite::Message;
+    loop {
+        let message = socket
+            .next()
+            .await
+            .context("the WebSocket closed before the answer")??;
+        if let Message::Text(text) = message {
+            return Ok(serde_json::from_str(text.as_str())?);
+        }
+    }
+}
+
+/// One turn for a JSON-RPC client that watches a run: a run made over
+/// HTTP, a WebSocket to `/ws` subscribed to it from its cursor, then the
+/// message sent over HTTP as the HTTP stream's probe sends it: the time
+/// from sending it to the first `events.append` delta, and the gaps
+/// between deltas, until the turn's `run:end`. The reader is in place
+/// before the message, as the HTTP stream's is.
+async fn through_rpc_subscribed(addr: &str) -> anyhow::Result<Timings> {
+    use futures_util::SinkExt;
+    use tokio_tungstenite::tungstenite::Message;
+    let (run, cursor) = new_run(&mut Conn::open(addr).await?).await?;
+    let mut socket = websocket(addr).await?;
+    let subscribe = json!({"jsonrpc": "2.0", "id": 1, "method": "subscribe",
+        "params": {"run_id": run, "cursor": cursor}})
+    .to_string();
+    socket.send(Message::text(subscribe)).await?;
+    let mut tokens = None;
+    loop {
+        let envelope = envelope(&mut socket).await?;
+        if envelope["id"] == 1 {
+            anyhow::ensure!(
+                envelope["result"]["subscribed"] == run.as_str(),
+                "subscribe failed: {envelope}"
+            );
+            // The clock runs from before the send; a delta that comes
+            // while the send waits for its answer waits in the socket and
+            // is counted when read, as the HTTP probe's are.
+            let clock = Tokens::start();
+            send(addr, &run, b"{\"text\":\"stream\"}").await?;
+            tokens = Some(clock);
+            continue;
+        }
+        let Some(clock) = tokens.as_mut() else {
+            continue;
+        };
+        match envelope["params"]["spool.kind"].as_str() {
+            Some("task:stdout") if envelope["method"] == "events.append" => clock.token(),
+            Some("run:end") => break,
+            _ => {}
+        }
+    }
+    tokens
+        .context("the subscription was never answered")?
+        .every_word("as deltas to a JSON-RPC subscriber")
+}
+
 /// One turn through a JSON-RPC client: a run made over HTTP, then, on a
 /// WebSocket opened to `/ws` beforehand, `submit.run` with its `run_id`,
 /// which streams the turn's `events.append` notifications before its
 /// answer: the time from sending it to the first delta (`task:stdout`),
 /// and the gaps between deltas.
 async fn through_rpc(addr: &str) -> anyhow::Result<Timings> {
-    use futures_util::{SinkExt, StreamExt};
+    use futures_util::SinkExt;
     use tokio_tungstenite::tungstenite::Message;
     let (run, _) = new_run(&mut Conn::open(addr).await?).await?;
-    let stream = TcpStream::connect(addr).await?;
-    stream.set_nodelay(true)?;
-    let (mut socket, _) =
-        tokio_tungstenite::client_async(format!("ws://{addr}/ws"), stream).await?;
+    let mut socket = websocket(addr).await?;
     let submit = json!({"jsonrpc": "2.0", "id": 1, "method": "submit.run",
         "params": {"text": "stream", "run_id": run}})
     .to_string();
     let mut tokens = Tokens::start();
     socket.send(Message::text(submit)).await?;
     loop {
-        let message = socket
-            .next()
-            .await
-            .context("the WebSocket closed before the answer")??;
-        let Message::Text(text) = message else {
-            continue;
-        };
-        let envelope: Value = serde_json::from_str(text.as_str())?;
+        let envelope = envelope(&mut socket).await?;
         if envelope["id"] == 1 {
             anyhow::ensure!(
                 envelope.get("error").is_none(),

@@ -487,31 +487,6 @@ async fn through_a2a(addr: &str) -> anyhow::Result<Timings> {
     tokens.every_word("as pieces of the A2A artifact")
 }
 
-/// A WebSocket to `addr`'s `/ws`, its writes not held back.
-async fn websocket(addr: &str) -> anyhow::Result<tokio_tungstenite::WebSocketStream<TcpStream>> {
-    let stream = TcpStream::connect(addr).await?;
-    stream.set_nodelay(true)?;
-    let (socket, _) = tokio_tungstenite::client_async(format!("ws://{addr}/ws"), stream).await?;
-    Ok(socket)
-}
-
-/// The next JSON-RPC envelope the server sends on `socket`.
-async fn envelope(
-    socket: &mut tokio_tungstenite::WebSocketStream<TcpStream>,
-) -> anyhow::Result<Value> {
-    use futures_util::StreamExt;
-    use tokio_tungstenite::tungstenite::Message;
-    loop {
-        let message = socket
-            .next()
-            .await
-            .context("the WebSocket closed before the answer")??;
-        if let Message::Text(text) = message {
-            return Ok(serde_json::from_str(text.as_str())?);
-        }
-    }
-}
-
 /// One turn for a JSON-RPC client that watches a run: a run made over
 /// HTTP, a WebSocket to `/ws` subscribed to it from its cursor, then the
 /// message sent over HTTP as the HTTP stream's probe sends it: the time
@@ -519,42 +494,22 @@ async fn envelope(
 /// between deltas, until the turn's `run:end`. The reader is in place
 /// before the message, as the HTTP stream's is.
 async fn through_rpc_subscribed(addr: &str) -> anyhow::Result<Timings> {
-    use futures_util::SinkExt;
-    use tokio_tungstenite::tungstenite::Message;
     let (run, cursor) = new_run(&mut Conn::open(addr).await?).await?;
-    let mut socket = websocket(addr).await?;
-    let subscribe = json!({"jsonrpc": "2.0", "id": 1, "method": "subscribe",
-        "params": {"run_id": run, "cursor": cursor}})
-    .to_string();
-    socket.send(Message::text(subscribe)).await?;
-    let mut tokens = None;
+    let mut socket = crate::rpc::subscribed(addr, &run, Some(cursor)).await?;
+    // The clock runs from before the send; a delta that comes while the
+    // send waits for its answer waits in the socket and is counted when
+    // read, as the HTTP probe's are.
+    let mut tokens = Tokens::start();
+    send(addr, &run, b"{\"text\":\"stream\"}").await?;
     loop {
-        let envelope = envelope(&mut socket).await?;
-        if envelope["id"] == 1 {
-            anyhow::ensure!(
-                envelope["result"]["subscribed"] == run.as_str(),
-                "subscribe failed: {envelope}"
-            );
-            // The clock runs from before the send; a delta that comes
-            // while the send waits for its answer waits in the socket and
-            // is counted when read, as the HTTP probe's are.
-            let clock = Tokens::start();
-            send(addr, &run, b"{\"text\":\"stream\"}").await?;
-            tokens = Some(clock);
-            continue;
-        }
-        let Some(clock) = tokens.as_mut() else {
-            continue;
-        };
+        let envelope = crate::rpc::envelope(&mut socket).await?;
         match envelope["params"]["spool.kind"].as_str() {
-            Some("task:stdout") if envelope["method"] == "events.append" => clock.token(),
+            Some("task:stdout") if envelope["method"] == "events.append" => tokens.token(),
             Some("run:end") => break,
             _ => {}
         }
     }
-    tokens
-        .context("the subscription was never answered")?
-        .every_word("as deltas to a JSON-RPC subscriber")
+    tokens.every_word("as deltas to a JSON-RPC subscriber")
 }
 
 /// One turn through a JSON-RPC client: a run made over HTTP, then, on a
@@ -566,14 +521,14 @@ async fn through_rpc(addr: &str) -> anyhow::Result<Timings> {
     use futures_util::SinkExt;
     use tokio_tungstenite::tungstenite::Message;
     let (run, _) = new_run(&mut Conn::open(addr).await?).await?;
-    let mut socket = websocket(addr).await?;
+    let mut socket = crate::rpc::websocket(addr).await?;
     let submit = json!({"jsonrpc": "2.0", "id": 1, "method": "submit.run",
         "params": {"text": "stream", "run_id": run}})
     .to_string();
     let mut tokens = Tokens::start();
     socket.send(Message::text(submit)).await?;
     loop {
-        let envelope = envelope(&mut socket).await?;
+        let envelope = crate::rpc::envelope(&mut socket).await?;
         if envelope["id"] == 1 {
             anyhow::ensure!(
                 envelope.get("error").is_none(),

@@ -132,7 +132,8 @@ pub(crate) fn fanout(scale: Scale) -> anyhow::Result<Vec<Row>> {
     })
 }
 
-type Socket = tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>;
+/// A client's WebSocket to `spool serve`.
+pub(crate) type Socket = tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>;
 
 /// `spool-bench ws-subscribe URL RUN COUNT RESPONSES`: opens COUNT
 /// WebSockets to URL's `/ws`, subscribes each to RUN, says `ready`, reads
@@ -151,7 +152,7 @@ pub(crate) fn subscribe(args: &[String]) -> anyhow::Result<()> {
     tokio()?.block_on(async {
         let mut sockets = Vec::with_capacity(count);
         for i in 0..count {
-            sockets.push(subscribed(&addr, run).await.with_context(|| {
+            sockets.push(subscribed(&addr, run, None).await.with_context(|| {
                 format!("opening WebSocket {i} of {count} (each is an open file: `ulimit -n` must allow {count} and more)")
             })?);
         }
@@ -192,26 +193,45 @@ pub(crate) fn subscribe(args: &[String]) -> anyhow::Result<()> {
     })
 }
 
-/// A WebSocket to `addr`'s `/ws`, subscribed to `run`.
-async fn subscribed(addr: &str, run: &str) -> anyhow::Result<Socket> {
+/// A WebSocket to `addr`'s `/ws`, its writes not held back.
+pub(crate) async fn websocket(addr: &str) -> anyhow::Result<Socket> {
     let stream = tokio::net::TcpStream::connect(addr).await?;
-    let (mut socket, _) =
-        tokio_tungstenite::client_async(format!("ws://{addr}/ws"), stream).await?;
-    let request =
-        json!({"jsonrpc": "2.0", "id": 1, "method": "subscribe", "params": {"run_id": run}});
-    socket.send(Message::text(request.to_string())).await?;
+    stream.set_nodelay(true)?;
+    let (socket, _) = tokio_tungstenite::client_async(format!("ws://{addr}/ws"), stream).await?;
+    Ok(socket)
+}
+
+/// The next JSON-RPC envelope the server sends on `socket`.
+pub(crate) async fn envelope(socket: &mut Socket) -> anyhow::Result<Value> {
     loop {
         let message = socket
             .next()
             .await
-            .context("the server closed the socket")??;
+            .context("the server closed the WebSocket")??;
         if let Message::Text(text) = message {
-            let answer: Value = serde_json::from_str(text.as_str())?;
-            anyhow::ensure!(
-                answer["result"]["subscribed"] == run,
-                "subscribing failed: {answer}"
-            );
-            return Ok(socket);
+            return Ok(serde_json::from_str(text.as_str())?);
         }
     }
+}
+
+/// A WebSocket to `addr`'s `/ws`, subscribed to `run` from after
+/// `cursor` (from its start without one).
+pub(crate) async fn subscribed(
+    addr: &str,
+    run: &str,
+    cursor: Option<u64>,
+) -> anyhow::Result<Socket> {
+    let mut socket = websocket(addr).await?;
+    let mut params = json!({ "run_id": run });
+    if let Some(cursor) = cursor {
+        params["cursor"] = cursor.into();
+    }
+    let request = json!({"jsonrpc": "2.0", "id": 1, "method": "subscribe", "params": params});
+    socket.send(Message::text(request.to_string())).await?;
+    let answer = envelope(&mut socket).await?;
+    anyhow::ensure!(
+        answer["result"]["subscribed"] == run,
+        "subscribing failed: {answer}"
+    );
+    Ok(socket)
 }

@@ -22,6 +22,8 @@ const PATIENCE: Duration = Duration::from_secs(30);
 #[derive(Clone, Default)]
 struct Host {
     progress: Arc<Mutex<Vec<String>>>,
+    /// Told after each progress message is kept.
+    kept: Arc<tokio::sync::Notify>,
     tasks: bool,
 }
 
@@ -47,6 +49,7 @@ impl ClientHandler for Host {
     ) {
         if let Some(message) = params.message {
             self.progress.lock().unwrap().push(message);
+            self.kept.notify_one();
         }
     }
 }
@@ -135,13 +138,19 @@ async fn a_host_that_asked_for_progress_receives_the_whole_streamed_answer_befor
     // The SDK's client puts a progress token on every request.
     let (_, run) = call(&client, "start_run", json!({"text": "go"})).await;
     assert_eq!(run["state"], "completed", "{run}");
+    // The server sends every progress message before the result, but the
+    // SDK's client runs each notification's handler in a task of its own,
+    // so the last handler may still be running when the call returns: the
+    // test waits for the kept messages, with a timeout that fails it.
+    let whole = "one two three four five";
+    let _ = tokio::time::timeout(PATIENCE, async {
+        while host.progress.lock().unwrap().concat().trim() != whole {
+            host.kept.notified().await;
+        }
+    })
+    .await;
     let streamed = host.progress.lock().unwrap().concat();
-    assert_eq!(
-        streamed.trim(),
-        "one two three four five",
-        "{:?}",
-        host.progress
-    );
+    assert_eq!(streamed.trim(), whole, "{:?}", host.progress);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

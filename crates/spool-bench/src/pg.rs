@@ -374,7 +374,9 @@ async fn plain(
 /// three cluster nodes in this process, against the same clients on one
 /// node: what leases, fencing and three writers cost. The nodes share the
 /// machine's cores with the database and the clients, so this measures
-/// coordination, not scaling out.
+/// coordination, not scaling out. Beside it, with no target, what tells
+/// the two apart: journal operations per commit, and the CPU each run costs the
+/// database and this process (the nodes and their clients).
 pub(crate) fn cluster_runs(scale: Scale) -> anyhow::Result<Vec<Row>> {
     let Some(url) = server("http-runs-pg")? else {
         return Ok(Vec::new());
@@ -387,16 +389,110 @@ pub(crate) fn cluster_runs(scale: Scale) -> anyhow::Result<Vec<Row>> {
         let three = nodes_serving(&url, 3, clients, duration).await?;
         anyhow::Ok((one, three))
     })?;
+    let name = format!("http-runs-pg/{clients} clients on 3 nodes");
     Ok(vec![
+        Row::new(&name, three.rate, "runs/s", "the same on 1 node", one.rate).ratio_at_least(0.8),
         Row::new(
-            format!("http-runs-pg/{clients} clients on 3 nodes"),
-            three,
-            "runs/s",
+            format!("{name}, journal operations per commit"),
+            three.operations_per_commit(),
+            "operations",
             "the same on 1 node",
-            one,
+            one.operations_per_commit(),
+        ),
+        Row::new(
+            format!("{name}, database CPU per run"),
+            three.database_us_per_run(),
+            "us",
+            "the same on 1 node",
+            one.database_us_per_run(),
         )
-        .ratio_at_least(0.8),
+        .lower_is_better(),
+        Row::new(
+            format!("{name}, nodes' and clients' CPU per run"),
+            three.own_us_per_run(),
+            "us",
+            "the same on 1 node",
+            one.own_us_per_run(),
+        )
+        .lower_is_better(),
+        // Both sides keep the two cores busy, so runs/s follows this
+        // ratio: what the first row can reach here.
+        Row::new(
+            format!("{name}, all CPU per run"),
+            three.database_us_per_run() + three.own_us_per_run(),
+            "us",
+            "the same on 1 node",
+            one.database_us_per_run() + one.own_us_per_run(),
+        )
+        .lower_is_better(),
     ])
+}
+
+/// What one side of `http-runs-pg` served, and what it cost.
+struct Served {
+    rate: f64,
+    runs: f64,
+    commits: u64,
+    /// The journal operations (appends, mostly) those commits carried.
+    operations: u64,
+    /// CPU of the database's processes over the load, in milliseconds.
+    database_ms: f64,
+    /// CPU of this process (the nodes and the clients), in milliseconds.
+    own_ms: f64,
+}
+
+impl Served {
+    fn operations_per_commit(&self) -> f64 {
+        self.operations as f64 / self.commits.max(1) as f64
+    }
+
+    fn database_us_per_run(&self) -> f64 {
+        self.database_ms * 1e3 / self.runs.max(1.0)
+    }
+
+    fn own_us_per_run(&self) -> f64 {
+        self.own_ms * 1e3 / self.runs.max(1.0)
+    }
+}
+
+/// The CPU time, in milliseconds, of each process the database server's
+/// postmaster started (its backends, WAL writer, checkpointer), by pid.
+/// The postmaster is found as the parent of a backend of this `url`.
+async fn database_cpu(url: &str) -> anyhow::Result<std::collections::HashMap<u32, f64>> {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+    let connection = tokio::spawn(connection);
+    let backend: i32 = client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await?
+        .get(0);
+    let parent = |pid: &str| -> Option<String> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // The fields after the command's name: state, then the parent.
+        Some(
+            stat.rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .nth(1)?
+                .to_owned(),
+        )
+    };
+    // Read while the backend lives: it ends with its connection.
+    let postmaster = parent(&backend.to_string())
+        .with_context(|| format!("the database's backend {backend} is not on this machine"))?;
+    drop(client);
+    connection.await??;
+    let mut cpu = std::collections::HashMap::new();
+    for entry in std::fs::read_dir("/proc")? {
+        let name = entry?.file_name();
+        let Some(pid) = name.to_str() else { continue };
+        if parent(pid).as_deref() == Some(postmaster.as_str()) {
+            // A backend may end between the two reads.
+            if let Ok(ms) = crate::oneshot::cpu_ms(pid, 14) {
+                cpu.insert(pid.parse()?, ms);
+            }
+        }
+    }
+    Ok(cpu)
 }
 
 /// Runs/s of `clients` clients over `nodes` cluster nodes on a fresh
@@ -406,10 +502,11 @@ async fn nodes_serving(
     nodes: usize,
     clients: usize,
     duration: Duration,
-) -> anyhow::Result<f64> {
+) -> anyhow::Result<Served> {
     let schema = schema();
     let mut urls = Vec::new();
     let mut stops = Vec::new();
+    let mut journals = Vec::new();
     for n in 0..nodes {
         let cluster = Arc::new(
             spool_journal_pg::Cluster::join(
@@ -431,6 +528,7 @@ async fn nodes_serving(
             ..Options::default()
         };
         let journal = Arc::new(PgJournal::connect(url, options).await?);
+        journals.push(Arc::clone(&journal));
         let runtime = spool_runtime::Runtime::builder(journal)
             .engine(Arc::new(
                 spool_runtime::engines::ScriptedEngine::from_jsonl(crate::http::ONE_TURN)?,
@@ -464,15 +562,48 @@ async fn nodes_serving(
             duration,
         )
     });
+    let database_before = database_cpu(url).await?;
+    let own_before = crate::http::own_cpu_ms()?;
+    let (commits_before, operations_before) = journals_stats(&journals);
     let mut rate = 0.0;
+    let mut runs = 0;
     for outcome in futures_util::future::join_all(loads).await {
-        rate += outcome?.0;
+        let (node_rate, latencies) = outcome?;
+        rate += node_rate;
+        runs += latencies.len();
     }
+    let own_ms = crate::http::own_cpu_ms()? - own_before;
+    let (commits, operations) = journals_stats(&journals);
+    // A backend that began during the load counts from nothing; one that
+    // ended is lost, and the nodes keep theirs open until they stop.
+    let database_ms = database_cpu(url)
+        .await?
+        .iter()
+        .map(|(pid, ms)| ms - database_before.get(pid).copied().unwrap_or(0.0))
+        .sum();
     for (stop_runtime, stop, renew, cluster) in stops {
         stop_runtime.send_replace(true);
         stop.send_replace(true);
         renew.abort();
         cluster.leave().await?;
     }
-    Ok(rate)
+    Ok(Served {
+        rate,
+        runs: runs as f64,
+        commits: commits - commits_before,
+        operations: operations - operations_before,
+        database_ms,
+        own_ms,
+    })
+}
+
+/// Commits and the operations they carried, over all the nodes' stores
+/// so far.
+fn journals_stats(journals: &[Arc<PgJournal>]) -> (u64, u64) {
+    journals
+        .iter()
+        .fold((0, 0), |(commits, operations), journal| {
+            let stats = journal.stats();
+            (commits + stats.commits, operations + stats.operations)
+        })
 }

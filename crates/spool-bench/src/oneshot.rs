@@ -96,17 +96,24 @@ fn children_cpu() -> anyhow::Result<f64> {
 /// process's own user and system time; 16: its waited-for children's), in
 /// milliseconds: ticks of 10 ms, so a mean over many runs is what is read.
 pub(crate) fn cpu_ms(pid: &str, first: usize) -> anyhow::Result<f64> {
+    let ticks = |n: usize| -> anyhow::Result<f64> { Ok(stat_field(pid, n)?.parse::<f64>()?) };
+    Ok((ticks(first)? + ticks(first + 1)?) * 10.0)
+}
+
+/// Field `n` of `/proc/PID/stat`, counted from 1 as `proc(5)` counts them
+/// (4: the parent's pid; 14: user time).
+pub(crate) fn stat_field(pid: &str, n: usize) -> anyhow::Result<String> {
     let path = format!("/proc/{pid}/stat");
     let stat = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
-    // The fields after the command's name, which is in parentheses; 2
-    // fields came before the part read here.
+    // The fields after the command's name, which is in parentheses (and
+    // may hold spaces); 2 fields came before the part read here.
     let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |n: usize| -> anyhow::Result<f64> {
-        Ok(fields
-            .get(n - 3)
-            .with_context(|| format!("a short {path}"))?
-            .parse::<f64>()?)
-    };
-    Ok((ticks(first)? + ticks(first + 1)?) * 10.0)
+    after
+        .split_whitespace()
+        .nth(
+            n.checked_sub(3)
+                .context("fields 1 and 2 are not read here")?,
+        )
+        .map(str::to_owned)
+        .with_context(|| format!("a short {path}"))
 }

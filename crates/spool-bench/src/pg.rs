@@ -465,17 +465,7 @@ async fn database_cpu(url: &str) -> anyhow::Result<std::collections::HashMap<u32
         .query_one("SELECT pg_backend_pid()", &[])
         .await?
         .get(0);
-    let parent = |pid: &str| -> Option<String> {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        // The fields after the command's name: state, then the parent.
-        Some(
-            stat.rsplit_once(')')?
-                .1
-                .split_whitespace()
-                .nth(1)?
-                .to_owned(),
-        )
-    };
+    let parent = |pid: &str| crate::oneshot::stat_field(pid, 4).ok();
     // Read while the backend lives: it ends with its connection.
     let postmaster = parent(&backend.to_string())
         .with_context(|| format!("the database's backend {backend} is not on this machine"))?;
